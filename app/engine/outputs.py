@@ -1,0 +1,74 @@
+"""What the engine hands back: finished outputs (offline `LLM.generate`), stream deltas
+(`AsyncEngine.stream`) and stats snapshots (`AsyncEngine.stats`, polled by the UI and /metrics)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# One position's top-k distribution: {token_id: logprob}.
+TopLogprobs = dict[int, float]
+
+
+@dataclass
+class RequestOutput:
+    """A finished request, as returned by `LLM.generate`."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error"
+    prompt_logprobs: list[TopLogprobs | None] | None = None
+    logprobs: list[TopLogprobs] | None = None  # per sampled token (sampled token always included)
+    error: str | None = None
+
+
+@dataclass
+class StreamDelta:
+    """One step's worth of new output for one request. The last delta has `finish_reason` set."""
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    logprobs: list[TopLogprobs] | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0  # total so far, including this delta
+    error: str | None = None  # set with finish_reason="error"
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    request_id: str
+    status: str  # "waiting" | "prefill" | "decode"
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_blocks: int
+    num_cached_tokens: int  # prompt tokens served by the prefix cache
+    ttft_s: float | None  # time to first token
+    itl_s: float | None  # mean inter-token latency so far
+    tokens_per_s: float | None  # this request's decode rate
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Immutable snapshot of the engine, cheap to take (the UI polls it ~10x/s)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_blocks_total: int = 0
+    num_blocks_used: int = 0  # held by live requests
+    num_blocks_cached_free: int = 0  # free but still holding a reusable prefix
+    block_size: int = 16
+    kv_bytes_per_token: int = 0
+    prefix_cache_hit_rate: float = 0.0  # cached prompt tokens / prompt tokens, since start
+    prefill_tokens_per_s: float = 0.0  # recent window
+    decode_tokens_per_s: float = 0.0  # recent window
+    last_batch_size: int = 0  # sequences in the last step
+    last_num_tokens: int = 0  # tokens in the last step
+    last_step_time_s: float = 0.0
+    num_steps: int = 0
+    num_preemptions: int = 0
+    total_prompt_tokens: int = 0
+    total_output_tokens: int = 0
+    requests: tuple[RequestStats, ...] = field(default_factory=tuple)
