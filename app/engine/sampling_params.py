@@ -9,7 +9,7 @@ from app.engine.errors import RequestError
 
 @dataclass
 class SamplingParams:
-    max_tokens: int = 256
+    max_tokens: int | None = 256  # None: until the context (or the KV pool) is full
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: no top-k
@@ -37,19 +37,19 @@ class SamplingParams:
     def validate(self) -> None:
         """Raise `RequestError` naming the first invalid field."""
         checks = [
-            ("max_tokens", isinstance(self.max_tokens, int) and self.max_tokens >= 1, "must be an integer >= 1"),
+            ("max_tokens", self.max_tokens is None or (_int(self.max_tokens) and self.max_tokens >= 1), "must be an integer >= 1"),
             ("temperature", _num(self.temperature) and self.temperature >= 0, "must be >= 0"),
             ("top_p", _num(self.top_p) and 0 < self.top_p <= 1, "must be in (0, 1]"),
-            ("top_k", isinstance(self.top_k, int), "must be an integer (0 or -1 disables it)"),
+            ("top_k", _int(self.top_k), "must be an integer (0 or -1 disables it)"),
             ("min_p", _num(self.min_p) and 0 <= self.min_p <= 1, "must be in [0, 1]"),
             ("repetition_penalty", _num(self.repetition_penalty) and self.repetition_penalty > 0, "must be > 0"),
             ("presence_penalty", _num(self.presence_penalty) and -2 <= self.presence_penalty <= 2, "must be in [-2, 2]"),
             ("frequency_penalty", _num(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2, "must be in [-2, 2]"),
-            ("seed", self.seed is None or isinstance(self.seed, int), "must be an integer"),
-            ("logprobs", self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= 20), "must be an integer in [0, 20]"),
-            ("prompt_logprobs", self.prompt_logprobs is None or (isinstance(self.prompt_logprobs, int) and 0 <= self.prompt_logprobs <= 20), "must be an integer in [0, 20]"),
-            ("n", isinstance(self.n, int) and self.n >= 1, "must be an integer >= 1"),
-            ("stop_token_ids", all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "must be non-negative integers"),
+            ("seed", self.seed is None or _int(self.seed), "must be an integer"),
+            ("logprobs", self.logprobs is None or (_int(self.logprobs) and 0 <= self.logprobs <= 20), "must be an integer in [0, 20]"),
+            ("prompt_logprobs", self.prompt_logprobs is None or (_int(self.prompt_logprobs) and 0 <= self.prompt_logprobs <= 20), "must be an integer in [0, 20]"),
+            ("n", _int(self.n) and self.n >= 1, "must be an integer >= 1"),
+            ("stop_token_ids", all(_int(t) and t >= 0 for t in self.stop_token_ids), "must be non-negative integers"),
         ]
         for name, ok, why in checks:
             if not ok:
@@ -62,3 +62,7 @@ class SamplingParams:
 
 def _num(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # rejects NaN
+
+
+def _int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)

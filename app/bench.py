@@ -1,0 +1,158 @@
+"""`localbatch bench`: offline throughput on synthetic requests (seeded random prompt ids,
+`ignore_eos`), reported in `vllm bench` vocabulary, plus a concurrency sweep of decode tok/s."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from dataclasses import dataclass
+
+from app.engine.engine import LLMEngine
+from app.engine.sampling_params import SamplingParams
+
+
+def add_bench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--num-prompts", type=int, default=64, help="requests in the throughput run")
+    p.add_argument("--input-len", type=int, default=128, help="prompt tokens (mean)")
+    p.add_argument("--output-len", type=int, default=64, help="generated tokens (mean)")
+    p.add_argument("--range-ratio", type=float, default=0.0,
+                   help="lengths uniform in [len*(1-r), len*(1+r)] (vllm's random-range-ratio)")
+    p.add_argument("--input-range", default=None, help="MIN,MAX prompt tokens (overrides --input-len)")
+    p.add_argument("--output-range", default=None, help="MIN,MAX generated tokens (overrides --output-len)")
+    p.add_argument("--concurrency", default=None, help="comma list, e.g. 1,2,4,8,16: sweep decode tok/s")
+    p.add_argument("--random-weights", default=None, metavar="ARCH:SIZE",
+                   help="real model shapes with random weights, no file (e.g. qwen3:0.6b, llama:8b)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+@dataclass
+class RunResult:
+    requests: int
+    input_tokens: int
+    output_tokens: int
+    duration_s: float
+    decode_tokens: int
+    decode_time_s: float
+    ttft_s: list[float]
+    tpot_s: list[float]
+
+    def summary(self) -> dict:
+        return {
+            "requests": self.requests,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "duration_s": round(self.duration_s, 3),
+            "request_throughput": round(self.requests / self.duration_s, 3),
+            "output_tok_s": round(self.output_tokens / self.duration_s, 2),
+            "total_tok_s": round((self.input_tokens + self.output_tokens) / self.duration_s, 2),
+            "decode_tok_s": round(self.decode_tokens / self.decode_time_s, 2) if self.decode_time_s else 0.0,
+            "ttft_ms": _dist(self.ttft_s),
+            "tpot_ms": _dist(self.tpot_s),
+        }
+
+
+def _dist(xs: list[float]) -> dict:
+    if not xs:
+        return {"mean": 0.0, "p50": 0.0, "p99": 0.0}
+    s = sorted(xs)
+    pick = lambda q: s[min(len(s) - 1, int(q * len(s)))]  # noqa: E731
+    return {"mean": round(statistics.fmean(s) * 1e3, 2), "p50": round(pick(0.5) * 1e3, 2), "p99": round(pick(0.99) * 1e3, 2)}
+
+
+def _lengths(rng: random.Random, n: int, mean: int, ratio: float, span: str | None) -> list[int]:
+    lo, hi = (int(v) for v in span.split(",")) if span else (max(1, int(mean * (1 - ratio))), int(mean * (1 + ratio)))
+    return [rng.randint(lo, max(lo, hi)) for _ in range(n)]
+
+
+def make_requests(args: argparse.Namespace, n: int, vocab: int, seed: int) -> list[tuple[list[int], int]]:
+    rng = random.Random(seed)
+    ins = _lengths(rng, n, args.input_len, args.range_ratio, args.input_range)
+    outs = _lengths(rng, n, args.output_len, args.range_ratio, args.output_range)
+    return [([rng.randrange(vocab) for _ in range(i)], o) for i, o in zip(ins, outs)]
+
+
+def run_requests(engine: LLMEngine, requests: list[tuple[list[int], int]], concurrency: int) -> RunResult:
+    """Keep at most `concurrency` requests in flight until all have finished."""
+    pending = list(requests)
+    live: dict[str, float] = {}
+    firsts: dict[str, float] = {}
+    ttft, tpot = [], []
+    out_tokens = decode_tokens = 0
+    decode_time = 0.0
+    start = time.perf_counter()
+    while pending or live:
+        while pending and len(live) < concurrency:
+            ids, out_len = pending.pop(0)
+            seq = engine.add_request(ids, SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True))
+            live[seq.request_id] = time.perf_counter()
+        t0 = time.perf_counter()
+        deltas = engine.step()
+        t1 = time.perf_counter()
+        stats = engine.metrics.last
+        if deltas and all(d.num_output_tokens > 1 for d in deltas) and stats[1] == stats[0]:
+            decode_time += t1 - t0
+            decode_tokens += len(deltas)
+        for d in deltas:
+            out_tokens += len(d.token_ids)
+            if d.request_id not in firsts and d.token_ids:
+                firsts[d.request_id] = t1
+                ttft.append(t1 - live[d.request_id])
+            if d.finish_reason:
+                if d.num_output_tokens > 1:
+                    tpot.append((t1 - firsts[d.request_id]) / (d.num_output_tokens - 1))
+                live.pop(d.request_id)
+    return RunResult(len(requests), sum(len(r[0]) for r in requests), out_tokens,
+                     time.perf_counter() - start, decode_tokens, decode_time, ttft, tpot)
+
+
+def build_engine(args: argparse.Namespace) -> LLMEngine:
+    from app.cli import engine_kwargs, stderr_progress
+
+    kw = engine_kwargs(args)
+    if args.random_weights:
+        kw["random_weights"] = args.random_weights
+    return LLMEngine(progress=stderr_progress, **kw)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    engine = build_engine(args)
+    vocab = engine.model_config.vocab_size
+    # Warm up so the first measured step does not pay one-time costs.
+    run_requests(engine, make_requests(args, 2, vocab, args.seed + 999), 2)
+    result = run_requests(engine, make_requests(args, args.num_prompts, vocab, args.seed), engine.config.max_num_seqs)
+    report = {"model": engine.model_name, "device": str(engine.setup.device),
+              "dtype": str(engine.setup.dtype).removeprefix("torch."), **result.summary()}
+    if args.concurrency:
+        sweep = []
+        for c in (int(x) for x in args.concurrency.split(",")):
+            r = run_requests(engine, make_requests(args, c, vocab, args.seed + c), c)
+            s = r.summary()
+            sweep.append({"concurrency": c, "decode_tok_s": s["decode_tok_s"], "output_tok_s": s["output_tok_s"],
+                          "ttft_ms_p50": s["ttft_ms"]["p50"], "tpot_ms_p50": s["tpot_ms"]["p50"]})
+        report["sweep"] = sweep
+    print(json.dumps(report, indent=None) if args.json else _format(report))
+    return 0
+
+
+def _format(r: dict) -> str:
+    lines = [
+        f"model               {r['model']} ({r['device']}, {r['dtype']})",
+        f"requests            {r['requests']}",
+        f"input tokens        {r['input_tokens']}",
+        f"output tokens       {r['output_tokens']}",
+        f"duration            {r['duration_s']:.2f} s",
+        f"output tok/s        {r['output_tok_s']:.1f}",
+        f"total tok/s         {r['total_tok_s']:.1f}",
+        f"decode tok/s        {r['decode_tok_s']:.1f}",
+    ]
+    for k in ("ttft_ms", "tpot_ms"):
+        d = r[k]
+        lines.append(f"{k.split('_')[0].upper():<8}(ms)        mean {d['mean']:.1f}  p50 {d['p50']:.1f}  p99 {d['p99']:.1f}")
+    for s in r.get("sweep", []):
+        lines.append(f"concurrency {s['concurrency']:>4}    decode {s['decode_tok_s']:8.1f} tok/s   "
+                     f"output {s['output_tok_s']:8.1f} tok/s   TTFT p50 {s['ttft_ms_p50']:.0f} ms   TPOT p50 {s['tpot_ms_p50']:.1f} ms")
+    return "\n".join(lines)

@@ -1,0 +1,172 @@
+"""`localbatch` command line: the TUI (no subcommand), `generate`, `serve`, `bench`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from app.engine.engine_config import EngineConfig
+from app.engine.errors import LocalbatchError
+
+ENGINE_FLAGS: dict[str, tuple[type, str]] = {
+    "max_num_batched_tokens": (int, "token budget of one step (default 512 on CPU, 8192 on CUDA)"),
+    "max_num_seqs": (int, "most sequences running at once (default 64)"),
+    "block_size": (int, "tokens per KV block (default 16)"),
+    "kv_cache_bytes": (int, "CPU KV pool size in bytes (default 25%% of available RAM)"),
+    "kv_cache_blocks": (int, "KV pool size in blocks (overrides the byte budgets)"),
+    "max_waiting": (int, "bound of the waiting queue (default 256)"),
+    "gpu_memory_utilization": (float, "fraction of GPU memory to use (default 0.9)"),
+    "max_model_len": (int, "context length cap (default: the model's)"),
+}
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="GGUF file (default: the embedded Gemma 3 270M)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    for name, (kind, text) in ENGINE_FLAGS.items():
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=text)
+    p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=True,
+                   help="disable automatic prefix caching")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    kw = {n: getattr(args, n) for n in EngineConfig.names() if getattr(args, n, None) is not None}
+    return {"model": args.model, "device": args.device, "dtype": args.dtype, **kw}
+
+
+def stderr_progress(stage: str, fraction: float | None) -> None:
+    if not sys.stderr.isatty():
+        return
+    text = f"{stage} {fraction * 100:5.1f}%" if fraction is not None else stage
+    sys.stderr.write(f"\r\033[K{text}")
+    sys.stderr.flush()
+
+
+def _clear_progress() -> None:
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\033[K")
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from app.engine.engine import LLMEngine
+    from app.engine.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
+                            top_p=args.top_p, top_k=args.top_k)
+    engine = LLMEngine(progress=stderr_progress, **engine_kwargs(args))
+    _clear_progress()
+    prompt: Any = [{"role": "user", "content": args.prompt}] if args.chat else args.prompt
+    seq = engine.add_request(prompt, params)
+    pieces: list[str] = []
+    while engine.has_unfinished():
+        for delta in engine.step():
+            pieces.append(delta.text)
+            if not args.json:
+                sys.stdout.write(delta.text)
+                sys.stdout.flush()
+    if args.json:
+        print(json.dumps({
+            "prompt_ids": seq.prompt_token_ids,
+            "output_ids": seq.output_token_ids,
+            "text": "".join(pieces),
+            "finish_reason": seq.finish_reason,
+        }))
+    else:
+        sys.stdout.write("\n")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from app.bench import run_bench
+
+    return run_bench(args)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from app.engine.async_engine import AsyncEngine
+    from app.server import serve
+
+    engine = AsyncEngine(progress=stderr_progress, **engine_kwargs(args))
+    _clear_progress()
+    try:
+        asyncio.run(serve(engine, host=args.host, port=args.port, api_key=args.api_key))
+    finally:
+        engine.close()
+    return 0
+
+
+def cmd_tui(args: argparse.Namespace) -> int:
+    from app.ui import run_tui
+
+    return run_tui(args) or 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="localbatch", description="Local LLM chat tabs on one continuous-batching engine.")
+    p.add_argument("-v", "--verbose", action="store_true", help="log engine details to stderr")
+    add_engine_args(p)
+    p.add_argument("--serve", action="store_true", help="also start the OpenAI-compatible endpoint (TUI)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--backend-url", default=None, help="use a remote OpenAI-compatible server instead of a local model")
+    p.add_argument("--data-dir", default=None, help="where chats are stored (default: the user data dir)")
+    p.add_argument("--config", default=None, help="config TOML (default: the user config dir)")
+    p.set_defaults(func=cmd_tui)
+    sub = p.add_subparsers(dest="command")
+
+    g = sub.add_parser("generate", help="complete one prompt, streaming to stdout")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--chat", action="store_true", help="apply the chat template")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
+    add_engine_args(g)
+    g.set_defaults(func=cmd_generate)
+
+    s = sub.add_parser("serve", help="run the OpenAI-compatible HTTP endpoint (headless)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", default=None)
+    add_engine_args(s)
+    s.set_defaults(func=cmd_serve)
+
+    b = sub.add_parser("bench", help="offline throughput benchmark on synthetic requests")
+    from app.bench import add_bench_args
+
+    add_bench_args(b)
+    add_engine_args(b)
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return _run(args.func, args)
+
+
+def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    try:
+        return func(args)
+    except LocalbatchError as e:
+        _clear_progress()
+        print(f"localbatch: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Device and dtype choice, and sizing the KV pool from memory."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from app.engine.engine_config import EngineConfig
+from app.engine.errors import LocalbatchError
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class DeviceSetup:
+    device: torch.device
+    dtype: torch.dtype
+    note: str | None = None  # said once to the user, e.g. a CPU fallback
+
+
+def resolve_device(device: str = "auto", dtype: str = "auto") -> DeviceSetup:
+    note = None
+    if device not in ("auto", "cpu", "cuda"):
+        raise LocalbatchError(f"unknown device {device!r} (choose auto, cpu or cuda)")
+    if device in ("auto", "cuda") and not _cuda_usable():
+        if device == "cuda":
+            note = "CUDA (or Triton) is not available: running on the CPU"
+            log.warning(note)
+        device = "cpu"
+    elif device == "auto":
+        device = "cuda"
+    if dtype == "auto":
+        # fp32 on the CPU keeps results equal to the oracle; bf16 on GPUs.
+        resolved = torch.bfloat16 if device == "cuda" else torch.float32
+    elif dtype in _DTYPES:
+        resolved = _DTYPES[dtype]
+    else:
+        raise LocalbatchError(f"unknown dtype {dtype!r} (choose auto, float32, bfloat16 or float16)")
+    return DeviceSetup(torch.device(device), resolved, note)
+
+
+def _cuda_usable() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def available_ram_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def kv_pool_blocks(cfg: EngineConfig, setup: DeviceSetup, bytes_per_token: int, warmup: Callable[[], None]) -> int:
+    """Blocks in the pool: `kv_cache_blocks` if given; on CUDA, what `gpu_memory_utilization` of the
+    card leaves after the weights and one warm-up forward; on CPU, `kv_cache_bytes` (default 25%
+    of available RAM)."""
+    block_bytes = bytes_per_token * cfg.block_size
+    if cfg.kv_cache_blocks is not None:
+        return cfg.kv_cache_blocks
+    if setup.device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        warmup()
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        used_by_others = total - free - torch.cuda.memory_reserved()
+        peak = torch.cuda.max_memory_allocated()
+        budget = int(total * cfg.gpu_memory_utilization) - used_by_others - peak
+    else:
+        budget = cfg.kv_cache_bytes if cfg.kv_cache_bytes is not None else available_ram_bytes() // 4
+    blocks = budget // block_bytes
+    if blocks < 1:
+        raise LocalbatchError(
+            f"no memory left for the KV cache (budget {budget / 2**20:.0f} MiB, one block needs "
+            f"{block_bytes / 2**20:.2f} MiB); lower the model size or raise the KV budget"
+        )
+    return int(blocks)

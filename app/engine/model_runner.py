@@ -1,0 +1,120 @@
+"""Turns a scheduled batch into one flat forward pass and samples its next tokens.
+
+The step's tokens are packed back to back (no padding): prefill chunks of several prompts and
+single decode tokens side by side, described by `cu_seqlens_q`, `seq_lens`, `block_table` and
+`slot_mapping`. Logits are computed only at `logits_indices`: the last row of each sequence whose
+step reaches the end of its tokens, plus every row of a chunk whose prompt logprobs were asked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from app.engine.attention import AttentionMetadata
+from app.engine.models.decoder import DecoderLM
+from app.engine.outputs import TopLogprobs
+from app.engine.sampling import Sampler, top_logprobs
+from app.engine.scheduler import ScheduledBatch
+from app.engine.sequence import Sequence
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor
+    sample_rows: list[int]  # row in the logits of each sampling sequence
+    sample_seqs: list[Sequence]
+    prompt_rows: list[tuple[Sequence, int, int, int]]  # (seq, first logits row, first position, count)
+
+
+@dataclass
+class StepOutput:
+    sampled: dict[str, int]  # request_id -> new token
+    logprobs: dict[str, TopLogprobs]
+
+
+class ModelRunner:
+    def __init__(self, model: DecoderLM, num_blocks: int, block_size: int, kv_dtype: torch.dtype) -> None:
+        cfg = model.cfg
+        self.model = model
+        self.device = model.device
+        self.block_size = block_size
+        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=kv_dtype, device=self.device), torch.zeros(shape, dtype=kv_dtype, device=self.device))
+            for _ in range(cfg.num_layers)
+        ]
+        self.sampler = Sampler(cfg.vocab_size)
+
+    def run(self, batch: ScheduledBatch) -> StepOutput:
+        inputs = self.prepare(batch)
+        logits = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices)
+        self._record_prompt_logprobs(logits, inputs)
+        seqs = inputs.sample_seqs
+        if not seqs:
+            return StepOutput({}, {})
+        tokens, logprobs = self.sampler(logits[inputs.sample_rows], seqs)
+        return StepOutput(
+            sampled={s.request_id: t for s, t in zip(seqs, tokens)},
+            logprobs={s.request_id: lp for s, lp in zip(seqs, logprobs) if lp is not None},
+        )
+
+    def prepare(self, batch: ScheduledBatch) -> StepInputs:
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        cu, seq_lens, tables, logits_idx, sample_rows, sample_seqs, prompt_rows = [0], [], [], [], [], [], []
+        bs = self.block_size
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            start = seq.num_computed_tokens
+            end = start + n
+            row0 = len(ids)
+            ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            table = seq.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            cu.append(len(ids))
+            seq_lens.append(end)
+            tables.append(table)
+            if seq.params.prompt_logprobs is not None and start < seq.num_prompt_tokens - 1:
+                count = min(end, seq.num_prompt_tokens - 1) - start
+                prompt_rows.append((seq, len(logits_idx), start, count))
+                logits_idx.extend(range(row0, row0 + count))
+            if end == seq.num_tokens:
+                sample_rows.append(len(logits_idx))
+                sample_seqs.append(seq)
+                logits_idx.append(len(ids) - 1)
+        width = max(len(t) for t in tables)
+        table_rows = [t + [0] * (width - len(t)) for t in tables]
+        dev = self.device
+        meta = AttentionMetadata(
+            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            block_table=torch.tensor(table_rows, dtype=torch.int32, device=dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+        )
+        return StepInputs(
+            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
+            positions=torch.tensor(positions, dtype=torch.long, device=dev),
+            meta=meta,
+            logits_indices=torch.tensor(logits_idx, dtype=torch.long, device=dev),
+            sample_rows=sample_rows,
+            sample_seqs=sample_seqs,
+            prompt_rows=prompt_rows,
+        )
+
+    def _record_prompt_logprobs(self, logits: torch.Tensor, inputs: StepInputs) -> None:
+        """Row for position p is the distribution of prompt token p+1 (vLLM's prompt_logprobs)."""
+        for seq, row0, pos0, count in inputs.prompt_rows:
+            if not seq.prompt_logprobs:
+                seq.prompt_logprobs.append(None)
+            lp = torch.log_softmax(logits[row0 : row0 + count], -1)
+            k = seq.params.prompt_logprobs
+            for j in range(count):
+                target = pos0 + j + 1
+                if target == len(seq.prompt_logprobs):  # skip positions already recorded before a preemption
+                    seq.prompt_logprobs.append(top_logprobs(lp[j], k, seq.token_ids[target]))

@@ -1,0 +1,3 @@
+from app.engine.models.decoder import DecoderLM
+
+__all__ = ["DecoderLM"]

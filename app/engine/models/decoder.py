@@ -1,0 +1,146 @@
+"""One configurable decoder-only transformer for every supported architecture (Llama 2/3, Mistral,
+Qwen2, Qwen3, Gemma 3). It runs a flat packed batch over a paged KV cache: a single sequence is
+just a batch of one.
+
+Weights arrive by their GGUF names, already dequantized; q/k/v and gate/up are fused here so a
+layer makes three matmuls instead of six.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from app.engine.attention import AttentionMetadata, paged_attention
+from app.engine.config import ModelConfig
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Normalise in fp32 whatever the compute dtype: bf16 mean-of-squares loses too much.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * weight.float()).to(x.dtype)
+
+
+class RotaryEmbedding:
+    """cos/sin tables indexed by position. `style` "neox" rotates (i, i+d/2) pairs, "normal"
+    rotates adjacent (2i, 2i+1) pairs (llama.cpp's permuted Llama weights)."""
+
+    def __init__(self, head_dim: int, max_position: int, theta: float, style: str, scaling: float, device) -> None:
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        pos = torch.arange(max_position, dtype=torch.float64) / scaling
+        angles = torch.outer(pos, inv_freq)
+        self.cos = angles.cos().float().to(device)
+        self.sin = angles.sin().float().to(device)
+        self.style = style
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cos = self.cos[positions].unsqueeze(1)  # [N, 1, d/2]
+        sin = self.sin[positions].unsqueeze(1)
+        xf = x.float()
+        if self.style == "neox":
+            x1, x2 = xf.chunk(2, dim=-1)
+            out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        else:
+            x1, x2 = xf[..., 0::2], xf[..., 1::2]
+            out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+        return out.to(x.dtype)
+
+
+class DecoderLayer:
+    def __init__(self, cfg: ModelConfig, idx: int, w: dict[str, torch.Tensor], rope: RotaryEmbedding) -> None:
+        p = f"blk.{idx}."
+        self.cfg = cfg
+        self.window = cfg.layer_window(idx)
+        self.rope = rope
+        self.attn_norm = w[p + "attn_norm.weight"]
+        self.qkv = torch.cat([w[p + "attn_q.weight"], w[p + "attn_k.weight"], w[p + "attn_v.weight"]])
+        self.qkv_bias = (
+            torch.cat([w[p + "attn_q.bias"], w[p + "attn_k.bias"], w[p + "attn_v.bias"]]) if cfg.attn_bias else None
+        )
+        self.q_norm = w.get(p + "attn_q_norm.weight")
+        self.k_norm = w.get(p + "attn_k_norm.weight")
+        self.o_proj = w[p + "attn_output.weight"]
+        self.post_attn_norm = w.get(p + "post_attention_norm.weight")
+        self.ffn_norm = w[p + "ffn_norm.weight"]
+        self.gate_up = torch.cat([w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]])
+        self.down = w[p + "ffn_down.weight"]
+        self.post_ffw_norm = w.get(p + "post_ffw_norm.weight")
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, kv: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        eps = self.cfg.rms_norm_eps
+        h = self.attention(rms_norm(x, self.attn_norm, eps), positions, kv, meta)
+        if self.post_attn_norm is not None:
+            h = rms_norm(h, self.post_attn_norm, eps)
+        x = x + h
+        h = self.mlp(rms_norm(x, self.ffn_norm, eps))
+        if self.post_ffw_norm is not None:
+            h = rms_norm(h, self.post_ffw_norm, eps)
+        return x + h
+
+    def attention(self, x: torch.Tensor, positions: torch.Tensor, kv: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        cfg = self.cfg
+        qkv = F.linear(x, self.qkv, self.qkv_bias)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        n = x.shape[0]
+        q = q.reshape(n, cfg.num_heads, cfg.head_dim)
+        k = k.reshape(n, cfg.num_kv_heads, cfg.head_dim)
+        v = v.reshape(n, cfg.num_kv_heads, cfg.head_dim)
+        if self.q_norm is not None:
+            q = rms_norm(q, self.q_norm, cfg.rms_norm_eps)
+            k = rms_norm(k, self.k_norm, cfg.rms_norm_eps)
+        q, k = self.rope(q, positions), self.rope(k, positions)
+        out = paged_attention(q, k, v.contiguous(), kv, meta, cfg.attn_scale, self.window)
+        return F.linear(out.reshape(n, self.q_size), self.o_proj)
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
+        act = F.gelu(gate, approximate="tanh") if self.cfg.hidden_act == "gelu_tanh" else F.silu(gate)
+        return F.linear(act * up, self.down)
+
+
+class DecoderLM:
+    """forward(input_ids [N], positions [N], meta, kv_caches, logits_indices) -> logits [len(idx), vocab]."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device) -> None:
+        self.cfg = cfg
+        self.device = device
+        self.embed = weights["token_embd.weight"]
+        self.lm_head = weights.get("output.weight", self.embed)  # tied unless the file has its own
+        self.final_norm = weights["output_norm.weight"]
+        self.dtype = self.embed.dtype
+        rope_global = RotaryEmbedding(
+            cfg.head_dim, cfg.max_position, cfg.rope_theta, cfg.rope_style, cfg.rope_scaling_factor, device
+        )
+        rope_local = rope_global
+        if cfg.rope_theta_local is not None:
+            rope_local = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta_local, cfg.rope_style, 1.0, device)
+        self.layers = [
+            DecoderLayer(cfg, i, weights, rope_local if cfg.is_sliding(i) else rope_global)
+            for i in range(cfg.num_layers)
+        ]
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+        logits_indices: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = self.embed[input_ids]
+        if self.cfg.embed_scale is not None:
+            x = (x.float() * self.cfg.embed_scale).to(self.dtype)
+        for layer, kv in zip(self.layers, kv_caches):
+            x = layer(x, positions, kv, meta)
+        if logits_indices is not None:
+            x = x[logits_indices]
+        x = rms_norm(x, self.final_norm, self.cfg.rms_norm_eps)
+        return F.linear(x, self.lm_head).float()
+
+    __call__ = forward

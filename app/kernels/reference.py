@@ -1,0 +1,95 @@
+"""Torch reference implementations of the attention kernels. The CPU path runs these; the Triton
+kernels beside them are tested against them.
+
+Layouts (vLLM's NHD): q/k/v/out `[num_tokens, heads, head_dim]`; caches
+`[num_blocks, block_size, num_kv_heads, head_dim]`; slot = block_id * block_size + offset.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def store_kv_ref(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Write the step's new keys/values into their cache slots; slot -1 marks padding and is skipped."""
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    valid = slot_mapping >= 0
+    if not bool(valid.all()):
+        k, v, slot_mapping = k[valid], v[valid], slot_mapping[valid]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping.long(), k.to(k_cache.dtype))
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping.long(), v.to(v_cache.dtype))
+
+
+def unified_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Causal attention over a packed batch that mixes prefill chunks and decodes.
+
+    Sequence i owns query rows `cu_seqlens_q[i]:cu_seqlens_q[i+1]`; they are the LAST tokens of its
+    context of `seq_lens[i]` tokens, whose keys/values (new ones included) are already in the paged
+    cache. With a sliding window W the query at position p sees keys p-W < k <= p.
+    """
+    block_size = k_cache.shape[1]
+    cu = cu_seqlens_q.tolist()
+    lens = seq_lens.tolist()
+    for i, seq_len in enumerate(lens):
+        start, end = cu[i], cu[i + 1]
+        if end == start:
+            continue
+        k, v = _gather_context(k_cache, v_cache, block_table[i], seq_len, block_size)
+        out[start:end] = _attend(q[start:end], k, v, seq_len, scale, sliding_window, softcap).to(out.dtype)
+    return out
+
+
+def _gather_context(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor, seq_len: int, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    num_blocks = -(-seq_len // block_size)
+    ids = blocks[:num_blocks].long()
+    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    k = k_cache.index_select(0, ids).reshape(-1, kv_heads, head_dim)[:seq_len]
+    v = v_cache.index_select(0, ids).reshape(-1, kv_heads, head_dim)[:seq_len]
+    return k, v
+
+
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_len: int,
+    scale: float,
+    sliding_window: int | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    """q `[n, H, D]` are the last n positions of a context of `seq_len`; k/v `[seq_len, KVH, D]`."""
+    n = q.shape[0]
+    dtype = q.dtype
+    q_pos = torch.arange(seq_len - n, seq_len).unsqueeze(1)
+    k_pos = torch.arange(seq_len).unsqueeze(0)
+    mask = k_pos <= q_pos
+    if sliding_window is not None:
+        mask &= k_pos > q_pos - sliding_window
+    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1).to(dtype), v.transpose(0, 1).to(dtype)
+    groups = qh.shape[0] // kh.shape[0]
+    if softcap is None:
+        out = F.scaled_dot_product_attention(
+            qh.unsqueeze(0), kh.unsqueeze(0), vh.unsqueeze(0), attn_mask=mask, scale=scale, enable_gqa=groups > 1
+        )[0]
+        return out.transpose(0, 1)
+    kh, vh = kh.repeat_interleave(groups, 0), vh.repeat_interleave(groups, 0)
+    scores = torch.matmul(qh.float(), kh.float().transpose(1, 2)) * scale
+    scores = softcap * torch.tanh(scores / softcap)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, -1), vh.float()).transpose(0, 1).to(dtype)
