@@ -44,8 +44,10 @@ class ModelRunner:
         self.device = model.device
         self.block_size = block_size
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        # empty, not zeros: every slot is written before it is read, and untouched pages of a big
+        # CPU pool then cost no time or RSS.
         self.kv_caches = [
-            (torch.zeros(shape, dtype=kv_dtype, device=self.device), torch.zeros(shape, dtype=kv_dtype, device=self.device))
+            (torch.empty(shape, dtype=kv_dtype, device=self.device), torch.empty(shape, dtype=kv_dtype, device=self.device))
             for _ in range(cfg.num_layers)
         ]
         self.sampler = Sampler(cfg.vocab_size)

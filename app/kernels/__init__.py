@@ -1,0 +1,133 @@
+"""Attention kernels: Triton for CUDA, with torch references beside them (the CPU path).
+
+Importing this package never imports CUDA or compiles anything; Triton kernels load lazily, the
+first time a dispatcher sees CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from app.kernels.reference import store_kv_ref, unified_attention_ref
+
+__all__ = ["store_kv", "store_kv_ref", "triton_available", "unified_attention", "unified_attention_ref"]
+
+
+@functools.lru_cache(maxsize=1)
+def triton_available() -> bool:
+    """True when the Triton kernels can run here: Triton imports and a CUDA device is present."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def unified_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Paged causal attention for a step mixing prefill chunks and decodes; writes and returns `out`.
+
+    Shapes: q/out `[num_tokens, num_heads, head_dim]`; caches `[num_blocks, block_size, num_kv_heads,
+    head_dim]`; `cu_seqlens_q` `[num_seqs + 1]`, `seq_lens` `[num_seqs]` (context length including
+    the step's tokens), `block_table` `[num_seqs, max_blocks]`, all integer. Runs the Triton kernel
+    on CUDA tensors when Triton is available, else `unified_attention_ref`.
+    """
+    _check_attention_args(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, sliding_window, softcap)
+    if q.is_cuda and triton_available():
+        from app.kernels.triton_attention import triton_unified_attention
+
+        return triton_unified_attention(
+            q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, scale, sliding_window, softcap
+        )
+    return unified_attention_ref(
+        q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, scale, sliding_window, softcap
+    )
+
+
+def store_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Write the step's keys/values `[num_tokens, num_kv_heads, head_dim]` into their cache slots
+    (slot = block_id * block_size + offset; -1 = padding, skipped). Triton on CUDA, else torch."""
+    _check_store_args(k, v, k_cache, v_cache, slot_mapping)
+    if k_cache.is_cuda and triton_available():
+        from app.kernels.triton_store_kv import triton_store_kv
+
+        triton_store_kv(k, v, k_cache, v_cache, slot_mapping)
+        return
+    store_kv_ref(k, v, k_cache, v_cache, slot_mapping)
+
+
+def _check_attention_args(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    sliding_window: int | None,
+    softcap: float | None,
+) -> None:
+    # Shape/dtype checks only: nothing here reads tensor values, so no device sync.
+    if q.dim() != 3 or out.shape != q.shape:
+        raise ValueError(
+            f"q and out must both be [num_tokens, num_heads, head_dim], got {tuple(q.shape)} and {tuple(out.shape)}"
+        )
+    if k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim], "
+            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
+    if k_cache.shape[3] != q.shape[2]:
+        raise ValueError(f"head_dim of q ({q.shape[2]}) and of the KV cache ({k_cache.shape[3]}) differ")
+    if q.shape[1] % k_cache.shape[2]:
+        raise ValueError(f"num_heads ({q.shape[1]}) must be a multiple of num_kv_heads ({k_cache.shape[2]})")
+    num_seqs = seq_lens.shape[0]
+    if seq_lens.dim() != 1 or cu_seqlens_q.shape != (num_seqs + 1,):
+        raise ValueError(
+            f"cu_seqlens_q must have num_seqs + 1 = {num_seqs + 1} entries, got {tuple(cu_seqlens_q.shape)}"
+        )
+    if block_table.dim() != 2 or block_table.shape[0] != num_seqs:
+        raise ValueError(f"block_table must be [num_seqs={num_seqs}, max_blocks], got {tuple(block_table.shape)}")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("seq_lens", seq_lens), ("block_table", block_table)):
+        if t.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
+    devices = {t.device for t in (q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table)}
+    if len(devices) > 1:
+        raise ValueError(f"all attention tensors must be on one device, got {sorted(map(str, devices))}")
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1 or None, got {sliding_window}")
+    if softcap is not None and softcap <= 0:
+        raise ValueError(f"softcap must be > 0 or None, got {softcap}")
+
+
+def _check_store_args(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    if k.dim() != 3 or v.shape != k.shape or k.shape[1:] != k_cache.shape[2:] or v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"k/v must be [num_tokens, num_kv_heads, head_dim] matching caches [num_blocks, block_size, "
+            f"num_kv_heads, head_dim], got k {tuple(k.shape)}, v {tuple(v.shape)}, cache {tuple(k_cache.shape)}"
+        )
+    if slot_mapping.shape != (k.shape[0],):
+        raise ValueError(f"slot_mapping must have one slot per token ({k.shape[0]}), got {tuple(slot_mapping.shape)}")
+    if slot_mapping.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"slot_mapping must be int32 or int64, got {slot_mapping.dtype}")
+    devices = {t.device for t in (k, v, k_cache, v_cache, slot_mapping)}
+    if len(devices) > 1:
+        raise ValueError(f"all store_kv tensors must be on one device, got {sorted(map(str, devices))}")
