@@ -148,7 +148,7 @@ def type_name(ggml_type: int) -> str:
 
 
 def _where(name: str | None) -> str:
-    return f"tensor '{name}': " if name else "tensor "
+    return f"tensor {name!r}: " if name else "tensor "
 
 
 def _as_uint8_tensor(raw: np.ndarray | torch.Tensor) -> torch.Tensor:
@@ -158,13 +158,26 @@ def _as_uint8_tensor(raw: np.ndarray | torch.Tensor) -> torch.Tensor:
         arr = np.asarray(raw)
         if arr.dtype != np.uint8:
             raise TypeError(f"raw tensor bytes must be uint8, got numpy {arr.dtype}")
-        with warnings.catch_warnings():
-            # Views into the read-only mmap are fine: they are only read, never written.
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            t = torch.from_numpy(arr)
+        t = _from_numpy(arr)
     if t.dtype != torch.uint8:
         raise TypeError(f"raw tensor bytes must be uint8, got {t.dtype}")
     return t.reshape(-1)
+
+
+def _from_numpy(arr: np.ndarray) -> torch.Tensor:
+    """Zero-copy tensor over `arr`, which may be a read-only view into the file mapping.
+
+    DLPack (numpy >= 2.1) marks the export read-only and torch takes it silently; torch.from_numpy
+    would warn on every read-only array. The tensor is only ever read.
+    """
+    if arr.flags.writeable:
+        return torch.from_numpy(arr)
+    try:
+        return torch.from_dlpack(arr)
+    except (BufferError, TypeError, RuntimeError):
+        with warnings.catch_warnings():  # older numpy cannot export read-only arrays via DLPack
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            return torch.from_numpy(arr)
 
 
 def _check_request(ggml_type: int, shape: tuple[int, ...], nbytes: int, name: str | None) -> None:
@@ -172,8 +185,10 @@ def _check_request(ggml_type: int, shape: tuple[int, ...], nbytes: int, name: st
         supported = ", ".join(type_name(t) for t in sorted(SUPPORTED_TYPES))
         raise GGUFError(f"{_where(name)}type {type_name(ggml_type)} is not supported (supported: {supported})")
     block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    if any(d < 0 for d in shape):
+        raise GGUFError(f"{_where(name)}shape {tuple(shape)} has a negative dimension")
     row = shape[-1] if shape else 1
-    if any(d < 0 for d in shape) or row % block_size:
+    if row % block_size:
         raise GGUFError(
             f"{_where(name)}shape {tuple(shape)} does not fit {type_name(ggml_type)} blocks of {block_size} elements"
         )
@@ -203,6 +218,8 @@ def dequantize(
     data = _as_uint8_tensor(raw)
     ggml_type = int(ggml_type)
     _check_request(ggml_type, shape, data.numel(), name)
+    if data.numel() == 0:
+        return torch.empty(shape, dtype=dtype)
     float_dtype = _FLOAT_VIEWS.get(ggml_type)
     if float_dtype is not None:
         # .to() always copies here, so the result never aliases the (read-only) file mapping.
