@@ -54,6 +54,8 @@ class OutputProcessor:
                 seq.finish_reason = "stop"
         if seq.finish_reason is None and (seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= max_model_len):
             seq.finish_reason = "length"
+        if seq.finish_reason == "length" and st.detok is not None:
+            st.text += st.detok.flush()  # an unfinished UTF-8 character shows as U+FFFD, as decode() would
         return self._delta(seq, st)
 
     def finish(self, seq: Sequence) -> StreamDelta:

@@ -1,19 +1,20 @@
 """Tokenizer, incremental detokenizer and chat templates, all built from a GGUF file's metadata.
 
-Why this design. llama.cpp's SentencePiece ("llama") tokenizer is a BPE in disguise: it keeps
-merging the adjacent pair of symbols whose concatenation is a vocabulary piece with the highest
-score (leftmost first on ties) and spells characters that are not pieces as `<0xXX>` byte tokens.
-So the tokenizer here is Hugging Face `tokenizers`' Rust BPE with one merge rule per (left, right)
-split of every piece, ranked by the score of the piece, and byte fallback: it reproduces
-llama.cpp's merge order and encodes 100 KB in milliseconds, where a pure-Python priority-queue
-merge needs about a second. Byte-level BPE ("gpt2") files already carry their merges; the
-pre-tokenizer regex is chosen from `tokenizer.ggml.pre` as llama.cpp does. Special tokens written
-in the text are split out in Python before that, in llama.cpp's order (longest text first),
-because HF's added-token matcher is leftmost-longest and can disagree. Decoding does not use HF:
-it concatenates per-token byte pieces exactly as llama.cpp's `token_to_piece` writes them, which
-makes incremental detokenization exact and O(1) per token with an incremental UTF-8 decoder (no
-re-decoding window). Deriving the ~0.5M merges of a 262k vocabulary in Python is the slow part of
-construction (~1 s), so they are cached as an id array keyed by a hash of the vocabulary.
+Why this design. llama.cpp's SentencePiece ("llama") tokenizer is BPE in disguise: it keeps
+merging the adjacent pair of symbols whose concatenation is the vocabulary piece with the highest
+score (leftmost first on ties) and spells characters that are no piece as `<0xXX>` byte tokens.
+Hugging Face `tokenizers`' Rust BPE, given one merge rule per (left, right) split of every piece
+ranked by the merged piece's score, plus byte fallback, performs the same merges: it matches
+llama.cpp on the oracle and a plain-Python transliteration of llama.cpp's algorithm in the tests,
+and encodes 100 KB in ~30 ms of CPU where that transliteration needs ~0.5 s. Byte-level BPE
+("gpt2") files carry their own merges; the pre-tokenizer regexes are llama.cpp's, chosen by
+`tokenizer.ggml.pre`. Special tokens written in the text are cut out in Python first, in
+llama.cpp's order (longest first), because HF's added-token matcher is leftmost-longest and can
+disagree. Decoding bypasses HF: it joins per-token byte pieces exactly as llama.cpp's
+`token_to_piece` writes them, so incremental detokenization is exact and O(1) per token with an
+incremental UTF-8 decoder, without a re-decoding window. The price is construction: deriving the
+~515k merges of a 262k vocabulary takes ~1 s of Python, so they are cached under a hash of the
+vocabulary; a cached build still takes ~1 s, mostly HF building its BPE.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ logger = logging.getLogger(__name__)
 CHAT_TEMPLATE_DIR = ASSETS_DIR / "chat_templates"
 
 # Bump when the merge derivation changes, so that old cache files are not reused.
-_MERGES_CACHE_VERSION = 1
+_MERGES_CACHE_VERSION = 2
 # Small vocabularies build in milliseconds; caching them would only litter the cache directory.
 _MIN_VOCAB_TO_CACHE = 32768
 
@@ -204,12 +205,18 @@ def _hf_vocab(id_of: dict[str, int]) -> dict[str, int]:
 
 def _spm_merge_pairs(tokens: Sequence[str], scores: np.ndarray, vocab: Mapping[str, int]) -> np.ndarray:
     """[n, 2] ids of (left, right) for every split of every piece into two pieces, ordered by
-    the score of the merged piece, highest first (ties: lower id first)."""
+    the score of the merged piece, highest first.
+
+    HF ranks merges one by one, so between two different pieces of exactly equal score the lower
+    id merges first where llama.cpp takes the leftmost pair; real SPM vocabularies (Gemma's,
+    Llama 2's) give their pieces distinct scores."""
     owner: list[int] = []
     left: list[int] = []
     right: list[int] = []
     get = vocab.get
     for i, text in enumerate(tokens):
+        if get(text) != i:  # a duplicate text (llama.cpp keeps the last id) or not in the HF vocab
+            continue
         for k in range(1, len(text)):
             a = get(text[:k])
             if a is not None:
@@ -232,17 +239,25 @@ def _vocab_digest(tokens: Sequence[str], scores: np.ndarray) -> str:
     return h.hexdigest()[:32]
 
 
+def _pairs_digest(pairs: np.ndarray) -> np.ndarray:
+    return np.frombuffer(hashlib.sha256(np.ascontiguousarray(pairs).tobytes()).digest(), np.uint8)
+
+
 def _load_cached_pairs(path: Path, n_vocab: int) -> np.ndarray | None:
+    """The cached merge pairs, or None when the file is missing or damaged in any way."""
     try:
-        pairs = np.load(path, allow_pickle=False)
+        with np.load(path, allow_pickle=False) as f:
+            pairs, digest = f["pairs"], f["digest"]
     except FileNotFoundError:
         return None
-    except Exception as e:  # corrupt or unreadable: rebuild
-        logger.warning("tokenizer cache %s is unreadable (%s): rebuilding it", path, e)
+    except Exception as e:  # truncated, not a zip, missing arrays...
+        logger.warning("tokenizer cache %s is unreadable (%s): rebuilding it", path, _one_line(e))
         return None
-    if pairs.ndim != 2 or pairs.shape[1] != 2 or pairs.dtype != np.int32 or (
-            pairs.size and (pairs.min() < 0 or pairs.max() >= n_vocab)):
-        logger.warning("tokenizer cache %s is malformed: rebuilding it", path)
+    # The checksum matters: HF's BPE panics (not raises) on merges outside the vocabulary.
+    if (pairs.ndim != 2 or pairs.shape[1] != 2 or pairs.dtype != np.int32
+            or not np.array_equal(digest, _pairs_digest(pairs))
+            or (pairs.size and (pairs.min() < 0 or pairs.max() >= n_vocab))):
+        logger.warning("tokenizer cache %s is damaged: rebuilding it", path)
         return None
     return pairs
 
@@ -252,7 +267,7 @@ def _store_cached_pairs(path: Path, pairs: np.ndarray) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
-            np.save(f, pairs, allow_pickle=False)
+            np.savez(f, pairs=pairs, digest=_pairs_digest(pairs))
         os.replace(tmp, path)  # atomic: readers never see half a file
     except OSError as e:
         logger.warning("cannot write tokenizer cache %s: %s", path, e)
@@ -263,13 +278,10 @@ def _spm_backend(tokens: Sequence[str], id_of: dict[str, int], scores: np.ndarra
     vocab = _hf_vocab(id_of)
     path = None
     if cache_dir is not None and len(tokens) >= _MIN_VOCAB_TO_CACHE:
-        path = cache_dir / f"spm-merges-{_vocab_digest(tokens, scores)}.npy"
+        path = cache_dir / f"spm-merges-{_vocab_digest(tokens, scores)}.npz"
     pairs = _load_cached_pairs(path, len(tokens)) if path is not None else None
     if pairs is not None:
-        try:
-            return _spm_hf_model(tokens, pairs, vocab, unk)
-        except Exception as e:  # a cache that decodes but does not fit this vocabulary
-            logger.warning("tokenizer cache %s does not fit this vocabulary (%s): rebuilding it", path, e)
+        return _spm_hf_model(tokens, pairs, vocab, unk)
     pairs = _spm_merge_pairs(tokens, scores, vocab)
     if path is not None:
         _store_cached_pairs(path, pairs)
@@ -280,6 +292,7 @@ def _spm_hf_model(tokens: Sequence[str], pairs: np.ndarray, vocab: dict[str, int
                   unk: str | None) -> HFTokenizer:
     texts = np.array(tokens, dtype=object)
     merges = list(zip(texts[pairs[:, 0]].tolist(), texts[pairs[:, 1]].tolist()))
+    unk = unk if unk in vocab else None
     bpe = models.BPE(vocab=vocab, merges=merges, unk_token=unk, byte_fallback=True, fuse_unk=False)
     return HFTokenizer(bpe)
 
@@ -335,17 +348,22 @@ class _SpecialSplitter:
     leftmost occurrences first. That order can differ from a leftmost-longest scan (with tokens
     "ab" and "bcd", "abcd" splits as "a" + "bcd").
 
-    Trying thousands of tokens (Gemma has 6,414) against long text would be slow, so a trie regex
-    first finds the longest token starting at each position; every token occurring in the text is
-    a prefix of one of those, so only they and their special substrings are tried.
+    Searching for thousands of tokens (Gemma has 6,414) in long text would be slow, so a trie
+    regex over the tokens' first `_PREFIX` characters first finds, at every position, the longest
+    such prefix starting there; only tokens whose prefix is a prefix of one of those can occur.
     """
+
+    _PREFIX = 32  # bounds the trie's depth (and the regex's nesting) for very long tokens
 
     def __init__(self, specials: Sequence[tuple[int, str]]) -> None:
         self._rank: dict[str, tuple[int, int]] = {}  # text -> (order, id); the first id wins
         for order, (token_id, text) in enumerate(specials):
             self._rank.setdefault(text, (order, token_id))
+        self._by_prefix: dict[str, list[str]] = {}
+        for text in self._rank:
+            self._by_prefix.setdefault(text[:self._PREFIX], []).append(text)
         self._regex: re.Pattern[str] | None = None
-        self._inside: dict[str, tuple[str, ...]] = {}
+        self._candidates: dict[str, tuple[str, ...]] = {}
 
     def split(self, text: str) -> list[str | int]:
         tokens = self._tokens_in(text)
@@ -382,23 +400,22 @@ class _SpecialSplitter:
             pos = -1 if free == -1 else text.find(token, free)
 
     def _tokens_in(self, text: str) -> set[str]:
+        """The special tokens that may occur in `text` (a small superset of those that do)."""
         if not self._rank:
             return set()
         if self._regex is None:
-            self._regex = re.compile(f"(?=({_trie_pattern(self._rank)}))")
+            self._regex = re.compile(f"(?=({_trie_pattern(self._by_prefix)}))")
         found: set[str] = set()
         for longest in set(self._regex.findall(text)):
-            found.update(self._specials_inside(longest))
+            found.update(self._starting_with_prefix_of(longest))
         return found
 
-    def _specials_inside(self, word: str) -> tuple[str, ...]:
-        inside = self._inside.get(word)
-        if inside is None:
-            n = len(word)
-            inside = tuple({word[i:j] for i in range(n) for j in range(i + 1, n + 1)
-                            if word[i:j] in self._rank})
-            self._inside[word] = inside
-        return inside
+    def _starting_with_prefix_of(self, head: str) -> tuple[str, ...]:
+        tokens = self._candidates.get(head)
+        if tokens is None:
+            tokens = tuple(t for k in range(1, len(head) + 1) for t in self._by_prefix.get(head[:k], ()))
+            self._candidates[head] = tokens
+        return tokens
 
 
 # ----------------------------------------------------------------------------------------------
@@ -419,9 +436,17 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def _chat_environment() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
-    # Sandboxed and immutable: a chat template comes from the model file, which is untrusted.
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+class _ChatSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """Sandboxed and immutable: a chat template comes from the model file, which is untrusted."""
+
+    def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
+        # Jinja's default renders a blocked attribute as empty; failing loudly is clearer.
+        raise jinja2.sandbox.SecurityError(
+            f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is unsafe")
+
+
+def _chat_environment() -> _ChatSandbox:
+    env = _ChatSandbox(
         trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
@@ -449,8 +474,9 @@ def _check_messages(messages: Any) -> None:
 class Tokenizer:
     """A GGUF model's tokenizer: llama.cpp-exact `encode`, `decode`, and its chat template.
 
-    Build it with `Tokenizer.from_gguf_metadata(metadata)`. `cache_dir` holds derived merges of
-    large SentencePiece vocabularies (default: the user cache dir; None: no cache).
+    Build it with `Tokenizer.from_gguf_metadata(metadata)`. `cache_dir` keeps the merges derived
+    for large SentencePiece vocabularies: True (default) the user cache dir, a path that
+    directory, None or False no cache. A damaged cache file is rebuilt; an unwritable one is skipped.
     """
 
     def __init__(self, metadata: Mapping[str, Any], *, cache_dir: Path | str | None | bool = True) -> None:
@@ -459,7 +485,7 @@ class Tokenizer:
         if model not in ("llama", "gpt2"):
             raise GGUFError(f"unsupported tokenizer.ggml.model {model!r}: only 'llama' (SentencePiece) "
                             "and 'gpt2' (byte-level BPE) vocabularies are supported")
-        if not tokens:
+        if tokens is None or len(tokens) == 0:
             raise GGUFError("the model file has no tokenizer.ggml.tokens: it cannot tokenize text")
         self.model: str = model
         self.architecture: str = str(metadata.get("general.architecture", ""))
@@ -711,7 +737,6 @@ class IncrementalDetokenizer:
         self._num_tokens = 0
         # llama.cpp strips one leading space off the first token of a text (SPM space prefix).
         self._strip_space = tokenizer.add_space_prefix and not prompt_ids
-        self._seen_text = False
 
     @property
     def num_tokens(self) -> int:
