@@ -37,7 +37,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     kw = {n: getattr(args, n) for n in EngineConfig.names() if getattr(args, n, None) is not None}
-    return {"model": args.model, "device": args.device, "dtype": args.dtype, **kw}
+    return {"model": args.model, "device": args.device or "auto", "dtype": args.dtype, **kw}
 
 
 def stderr_progress(stage: str, fraction: float | None) -> None:
@@ -90,32 +90,54 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
+    import signal
 
     from app.engine.async_engine import AsyncEngine
-    from app.server import serve
+    from app.server import check_exposure, serve
 
-    engine = AsyncEngine(progress=stderr_progress, **engine_kwargs(args))
-    _clear_progress()
+    check_exposure(args.host, args.api_key)  # refuse a public host without a key before loading
+
+    async def run() -> None:
+        engine = AsyncEngine(progress=stderr_progress, **engine_kwargs(args))
+        _clear_progress()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
+        try:
+            await serve(engine, host=args.host, port=args.port, api_key=args.api_key)
+        finally:
+            engine.close()
+
     try:
-        asyncio.run(serve(engine, host=args.host, port=args.port, api_key=args.api_key))
-    finally:
-        engine.close()
+        asyncio.run(run())
+    except asyncio.CancelledError:
+        pass
     return 0
 
 
 def cmd_tui(args: argparse.Namespace) -> int:
-    from app.ui import run_tui
+    from app.ui import TuiOptions, run_tui
 
-    return run_tui(args) or 0
+    extra = {k: v for k, v in engine_kwargs(args).items() if k not in ("model", "device")}
+
+    def factory(progress, model, device):  # runs in the app's worker thread
+        from app.engine.async_engine import AsyncEngine
+
+        return AsyncEngine(model=model, device=device or "auto", progress=progress, **extra)
+
+    run_tui(factory, TuiOptions(
+        model=args.model, device=args.device, data_dir=args.data_dir, config_path=args.config,
+        serve=args.serve, host=args.host, port=args.port, api_key=args.api_key, backend_url=args.backend_url,
+    ))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="localbatch", description="Local LLM chat tabs on one continuous-batching engine.")
-    p.add_argument("-v", "--verbose", action="store_true", help="log engine details to stderr")
+    p.add_argument("-v", "--verbose", action="store_true", help="log engine details to stderr (not in the TUI)")
     add_engine_args(p)
+    p.set_defaults(device=None)  # the TUI's config file supplies it
     p.add_argument("--serve", action="store_true", help="also start the OpenAI-compatible endpoint (TUI)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default=None, help="endpoint address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="endpoint port (default 8000)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--backend-url", default=None, help="use a remote OpenAI-compatible server instead of a local model")
     p.add_argument("--data-dir", default=None, help="where chats are stored (default: the user data dir)")
@@ -153,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command is None and not args.verbose:
+        logging.disable(logging.CRITICAL)  # log lines would draw over the TUI
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     return _run(args.func, args)
 
@@ -160,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     try:
         return func(args)
-    except LocalbatchError as e:
+    except LocalbatchError as e:  # includes the server's ServeError
         _clear_progress()
         print(f"localbatch: error: {e}", file=sys.stderr)
         return 1

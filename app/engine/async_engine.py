@@ -17,12 +17,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from app.engine.engine import LLMEngine
-from app.engine.errors import EngineDeadError
+from app.engine.errors import EngineDeadError, RequestError
 from app.engine.gguf_loader import Progress
 from app.engine.outputs import EngineStats, StreamDelta
 from app.engine.protocol import Prompt
 from app.engine.sampling_params import SamplingParams
 from app.engine.sequence import Sequence
+from app.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class AsyncEngine:
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stats = self.engine.stats()
+        self._dead: str | None = None  # why the step thread died, once it has
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="localbatch-engine", daemon=True)
@@ -54,8 +56,8 @@ class AsyncEngine:
     async def stream(
         self, prompt: Prompt, params: SamplingParams, request_id: str | None = None
     ) -> AsyncIterator[StreamDelta]:
-        if not self._thread.is_alive():
-            raise EngineDeadError("the engine has stopped; restart localbatch")
+        if self._dead is not None or not self._thread.is_alive():
+            raise EngineDeadError(self._dead or "the engine has stopped; restart localbatch")
         seq = self.engine.make_sequence(prompt, params, request_id or f"req-{uuid.uuid4().hex[:12]}")
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue = asyncio.Queue()
@@ -78,16 +80,23 @@ class AsyncEngine:
         self._send("abort", request_id)
 
     def stats(self) -> EngineStats:
+        if self._dead is not None:
+            raise EngineDeadError(self._dead)
         return self._stats
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        return self.tokenizer.encode(text, add_bos=add_bos)
+        return self._require_tokenizer().encode(text, add_bos=add_bos)
 
     def decode(self, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids)
+        return self._require_tokenizer().decode(token_ids)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        return self._require_tokenizer().apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+
+    def _require_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise RequestError("this engine has random weights and no tokenizer: send token ids")
+        return self.tokenizer
 
     def close(self) -> None:
         self._stop.set()
@@ -100,6 +109,19 @@ class AsyncEngine:
         self._wake.set()
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as e:  # noqa: BLE001 - a bug in the loop: fail every stream, not hang them
+            log.exception("engine loop died")
+            self._dead = f"the engine stopped after an internal error ({type(e).__name__}: {e}); restart localbatch"
+            dead = EngineDeadError(self._dead)
+            for loop, inbox in list(self._streams.values()):
+                try:
+                    loop.call_soon_threadsafe(inbox.put_nowait, dead)
+                except RuntimeError:
+                    pass
+
+    def _loop(self) -> None:
         engine = self.engine
         while not self._stop.is_set():
             deltas = self._drain_inbox()

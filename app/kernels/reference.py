@@ -44,13 +44,65 @@ def unified_attention_ref(
     block_size = k_cache.shape[1]
     cu = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()
+    decodes = [i for i in range(len(lens)) if cu[i + 1] - cu[i] == 1]
+    if len(decodes) > 1:
+        rows = torch.tensor([cu[i] for i in decodes], device=q.device)
+        out[rows] = _decode_attention(
+            q[rows], k_cache, v_cache, block_table[decodes], seq_lens[decodes], scale, sliding_window, softcap
+        ).to(out.dtype)
+    batched = set(decodes) if len(decodes) > 1 else set()
     for i, seq_len in enumerate(lens):
         start, end = cu[i], cu[i + 1]
-        if end == start:
+        if end == start or i in batched:
             continue
         k, v = _gather_context(k_cache, v_cache, block_table[i], seq_len, block_size)
         out[start:end] = _attend(q[start:end], k, v, seq_len, scale, sliding_window, softcap).to(out.dtype)
     return out
+
+
+def _decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    sliding_window: int | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    """All single-query sequences in one batched attention: one gather of their (windowed) blocks
+    and one masked SDPA, instead of a gather and a kernel call per sequence."""
+    block_size, kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    lens = seq_lens.long()
+    last_block = (lens - 1) // block_size
+    first_block = torch.zeros_like(lens)
+    if sliding_window is not None:
+        first_block = (lens - sliding_window).clamp(min=0) // block_size
+    width = int((last_block - first_block).max()) + 1
+    block_idx = first_block.unsqueeze(1) + torch.arange(width, device=q.device)  # [S, width]
+    in_range = block_idx <= last_block.unsqueeze(1)
+    block_idx = torch.minimum(block_idx, last_block.unsqueeze(1))
+    ids = block_table.long().gather(1, block_idx)  # [S, width]
+    k = k_cache[ids].reshape(len(lens), -1, kv_heads, head_dim).transpose(1, 2)  # [S, KVH, L, D]
+    v = v_cache[ids].reshape(len(lens), -1, kv_heads, head_dim).transpose(1, 2)
+    k_pos = (block_idx.unsqueeze(2) * block_size + torch.arange(block_size, device=q.device)).flatten(1)
+    q_pos = (lens - 1).unsqueeze(1)
+    mask = in_range.repeat_interleave(block_size, 1) & (k_pos <= q_pos)
+    if sliding_window is not None:
+        mask &= k_pos > q_pos - sliding_window
+    # Plain batched matmuls in fp32: SDPA with a mask falls back to a slow path for one query row.
+    num_seqs, heads = q.shape[0], q.shape[1]
+    groups = heads // kv_heads
+    qh = q.float().reshape(num_seqs, kv_heads, groups, head_dim)
+    scores = torch.matmul(qh, k.float().transpose(2, 3)) * scale  # [S, KVH, G, L]
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+    # Masked slots may be unwritten pool memory (the pool is torch.empty): zero V there, since
+    # a NaN would survive a zero attention weight (0 * NaN).
+    v = v.float().masked_fill(~mask[:, None, :, None], 0.0)
+    out = torch.matmul(torch.softmax(scores, -1), v)  # [S, KVH, G, D]
+    return out.reshape(num_seqs, heads, head_dim).to(q.dtype)
 
 
 def _gather_context(
@@ -76,8 +128,8 @@ def _attend(
     """q `[n, H, D]` are the last n positions of a context of `seq_len`; k/v `[seq_len, KVH, D]`."""
     n = q.shape[0]
     dtype = q.dtype
-    q_pos = torch.arange(seq_len - n, seq_len).unsqueeze(1)
-    k_pos = torch.arange(seq_len).unsqueeze(0)
+    q_pos = torch.arange(seq_len - n, seq_len, device=q.device).unsqueeze(1)
+    k_pos = torch.arange(seq_len, device=q.device).unsqueeze(0)
     mask = k_pos <= q_pos
     if sliding_window is not None:
         mask &= k_pos > q_pos - sliding_window

@@ -1,0 +1,68 @@
+"""The small routes: /v1/models, /health, /metrics, and vLLM's /tokenize and /detokenize."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+from starlette.responses import Response
+
+from app.engine.errors import LocalbatchError
+from app.server.errors import ApiError
+from app.server.metrics import CONTENT_TYPE
+from app.server.protocol import DetokenizeRequest, TokenizeRequest
+from app.server.serving import ServerState, server_state
+
+
+def _model_card(state: ServerState) -> dict[str, Any]:
+    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "localbatch",
+            "root": state.model_name, "parent": None, "max_model_len": state.engine.max_model_len}
+
+
+async def list_models(request: Request) -> dict[str, Any]:
+    return {"object": "list", "data": [_model_card(server_state(request))]}
+
+
+async def get_model(model_id: str, request: Request) -> dict[str, Any]:
+    state = server_state(request)
+    state.check_model(model_id or None)
+    return _model_card(state)
+
+
+async def health(request: Request) -> Response:
+    server_state(request).engine.stats()  # raises EngineDeadError (-> 503) once the engine has stopped
+    return Response(status_code=200)
+
+
+async def metrics(request: Request) -> Response:
+    state = server_state(request)
+    text = state.metrics.render(state.engine.stats(), state.model_name)
+    return Response(text, media_type=CONTENT_TYPE)
+
+
+async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
+    state = server_state(request)
+    state.check_model(body.model)
+    body.check_combinations()
+    if body.messages is not None:
+        text = state.render_chat([m.to_engine() for m in body.messages], body.add_generation_prompt)
+        # Chat templates write their own BOS.
+        add_bos = bool(body.add_special_tokens)
+    else:
+        text = body.prompt or ""
+        add_bos = body.add_special_tokens is not False
+    tokens = state.engine.encode(text, add_bos=add_bos)
+    token_strs = [state.engine.decode([t]) for t in tokens] if body.return_token_strs else None
+    return {"count": len(tokens), "max_model_len": state.engine.max_model_len, "tokens": tokens,
+            "token_strs": token_strs}
+
+
+async def detokenize(body: DetokenizeRequest, request: Request) -> dict[str, Any]:
+    state = server_state(request)
+    state.check_model(body.model)
+    try:
+        text = state.engine.decode(body.tokens)
+    except (LocalbatchError, ValueError, IndexError, OverflowError) as exc:
+        # Ids past the vocabulary: the protocol does not expose its size, the tokenizer finds out.
+        raise ApiError(400, f"tokens: cannot detokenize: {exc}", param="tokens") from exc
+    return {"prompt": text}

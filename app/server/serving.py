@@ -1,0 +1,138 @@
+"""What the chat and completions routes share: server state, model check, fanning a request out
+into engine requests, disconnect handling, and the SSE response."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from app.engine.errors import LocalbatchError
+from app.engine.protocol import EngineClient, Prompt
+from app.engine.sampling_params import SamplingParams
+from app.server.errors import ApiError, engine_error
+from app.server.metrics import ServerMetrics
+from app.server.streams import ClientGone, Job, MultiStream, until_disconnect
+
+# nginx's "client closed request": logged, never seen by the client.
+CLIENT_CLOSED = 499
+_SEED_SPACE = 2**63
+
+
+@dataclass
+class ServerState:
+    engine: EngineClient
+    model_name: str
+    metrics: ServerMetrics
+    created: int
+
+    def check_model(self, model: str | None) -> None:
+        """An absent or empty model means the served one; anything else must name it."""
+        if model and model != self.model_name:
+            raise ApiError(404, f"model {model!r} does not exist; this server serves {self.model_name!r}",
+                           param="model", code="model_not_found")
+
+    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The templated prompt; a template that rejects the conversation is the client's error."""
+        try:
+            return self.engine.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        except (LocalbatchError, ValueError) as exc:
+            raise ApiError(400, f"messages: the chat template rejected them: {exc}", param="messages") from exc
+
+
+def server_state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.localbatch
+    return state
+
+
+@dataclass(frozen=True)
+class ResponseMeta:
+    """The fields every response object and chunk of one request repeats."""
+
+    id: str
+    created: int
+    model: str
+    include_usage: bool = False
+
+    @classmethod
+    def new(cls, prefix: str, model: str, include_usage: bool = False) -> ResponseMeta:
+        return cls(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model, include_usage)
+
+    def header(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+
+def choice_params(params: SamplingParams, choice: int) -> SamplingParams:
+    """Choice i of a seeded request uses seed + i, so that n choices differ but repeat exactly.
+    Seeds are folded into [0, 2**63) so that the engine only ever sees non-negative int64 seeds."""
+    if params.seed is None:
+        return params
+    seed = (params.seed + choice) % _SEED_SPACE
+    return params if seed == params.seed else dataclasses.replace(params, seed=seed)
+
+
+def fan_out(prompts: list[Prompt], params: SamplingParams, n: int) -> list[Job]:
+    """Choice index = prompt index * n + j, as in OpenAI's batched completions."""
+    return [Job(prompt, choice_params(params, j), p) for p, prompt in enumerate(prompts) for j in range(n)]
+
+
+async def start_streams(request: Request, state: ServerState, jobs: list[Job], id_prefix: str,
+                        arrival: float) -> MultiStream | None:
+    """Submit the engine requests; None when the client left while they were starting."""
+    streams = MultiStream(state.engine, jobs, f"{id_prefix}-{uuid.uuid4().hex[:12]}", state.metrics, arrival)
+    try:
+        await until_disconnect(request, streams.start())
+    except ClientGone:
+        return None
+    except Exception as exc:  # engine_error re-raises what is not an engine error
+        raise engine_error(exc) from exc
+    return streams
+
+
+async def collect(request: Request, streams: MultiStream) -> MultiStream | None:
+    """Run to completion (non-streaming); None when the client left first."""
+    try:
+        await until_disconnect(request, streams.collect())
+    except ClientGone:
+        return None
+    finally:
+        streams.close()
+    return streams
+
+
+def client_closed() -> Response:
+    return Response(status_code=CLIENT_CLOSED)
+
+
+def sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+class EventStreamResponse(StreamingResponse):
+    """Server-sent events whose generator is always closed, even when the client disconnects while
+    a chunk is being sent (Starlette would leave it suspended), so its `finally` aborts the engine
+    requests at once."""
+
+    def __init__(self, events: AsyncIterator[bytes]) -> None:
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._events = events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            aclose = getattr(self._events, "aclose", None)
+            if aclose is not None:
+                await aclose()

@@ -1,0 +1,29 @@
+"""The `localbatch` terminal app: chat tabs on one batched engine, live KV-budget and throughput
+panels, SQLite persistence, an embedded OpenAI endpoint and a remote-backend client.
+
+Textual is imported lazily so that `from app.ui import run_tui` stays cheap for the CLI."""
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "LocalbatchApp": "app.ui.app",
+    "TuiOptions": "app.ui.app",
+    "run_tui": "app.ui.app",
+    "EngineFactory": "app.ui.loading",
+    "ProgressFn": "app.ui.loading",
+    "default_engine_factory": "app.ui.loading",
+    "RemoteEngine": "app.ui.remote",
+    "Config": "app.ui.config",
+    "ConfigError": "app.ui.config",
+    "load_config": "app.ui.config",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'app.ui' has no attribute {name!r}")
+    return getattr(import_module(module), name)

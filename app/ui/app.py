@@ -1,0 +1,168 @@
+"""The `localbatch` Textual app and its entry point `run_tui`."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+from functools import partial
+from pathlib import Path
+
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+
+from app import ASSETS_DIR
+from app.engine.protocol import EngineClient
+from app.ui.config import Config, ConfigError, default_config_path, default_data_dir, load_config
+from app.ui.endpoint import EmbeddedEndpoint, ServeFn
+from app.ui.keys import CHAT_ACTIONS, effective_keys
+from app.ui.loading import EngineFactory, LoadingScreen, ProgressFn, default_engine_factory, engine_info
+from app.ui.screen import ChatScreen
+from app.ui.store import ChatStore
+
+
+@dataclass
+class TuiOptions:
+    """What the command line can set; `None` falls back to the config file, then to defaults."""
+
+    model: str | None = None
+    device: str | None = None
+    data_dir: Path | None = None
+    config_path: Path | None = None
+    serve: bool = False  # start the embedded endpoint once the model is loaded
+    host: str | None = None
+    port: int | None = None
+    api_key: str | None = None  # the endpoint's key, or the remote backend's
+    backend_url: str | None = None  # run the tabs against a remote OpenAI-compatible server
+    poll_interval: float = 0.1  # panel refresh period in seconds; 0 disables the timer (tests)
+    serve_fn: ServeFn | None = None  # replaces app.server.serve (tests)
+
+
+class LocalbatchApp(App):
+    CSS_PATH = str(ASSETS_DIR / "localbatch.tcss")
+    TITLE = "localbatch"
+    BINDINGS = [Binding("ctrl+q", "quit", "Quit", priority=True, id="quit")]
+
+    def __init__(self, engine_factory: EngineFactory | None = None, options: TuiOptions | None = None) -> None:
+        super().__init__()
+        self.options = options or TuiOptions()
+        explicit = self.options.config_path is not None
+        self.config: Config = load_config(self.options.config_path, explicit=explicit)
+        self.data_dir = Path(self.options.data_dir or default_data_dir()).expanduser()
+        self.keys = effective_keys(self.config.keymap)
+        if self.config.keymap:
+            self.set_keymap(self.config.keymap)
+        if self.config.theme:
+            if self.config.theme not in self.available_themes:
+                raise ConfigError(
+                    f"unknown theme {self.config.theme!r} in {self.config.path}; try one of: "
+                    + ", ".join(sorted(self.available_themes)[:8])
+                )
+            self.theme = self.config.theme
+        self.store = ChatStore.in_dir(self.data_dir, self.config.sampling)
+        self._factory = engine_factory or default_engine_factory
+        self.engine: EngineClient | None = None
+        self.endpoint: EmbeddedEndpoint | None = None
+
+    # start-up
+
+    def on_mount(self) -> None:
+        if self.options.backend_url:
+            target, hint = self.options.backend_url, "Check the address given with --backend-url (it ends in /v1) and --api-key."
+        else:
+            model = self.options.model or self.config.model
+            target = model or "the embedded default model"
+            config = self.config.path or default_config_path()
+            hint = f'Pass a GGUF file with [b]localbatch --model PATH.gguf[/b], or set model = "PATH" in {config}.'
+        self.push_screen(LoadingScreen(self._build_engine, target, hint, self._engine_loaded))
+
+    def _build_engine(self, progress: ProgressFn) -> EngineClient:
+        """Runs in the loader thread."""
+        if self.options.backend_url:
+            from app.ui.remote import RemoteEngine
+
+            progress(f"connecting to {self.options.backend_url}", None)
+            return RemoteEngine.connect(self.options.backend_url, api_key=self.options.api_key)
+        model = self.options.model or self.config.model
+        device = self.options.device or self.config.device
+        return self._factory(progress, model, device)
+
+    def _engine_loaded(self, engine: EngineClient, elapsed_s: float) -> None:
+        self.engine = engine
+        info = engine_info(engine)
+        if not getattr(engine, "is_remote", False):
+            self.endpoint = EmbeddedEndpoint(
+                engine,
+                self.options.host or self.config.server_host,
+                self.options.port or self.config.server_port,
+                self.options.api_key,
+                self.options.serve_fn,
+            )
+        screen = ChatScreen(engine, self.store, info, self.endpoint, self.export_dir, self.options.poll_interval)
+        self.switch_screen(screen)
+        self.notify(f"{info.headline()} ready in {elapsed_s:.1f} s", title="Model loaded")
+        if self.options.serve:
+            screen.call_after_refresh(screen.action_toggle_endpoint)
+
+    def export_dir(self) -> Path:
+        return self.config.export_dir or self.data_dir / "exports"
+
+    # command palette
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        if not isinstance(screen, ChatScreen):
+            return
+        yield SystemCommand("Send", "Send the input to the current tab (enter)", screen.action_send)
+        for action in CHAT_ACTIONS:
+            keys = self.keys[action.id].replace(",", " / ")
+            yield SystemCommand(action.title, f"{action.help} ({keys})", partial(screen.run_action, action.id))
+
+    # shutdown
+
+    async def action_quit(self) -> None:
+        """Commit partial replies, stop the endpoint and the engine, then exit."""
+        chat = next((s for s in self.screen_stack if isinstance(s, ChatScreen)), None)
+        if chat is not None:  # also under an open dialog
+            await chat.stop_all_and_wait()
+        await self.close_engine()
+        self.exit()
+
+    async def close_engine(self) -> None:
+        if self.endpoint is not None:
+            await self.endpoint.stop()
+        engine, self.engine = self.engine, None
+        if engine is None:
+            return
+        close = getattr(engine, "aclose", None) or getattr(engine, "shutdown", None) or getattr(engine, "close", None)
+        if close is None:
+            return
+        if inspect.iscoroutinefunction(close):
+            await close()
+        else:
+            await asyncio.to_thread(close)  # joining the engine's step thread may take a moment
+
+
+def run_tui(engine_factory: EngineFactory | None = None, options: TuiOptions | None = None, **overrides: Any) -> None:
+    """Run the app until the user quits.
+
+    `engine_factory(progress, model, device)` builds the engine in a worker thread (default:
+    `app.engine.AsyncEngine`); `overrides` are `TuiOptions` fields (`model=`, `data_dir=`, ...).
+    Raises `LocalbatchError` (bad config, unusable chat database) before the screen opens."""
+    options = replace(options or TuiOptions(), **overrides)
+    app = LocalbatchApp(engine_factory, options)
+    try:
+        app.run()
+    finally:
+        app.store.close()
+        _close_left_over(app.engine)
+
+
+def _close_left_over(engine: EngineClient | None) -> None:
+    """The app closes the engine on quit; this covers exits that skipped that (a crash)."""
+    close = getattr(engine, "shutdown", None) or getattr(engine, "close", None)
+    if close is not None and not inspect.iscoroutinefunction(close):
+        close()

@@ -1,0 +1,336 @@
+"""One chat tab: its messages, prompt input, settings, and the task that streams a reply.
+
+The reply is consumed by an asyncio task in the app's own loop (a Textual worker): the engine's
+`stream()` yields one delta per engine step, and `Markdown.get_stream` coalesces appends when the
+widget falls behind, so there is never a cross-thread call per token."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.message import Message
+from textual.widgets import Markdown, TabPane
+from textual.widgets.markdown import MarkdownStream
+from textual.worker import Worker, WorkerCancelled, WorkerFailed
+
+from app.engine.outputs import StreamDelta
+from app.engine.protocol import EngineClient
+from app.ui.format import fmt_rate, fmt_seconds
+from app.ui.loading import first_line
+from app.ui.store import ChatRecord, ChatStore, MessageRecord
+from app.ui.widgets import MessageView, PromptInput, SettingsForm, SettingsTitle
+
+_DEFAULT_TITLE = re.compile(r"^Chat \d+$")
+
+
+@dataclass
+class ReplyMetrics:
+    """Client-side timing of one reply (what the panels show when the engine has no figure)."""
+
+    started: float
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    num_tokens: int = 0
+
+    def observe(self, delta: StreamDelta, now: float) -> None:
+        if not delta.token_ids and not delta.text:
+            return
+        self.first_token_at = self.first_token_at or now
+        self.last_token_at = now
+        self.num_tokens = delta.num_output_tokens or self.num_tokens + max(len(delta.token_ids), 1)
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.started
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        if self.first_token_at is None or self.last_token_at is None or self.num_tokens < 2:
+            return None
+        span = self.last_token_at - self.first_token_at
+        return (self.num_tokens - 1) / span if span > 0 else None
+
+    def summary(self, finish_reason: str | None) -> str:
+        return meta_line(self.num_tokens, self.tokens_per_s, self.ttft_s, finish_reason)
+
+
+def meta_line(num_tokens: int, tokens_per_s: float | None, ttft_s: float | None, finish_reason: str | None) -> str:
+    """The dim line under a reply: its length, speed, time to first token and how it ended."""
+    parts = [f"{num_tokens} tok", f"{fmt_rate(tokens_per_s)} tok/s", f"TTFT {fmt_seconds(ttft_s)}"]
+    note = {"abort": "stopped", "length": "hit max tokens"}.get(finish_reason or "")
+    return " · ".join(parts + ([note] if note else []))
+
+
+def reply_meta(message: MessageRecord) -> str:
+    if message.role != "assistant" or not message.num_tokens:
+        return ""
+    return meta_line(message.num_tokens, message.tokens_per_s, message.ttft_s, message.finish_reason)
+
+
+class ChatPane(TabPane):
+    """A tab holding one conversation; while it generates it is one sequence in the engine."""
+
+    class Changed(Message):
+        """Title or generating state changed (the screen relabels the tab)."""
+
+        def __init__(self, pane: ChatPane) -> None:
+            super().__init__()
+            self.pane = pane
+
+    def __init__(
+        self, chat: ChatRecord, messages: list[MessageRecord], engine: EngineClient, store: ChatStore, color: str,
+        settings_key: str = "f3",
+    ) -> None:
+        super().__init__(chat.title, id=f"chat-{chat.id}")
+        self._settings_key = settings_key
+        self.chat = chat
+        self.color = color
+        self._engine = engine
+        self._store = store
+        self._messages = list(messages)
+        self._worker: Worker | None = None
+        self._streaming = False  # inside the stream loop (where stop() may cancel)
+        self._stop_requested = False
+        self.request_id: str | None = None
+        self.metrics: ReplyMetrics | None = None
+        self.finish_reason: str | None = None  # of the last reply
+
+    # state
+
+    @property
+    def generating(self) -> bool:
+        return self.request_id is not None
+
+    @property
+    def messages(self) -> list[MessageRecord]:
+        return list(self._messages)
+
+    def tab_label(self) -> Text:
+        label = Text()
+        if self.generating:
+            label.append("● ", style=self.color)
+        label.append(self.chat.title)
+        return label
+
+    def history(self) -> list[dict[str, Any]]:
+        prompt = [{"role": "system", "content": self.chat.system_prompt}] if self.chat.system_prompt.strip() else []
+        return prompt + [{"role": m.role, "content": m.content} for m in self._messages]
+
+    # layout
+
+    def compose(self) -> ComposeResult:
+        # The form itself is mounted on first use: a dozen widgets per tab slow tab creation down.
+        yield SettingsTitle(self._settings_title(), classes="settings-title")
+        with VerticalScroll(classes="messages"):
+            for m in self._messages:
+                yield MessageView(m.role, m.content, reply_meta(m))
+        yield PromptInput(classes="prompt")
+
+    def on_mount(self) -> None:
+        # Anchored: follows new output only while the view is at the bottom.
+        self.query_one(".messages", VerticalScroll).anchor()
+
+    def _settings_title(self) -> Text:
+        prompt = "system prompt · " if self.chat.system_prompt.strip() else ""
+        return Text.assemble(("⚙ ", "bold"), f"{prompt}{self.chat.settings.summary()}", (f"  ({self._settings_key})", "dim"))
+
+    def focus_input(self) -> None:
+        self.query_one(PromptInput).focus()
+
+    def toggle_settings(self) -> None:
+        forms = self.query(SettingsForm)
+        if not forms:
+            form = SettingsForm(self.chat.system_prompt, self.chat.settings)
+            self.mount(form, after=self.query_one(".settings-title"))
+            form.call_after_refresh(form.focus_first)
+            return
+        form = forms.first()
+        form.display = not form.display
+        if form.display:
+            form.focus_first()
+        else:
+            self.focus_input()
+
+    def on_settings_title_pressed(self, event: SettingsTitle.Pressed) -> None:
+        event.stop()
+        self.toggle_settings()
+
+    def on_settings_form_changed(self, event: SettingsForm.Changed) -> None:
+        self.chat = replace(self.chat, system_prompt=event.system_prompt, settings=event.settings)
+        self._store.update_chat(self.chat)
+        self.query_one(SettingsTitle).update(self._settings_title())
+
+    def rename(self, title: str) -> None:
+        self.chat = replace(self.chat, title=title)
+        self._store.update_chat(self.chat)
+        self.post_message(self.Changed(self))
+
+    # sending
+
+    def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
+        event.stop()
+        self.send_input()
+
+    def input_text(self) -> str:
+        return self.query_one(PromptInput).text
+
+    def clear_input(self) -> None:
+        self.query_one(PromptInput).clear()
+
+    def send_input(self) -> bool:
+        if self.send(self.input_text()):
+            self.clear_input()
+            return True
+        return False
+
+    def send(self, text: str) -> bool:
+        """Add a user message and start the reply; False (nothing sent) while a reply is running."""
+        text = text.strip()
+        if not text or self.generating:
+            return False
+        message = self._store.add_message(self.chat.id, "user", text)
+        self._messages.append(message)
+        self.query_one(".messages", VerticalScroll).mount(MessageView("user", text))
+        if _DEFAULT_TITLE.match(self.chat.title):
+            self.rename(_title_from(text))
+        self._start()
+        return True
+
+    def regenerate(self) -> bool:
+        """Drop the last reply (if any) and generate it again from the same history."""
+        if self.generating or not self._messages:
+            return False
+        if self._messages[-1].role == "assistant":
+            last = self._messages.pop()
+            self._store.delete_message(last.id)
+            views = self.query(MessageView)
+            if views:
+                views.last().remove()
+        self._start()
+        return True
+
+    def stop(self) -> bool:
+        if not self.generating:
+            return False
+        self._stop_requested = True  # also covers a stop that lands before the stream has begun
+        self._engine.abort(self.request_id)
+        if self._streaming and self._worker is not None:
+            self._worker.cancel()
+        return True
+
+    async def stop_and_wait(self) -> None:
+        """Stop the reply (if any) and wait until its partial text is committed."""
+        worker = self._worker
+        self.stop()
+        if worker is not None:
+            try:
+                await worker.wait()
+            except (WorkerCancelled, WorkerFailed):
+                pass  # cancelled before it ran, or failed: either way nothing is left to commit
+
+    def _start(self) -> None:
+        for failed in self.query(".message.failed"):
+            failed.remove()  # an earlier attempt's error, never stored: the new reply replaces it
+        self.request_id = f"chat{self.chat.id}-{uuid.uuid4().hex[:8]}"
+        self.metrics = ReplyMetrics(started=time.monotonic())
+        self.finish_reason = None
+        self._stop_requested = False
+        self.post_message(self.Changed(self))
+        self._worker = self.run_worker(self._generate(self.request_id), group="generate", exit_on_error=False)
+
+    async def _generate(self, request_id: str) -> None:
+        view = MessageView("assistant")
+        await self.query_one(".messages", VerticalScroll).mount(view)
+        writer = _ReplyWriter(view.markdown)
+        finish, error = await self._consume(request_id, writer)
+        await writer.close()
+        self._finish(view, writer.text, finish, error)
+
+    async def _consume(self, request_id: str, writer: _ReplyWriter) -> tuple[str, str | None]:
+        """Feed the reply into the Markdown stream; returns (finish_reason, error)."""
+        metrics = self.metrics
+        self._streaming = True
+        deltas = None
+        try:
+            if self._stop_requested:
+                return "abort", None
+            deltas = self._engine.stream(self.history(), self.chat.settings.to_params(), request_id)
+            async for delta in deltas:
+                if self._stop_requested:
+                    return "abort", None
+                metrics.observe(delta, time.monotonic())
+                await writer.write(delta.text)
+                if delta.finish_reason:
+                    return delta.finish_reason, delta.error
+            return "stop", None
+        except asyncio.CancelledError:
+            # stop() cancelled us on purpose: the reply ends here and is still committed.
+            asyncio.current_task().uncancel()
+            return "abort", None
+        except Exception as e:  # noqa: BLE001 — any engine failure ends this reply, not the app
+            return "error", first_line(e)
+        finally:
+            self._streaming = False
+            aclose = getattr(deltas, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def _finish(self, view: MessageView, text: str, finish: str, error: str | None) -> None:
+        metrics = self.metrics
+        if text:
+            # Committed at once: a crash from here on loses nothing of this reply.
+            message = self._store.add_message(
+                self.chat.id, "assistant", text, finish_reason=finish, num_tokens=metrics.num_tokens,
+                ttft_s=metrics.ttft_s, tokens_per_s=metrics.tokens_per_s,
+            )
+            self._messages.append(message)
+        if error:
+            view.set_meta(f"error: {error}", error=True)
+            view.set_class(not text, "failed")
+        elif text:
+            view.set_meta(metrics.summary(finish))
+        else:
+            view.remove()
+        self.finish_reason = finish
+        self.request_id = None
+        self._worker = None
+        self.post_message(self.Changed(self))
+
+
+class _ReplyWriter:
+    """Collects the reply text and streams it into the Markdown widget. The MarkdownStream is
+    created on the first text: stopping one whose task has not run yet would cancel the caller."""
+
+    def __init__(self, markdown: Markdown) -> None:
+        self._markdown = markdown
+        self._stream: MarkdownStream | None = None
+        self._parts: list[str] = []
+
+    @property
+    def text(self) -> str:
+        return "".join(self._parts)
+
+    async def write(self, text: str) -> None:
+        if not text:
+            return
+        self._parts.append(text)
+        if self._stream is None:
+            self._stream = Markdown.get_stream(self._markdown)
+        await self._stream.write(text)
+
+    async def close(self) -> None:
+        if self._stream is not None:
+            await self._stream.stop()
+
+
+def _title_from(text: str, limit: int = 28) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"

@@ -1,0 +1,52 @@
+"""The chat screen's actions: one table drives the key bindings (with ids, remappable from the
+config's `[keymap]`), the footer and the command palette."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.binding import Binding
+
+
+@dataclass(frozen=True)
+class ChatAction:
+    id: str  # binding id, the key in the config's [keymap]
+    keys: str  # default keys, comma-separated alternatives
+    title: str  # palette title (and footer label)
+    help: str
+    show: bool = True  # in the footer
+    # Only for keys the inputs bind themselves (ctrl+w deletes a word, ctrl+pageup scrolls). A
+    # priority binding runs before the focused input has processed earlier keys, so broadcast,
+    # for one, must not be: pasting text and pressing ctrl+b would send half the text. Defaults
+    # avoid TextArea's other keys (f6/f7 select, ctrl+e/ctrl+k edit).
+    priority: bool = False
+
+
+CHAT_ACTIONS: tuple[ChatAction, ...] = (
+    ChatAction("new_tab", "ctrl+n", "New chat", "Open a new chat tab"),
+    ChatAction("close_tab", "ctrl+w", "Delete chat", "Close the current tab and delete its chat (asks first)", priority=True),
+    ChatAction("next_tab", "ctrl+pagedown,alt+right", "Next tab", "Switch to the next chat tab", show=False, priority=True),
+    ChatAction("previous_tab", "ctrl+pageup,alt+left", "Previous tab", "Switch to the previous chat tab", show=False, priority=True),
+    ChatAction("stop", "escape", "Stop", "Stop generating in the current tab"),
+    ChatAction("stop_all", "f8", "Stop all", "Stop generating in every tab", show=False),
+    ChatAction("regenerate", "ctrl+r", "Regenerate", "Generate the last reply again"),
+    ChatAction("rename", "f2", "Rename", "Rename the current chat", show=False),
+    ChatAction("broadcast", "ctrl+b", "Broadcast", "Send the input to every idle tab at once"),
+    ChatAction("settings", "f3", "Settings", "Show or hide this chat's system prompt and sampling settings"),
+    ChatAction("export", "f4", "Export", "Export this chat to a Markdown file", show=False),
+    ChatAction("toggle_endpoint", "f9", "Endpoint", "Start or stop the embedded OpenAI-compatible HTTP endpoint", show=False),
+)
+
+ACTION_IDS: tuple[str, ...] = tuple(a.id for a in CHAT_ACTIONS)
+
+
+def chat_bindings() -> list[Binding]:
+    return [
+        Binding(a.keys, a.id, a.title, show=a.show, priority=a.priority, id=a.id, tooltip=a.help)
+        for a in CHAT_ACTIONS
+    ]
+
+
+def effective_keys(keymap: dict[str, str]) -> dict[str, str]:
+    """Binding id -> the keys in force (config override or default), for the palette's help text."""
+    return {a.id: keymap.get(a.id, a.keys) for a in CHAT_ACTIONS}

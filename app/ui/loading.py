@@ -1,0 +1,168 @@
+"""Start-up: build the engine in a worker thread while a screen shows the loader's progress.
+
+The engine factory is any callable `factory(progress, model, device) -> EngineClient`; it runs in a
+thread and reports `progress(stage, fraction)` (fraction in [0, 1], or None when unknown). The
+reports land in a lock-protected `LoadProgress` that the screen polls, so a chatty loader never
+blocks on the UI."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rich.markup import escape
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import Screen
+from textual.widgets import ProgressBar, Static
+from textual.worker import Worker, WorkerState
+
+from app.engine.errors import LocalbatchError
+from app.engine.protocol import EngineClient
+from app.ui.format import fmt_bytes, fmt_int
+
+ProgressFn = Callable[[str, "float | None"], None]
+
+
+class EngineFactory(Protocol):
+    def __call__(self, progress: ProgressFn, model: str | None, device: str | None) -> EngineClient: ...
+
+
+def default_engine_factory(progress: ProgressFn, model: str | None, device: str | None) -> EngineClient:
+    """The in-process engine (`app.engine.AsyncEngine`); `model=None` means the embedded default."""
+    from app.engine import AsyncEngine  # heavy (torch): imported in the loader thread, not at start
+
+    kwargs: dict[str, Any] = {"model": model}
+    if device:
+        kwargs["device"] = device
+    if "progress" in inspect.signature(AsyncEngine).parameters:
+        kwargs["progress"] = progress
+    return AsyncEngine(**kwargs)
+
+
+class LoadProgress:
+    """Stages in the order reported, each with its latest fraction. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stages: dict[str, float | None] = {}
+
+    def __call__(self, stage: str, fraction: float | None = None) -> None:
+        if fraction is not None:
+            fraction = min(max(float(fraction), 0.0), 1.0)
+        with self._lock:
+            self._stages[stage] = fraction
+
+    def snapshot(self) -> list[tuple[str, float | None]]:
+        with self._lock:
+            return list(self._stages.items())
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    model_name: str
+    device: str
+    dtype: str
+    max_model_len: int
+    kv_tokens: int
+    kv_bytes: int
+
+    def headline(self) -> str:
+        return " · ".join(x for x in (self.model_name, self.device, self.dtype) if x)
+
+    def details(self) -> list[str]:
+        """Context length and KV budget, one line each (what is known)."""
+        lines = [f"context {fmt_int(self.max_model_len)} tokens"] if self.max_model_len else []
+        if self.kv_tokens:
+            lines.append(f"KV budget {fmt_int(self.kv_tokens)} tokens · {fmt_bytes(self.kv_bytes)}")
+        return lines
+
+
+def engine_info(engine: EngineClient) -> EngineInfo:
+    """What the status line shows. `device`, `dtype` and the KV figures are optional on an engine."""
+    stats = engine.stats()
+    kv_tokens = stats.num_blocks_total * stats.block_size
+    return EngineInfo(
+        model_name=str(getattr(engine, "model_name", "") or "model"),
+        device=str(getattr(engine, "device", "") or ""),
+        dtype=str(getattr(engine, "dtype", "") or "").removeprefix("torch."),
+        max_model_len=int(getattr(engine, "max_model_len", 0) or 0),
+        kv_tokens=kv_tokens,
+        kv_bytes=kv_tokens * stats.kv_bytes_per_token,
+    )
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    message = text[0] if text else ""
+    if isinstance(error, LocalbatchError) and message:
+        return message
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
+
+
+class LoadingScreen(Screen):
+    """Shows the loader's stages; hands the engine to the app, or shows why loading failed."""
+
+    BINDINGS = [Binding("q", "app.quit", "Quit")]
+
+    def __init__(
+        self,
+        factory: Callable[[ProgressFn], EngineClient],
+        target: str,
+        failure_hint: str,
+        on_loaded: Callable[[EngineClient, float], None],
+    ) -> None:
+        super().__init__()
+        self._factory = factory
+        self._target = target
+        self._hint = failure_hint
+        self._on_loaded = on_loaded
+        self.progress = LoadProgress()
+        self._started = time.monotonic()
+        self.error: str | None = None
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="loading-box"):
+            yield Static("localbatch", id="loading-title")
+            yield Static(f"Loading {self._target}", id="loading-target")
+            yield Static("", id="loading-stages")
+            yield ProgressBar(total=1.0, show_eta=False, id="loading-bar")
+            yield Static("", id="loading-error")
+
+    def on_mount(self) -> None:
+        self.set_interval(0.1, self._show_progress)
+        self.run_worker(self._load, thread=True, exit_on_error=False, name="load-engine")
+
+    def _load(self) -> EngineClient:
+        return self._factory(self.progress)
+
+    def _show_progress(self) -> None:
+        stages = self.progress.snapshot()
+        if self.error is not None or not stages:
+            return
+        lines = [f"[green]✓[/] {name}" for name, _ in stages[:-1]]
+        name, fraction = stages[-1]
+        lines.append(f"[b]›[/] {name}" + (f"  {fraction:.0%}" if fraction is not None else ""))
+        self.query_one("#loading-stages", Static).update("\n".join(lines))
+        bar = self.query_one("#loading-bar", ProgressBar)
+        bar.update(total=1.0 if fraction is not None else None, progress=fraction or 0.0)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.worker.name != "load-engine":
+            return
+        if event.state == WorkerState.SUCCESS:
+            self._on_loaded(event.worker.result, time.monotonic() - self._started)
+        elif event.state == WorkerState.ERROR:
+            self.show_error(first_line(event.worker.error))
+
+    def show_error(self, message: str) -> None:
+        self.error = message
+        self.query_one("#loading-bar", ProgressBar).display = False
+        error = self.query_one("#loading-error", Static)
+        error.update(f"[b red]Could not load the model:[/] {escape(message)}\n\n{self._hint}\n\nPress [b]q[/] to quit.")
+        error.add_class("failed")

@@ -1,0 +1,227 @@
+"""The side panels: KV-cache budget (who holds which blocks) and throughput (tokens/s now and over
+the last minute, batch size, step time, per-tab rates). Both are redrawn from one `EngineStats`
+snapshot per poll; the rendering is plain functions of that snapshot so tests can check it."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Digits, Label, Sparkline, Static
+
+from app.engine.outputs import EngineStats
+from app.ui.format import fmt_bytes, fmt_int, fmt_rate, fmt_seconds
+
+API_COLOR = "grey70"
+CACHED_COLOR = "grey39"
+FREE_COLOR = "grey23"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who a request id belongs to: a chat tab (key, label, color) — anything else is an API request."""
+
+    key: str
+    label: str
+    color: str
+
+
+@dataclass(frozen=True)
+class KVSegment:
+    label: str
+    color: str
+    blocks: int
+    requests: int
+
+
+@dataclass(frozen=True)
+class TabRate:
+    """One row of the per-tab rates table."""
+
+    label: str
+    color: str
+    tokens_per_s: float | None
+    ttft_s: float | None
+    status: str  # "idle" | "waiting" | "prefill" | "decode"
+
+
+def kv_segments(stats: EngineStats, owners: dict[str, Owner]) -> list[KVSegment]:
+    """Blocks held per tab (in order of appearance), then one segment for all API requests."""
+    held: dict[Owner, list[int]] = {}
+    api = [0, 0]
+    for req in stats.requests:
+        owner = owners.get(req.request_id)
+        acc = api if owner is None else held.setdefault(owner, [0, 0])
+        acc[0] += req.num_blocks
+        acc[1] += 1
+    segments = [KVSegment(owner.label, owner.color, b, n) for owner, (b, n) in held.items()]
+    if api[1]:
+        segments.append(KVSegment("API", API_COLOR, api[0], api[1]))
+    return segments
+
+
+def bar_cells(counts: list[int], total: int, width: int) -> list[int]:
+    """Split `width` cells proportionally to `counts` out of `total` (largest remainder), giving
+    every non-zero count at least one cell so a small tab still shows up."""
+    if total <= 0 or width <= 0:
+        return [0] * len(counts)
+    exact = [c * width / total for c in counts]
+    cells = [int(x) for x in exact]
+    spare = width - sum(cells)
+    order = sorted(range(len(counts)), key=lambda i: exact[i] - cells[i], reverse=True)
+    for i in order:
+        if spare <= 0:
+            break
+        if exact[i] > cells[i]:
+            cells[i] += 1
+            spare -= 1
+    for i, c in enumerate(counts):
+        if c > 0 and cells[i] == 0:
+            donor = max(range(len(cells)), key=lambda j: cells[j])
+            if cells[donor] > 1:
+                cells[donor] -= 1
+                cells[i] = 1
+    return cells
+
+
+def render_kv_bar(stats: EngineStats, segments: list[KVSegment], width: int) -> Text:
+    total = stats.num_blocks_total
+    attributed = sum(s.blocks for s in segments)
+    # Blocks the snapshot counts as used but no listed request holds (e.g. just finished).
+    other = max(stats.num_blocks_used - attributed, 0)
+    used_free = max(total - stats.num_blocks_used, 0)
+    cached = min(stats.num_blocks_cached_free, used_free)
+    counts = [s.blocks for s in segments] + [other, cached]
+    cells = bar_cells(counts, total, width)
+    bar = Text()
+    for seg, n in zip(segments, cells):
+        bar.append("█" * n, style=seg.color)
+    bar.append("█" * cells[-2], style=API_COLOR)
+    bar.append("▒" * cells[-1], style=CACHED_COLOR)
+    bar.append("·" * max(width - sum(cells), 0), style=FREE_COLOR)
+    return bar
+
+
+def render_kv(stats: EngineStats, owners: dict[str, Owner], width: int, source: str = "") -> Text:
+    """The KV panel's body: bar, totals, one legend row per holder, cached blocks, bytes/token,
+    tokens that still fit, and the waiting queue when admission holds requests back."""
+    text = Text()
+    if stats.num_blocks_total <= 0:
+        text.append("No KV figures from this backend", style="dim")
+        text.append(f"\n{source}" if source else "", style="dim")
+        _append_waiting(text, stats)
+        return text
+    segments = kv_segments(stats, owners)
+    text.append_text(render_kv_bar(stats, segments, width))
+    total, used = stats.num_blocks_total, stats.num_blocks_used
+    if stats.block_size <= 0:  # a remote that exposes only a usage fraction
+        text.append(f"\nKV usage {used / total:.1%}")
+        text.append(f"  {source}" if source else "", style="dim")
+        _append_waiting(text, stats)
+        return text
+    text.append(f"\nused {fmt_int(used)} / {fmt_int(total)} blocks ({used / total:.0%})")
+    for seg in segments:
+        what = f"{seg.label} ({seg.requests} req)" if seg.label == "API" else seg.label
+        text.append("\n■ ", style=seg.color)
+        text.append(f"{_clip(what, width - 14):<{width - 14}}{fmt_int(seg.blocks):>8} blk")
+    cached = stats.num_blocks_cached_free
+    text.append("\n▒ ", style=CACHED_COLOR)
+    text.append(f"{'cached prefix (free)':<{width - 14}}{fmt_int(cached):>8} blk")
+    fit = max(total - used, 0) * stats.block_size
+    text.append(f"\n{fmt_int(fit)} more tokens fit", style="bold")
+    sizes = [f"{stats.block_size} tok/block"]
+    if stats.kv_bytes_per_token:
+        sizes.insert(0, f"{fmt_bytes(stats.kv_bytes_per_token)}/token")
+    text.append("\n" + " · ".join(sizes))
+    text.append(f"\nprefix cache hits {stats.prefix_cache_hit_rate:.0%}")
+    _append_waiting(text, stats)
+    return text
+
+
+def _append_waiting(text: Text, stats: EngineStats) -> None:
+    if stats.num_waiting > 0:
+        text.append(f"\n⏳ {stats.num_waiting} waiting: admission holds back", style="bold yellow")
+    if stats.num_preemptions > 0:
+        text.append(f"\n{fmt_int(stats.num_preemptions)} preemptions so far", style="yellow")
+
+
+def _clip(s: str, n: int) -> str:
+    return s if len(s) <= n else s[: max(n - 1, 0)] + "…"
+
+
+class ThroughputHistory:
+    """One decode-rate sample per second over the last minute (the sparkline's data)."""
+
+    def __init__(self, seconds: int = 60) -> None:
+        self.samples: deque[float] = deque([0.0] * seconds, maxlen=seconds)
+        self._last: float | None = None
+
+    def observe(self, now: float, decode_tokens_per_s: float) -> bool:
+        """Record a sample if a second has passed since the last; returns whether it did."""
+        if self._last is not None and now - self._last < 1.0:
+            return False
+        self._last = now
+        self.samples.append(max(decode_tokens_per_s, 0.0))
+        return True
+
+
+def render_step_line(stats: EngineStats) -> str:
+    return (
+        f"batch {stats.last_batch_size} seq · {stats.last_num_tokens} tok/step\n"
+        f"step {fmt_seconds(stats.last_step_time_s) if stats.num_steps else '–'}"
+        f" · {stats.num_running} running · {stats.num_waiting} waiting"
+    )
+
+
+def render_rates(rows: list[TabRate], width: int) -> Text:
+    name_w = max(width - 22, 6)
+    text = Text(f"{'tab':<{name_w + 2}}{'tok/s':>8}{'TTFT':>10}", style="bold")
+    for row in rows:
+        text.append("\n■ ", style=row.color)
+        style = "" if row.status != "idle" else "dim"
+        text.append(f"{_clip(row.label, name_w):<{name_w}}{fmt_rate(row.tokens_per_s):>8}{fmt_seconds(row.ttft_s):>10}", style=style)
+    return text
+
+
+class KVBudgetPanel(Vertical):
+    BAR_WIDTH = 36
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="kv-body")
+
+    def on_mount(self) -> None:
+        self.border_title = "KV cache"
+
+    def show(self, stats: EngineStats, owners: dict[str, Owner], source: str = "") -> None:
+        self.query_one("#kv-body", Static).update(render_kv(stats, owners, self.BAR_WIDTH, source))
+
+
+class ThroughputPanel(Vertical):
+    RATES_WIDTH = 36
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="tp-digits"):
+            with Vertical(classes="tp-cell"):
+                yield Label("decode tok/s", classes="tp-label")
+                yield Digits("0.0", id="tp-decode")
+            with Vertical(classes="tp-cell"):
+                yield Label("prefill tok/s", classes="tp-label")
+                yield Digits("0.0", id="tp-prefill")
+        yield Label("decode tok/s, last minute", classes="tp-label")
+        yield Sparkline([0.0], id="tp-history")
+        yield Static("", id="tp-steps")
+        yield Static("", id="tp-rates")
+
+    def on_mount(self) -> None:
+        self.border_title = "Throughput"
+
+    def show(self, stats: EngineStats, rows: list[TabRate], history: ThroughputHistory | None) -> None:
+        self.query_one("#tp-decode", Digits).update(fmt_rate(stats.decode_tokens_per_s))
+        self.query_one("#tp-prefill", Digits).update(fmt_rate(stats.prefill_tokens_per_s))
+        if history is not None:
+            self.query_one("#tp-history", Sparkline).data = list(history.samples)
+        self.query_one("#tp-steps", Static).update(render_step_line(stats))
+        self.query_one("#tp-rates", Static).update(render_rates(rows, self.RATES_WIDTH))

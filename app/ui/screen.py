@@ -1,0 +1,322 @@
+"""The main screen: chat tabs on the left, model line, KV-budget and throughput panels on the right.
+
+Panels are redrawn from one `engine.stats()` snapshot per timer tick (~10 Hz)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
+
+from app.engine.errors import LocalbatchError
+from app.engine.outputs import EngineStats, RequestStats
+from app.engine.protocol import EngineClient
+from app.ui.chat import ChatPane
+from app.ui.dialogs import ConfirmDialog, RenameDialog
+from app.ui.endpoint import EmbeddedEndpoint
+from app.ui.export import export_chat
+from app.ui.keys import chat_bindings
+from app.ui.loading import EngineInfo, first_line
+from app.ui.panels import KVBudgetPanel, Owner, TabRate, ThroughputHistory, ThroughputPanel
+from app.ui.store import ChatRecord, ChatStore
+
+TAB_COLORS = ("dodger_blue1", "green3", "orange1", "medium_purple1", "deep_pink2", "cyan3", "gold1", "salmon1")
+ACTIVE_CHAT_KEY = "active_chat"
+
+
+class ChatTabs(TabbedContent):
+    """TabbedContent that activates a tab on focus only while the focus is still inside it:
+    switching tabs faster than focus events arrive would otherwise bounce back to a tab left."""
+
+    def _on_tab_pane_focused(self, event: TabPane.Focused) -> None:
+        focused = self.screen.focused
+        if focused is None or event.tab_pane not in focused.ancestors_with_self:
+            event.stop()
+            event.prevent_default()  # skips TabbedContent's handler
+
+
+class ChatScreen(Screen):
+    BINDINGS = chat_bindings()
+
+    def __init__(
+        self,
+        engine: EngineClient,
+        store: ChatStore,
+        info: EngineInfo,
+        endpoint: EmbeddedEndpoint | None,
+        export_dir: Callable[[], Path],
+        poll_interval: float = 0.1,
+    ) -> None:
+        super().__init__()
+        self.engine = engine
+        self.store = store
+        self.info = info
+        self.endpoint = endpoint
+        self._export_dir = export_dir
+        self._poll_interval = poll_interval
+        self.history = ThroughputHistory()
+        self._endpoint_note = ""
+
+    # layout
+
+    def compose(self) -> ComposeResult:
+        chats = self.store.chats() or [self.store.create_chat("Chat 1", self.app.config.system_prompt)]
+        active = self.store.get_meta(ACTIVE_CHAT_KEY)
+        initial = f"chat-{active}" if active and any(str(c.id) == active for c in chats) else f"chat-{chats[0].id}"
+        yield Header(show_clock=False, icon="◆")
+        with Horizontal(id="body"):
+            with ChatTabs(initial=initial, id="chats"):
+                for chat in chats:
+                    yield self._pane(chat)
+            with Vertical(id="sidebar"):
+                yield Static(self._model_text(), id="model-info")
+                yield KVBudgetPanel(id="kv-panel")
+                yield ThroughputPanel(id="tp-panel")
+                yield Static("", id="endpoint-status")
+        yield Footer()
+
+    def _pane(self, chat: ChatRecord) -> ChatPane:
+        color = TAB_COLORS[(chat.id - 1) % len(TAB_COLORS)]
+        settings_key = self.app.keys["settings"].split(",")[0]
+        return ChatPane(chat, self.store.messages(chat.id), self.engine, self.store, color, settings_key)
+
+    def _model_text(self) -> Text:
+        text = Text(self.info.headline(), style="bold")
+        for line in self.info.details():
+            text.append("\n" + line, style="dim")
+        return text
+
+    def on_mount(self) -> None:
+        self.title = "localbatch"
+        self.sub_title = self.info.headline()
+        for pane in self.panes():
+            self.query_one(TabbedContent).get_tab(pane.id).label = pane.tab_label()
+        self.poll_stats()
+        if self._poll_interval > 0:
+            self.set_interval(self._poll_interval, self.poll_stats)
+        self.call_after_refresh(self._focus_active)
+
+    def _focus_active(self) -> None:
+        pane = self.active_pane()
+        if pane is not None:
+            pane.focus_input()
+
+    # tabs
+
+    def panes(self) -> list[ChatPane]:
+        return list(self.query(ChatPane))
+
+    def active_pane(self) -> ChatPane | None:
+        pane = self.query_one(TabbedContent).active_pane
+        return pane if isinstance(pane, ChatPane) else None
+
+    def on_chat_pane_changed(self, event: ChatPane.Changed) -> None:
+        pane = event.pane
+        if pane.is_attached:
+            self.query_one(TabbedContent).get_tab(pane.id).label = pane.tab_label()
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        pane = self.active_pane()
+        if pane is not None:
+            self.store.set_meta(ACTIVE_CHAT_KEY, str(pane.chat.id))
+            pane.focus_input()
+
+    async def action_new_tab(self) -> None:
+        number = len(self.panes()) + 1
+        pane = self._pane(self.store.create_chat(f"Chat {number}", self.app.config.system_prompt))
+        tabs = self.query_one(TabbedContent)
+        await tabs.add_pane(pane)
+        tabs.get_tab(pane.id).label = pane.tab_label()
+        tabs.active = pane.id
+        pane.focus_input()
+
+    def action_next_tab(self) -> None:
+        self._cycle(1)
+
+    def action_previous_tab(self) -> None:
+        self._cycle(-1)
+
+    def _cycle(self, step: int) -> None:
+        panes, active = self.panes(), self.active_pane()
+        if len(panes) > 1 and active is not None:
+            self.query_one(TabbedContent).active = panes[(panes.index(active) + step) % len(panes)].id
+
+    def action_close_tab(self) -> None:
+        pane = self.active_pane()
+        if pane is None:
+            return
+        if not pane.messages and not pane.generating:
+            self.run_worker(self._delete(pane), group="tabs")
+            return
+        question = f"Delete “{pane.chat.title}” and its {len(pane.messages)} messages?"
+
+        def answered(confirmed: bool | None) -> None:
+            if confirmed:
+                self.run_worker(self._delete(pane), group="tabs")
+
+        self.app.push_screen(ConfirmDialog(question), answered)
+
+    async def _delete(self, pane: ChatPane) -> None:
+        await pane.stop_and_wait()
+        self.store.delete_chat(pane.chat.id)
+        await self.query_one(TabbedContent).remove_pane(pane.id)
+        if not self.panes():
+            await self.action_new_tab()
+        else:
+            self._focus_active()
+
+    # generation
+
+    def action_stop(self) -> None:
+        pane = self.active_pane()
+        if pane is not None:
+            pane.stop()
+
+    def action_stop_all(self) -> None:
+        stopped = sum(pane.stop() for pane in self.panes())
+        self.notify(f"Stopped {stopped} tab{'s' * (stopped != 1)}" if stopped else "Nothing is generating")
+
+    def action_regenerate(self) -> None:
+        pane = self.active_pane()
+        if pane is not None and not pane.regenerate():
+            self.notify("Nothing to regenerate" if not pane.messages else "Still generating: stop it first (escape)")
+
+    def action_send(self) -> None:
+        pane = self.active_pane()
+        if pane is not None:
+            pane.send_input()
+
+    def action_broadcast(self) -> None:
+        active = self.active_pane()
+        text = active.input_text().strip() if active else ""
+        if not text:
+            self.notify("Type a prompt first, then broadcast it to every tab", severity="warning")
+            return
+        panes = self.panes()
+        sent = sum(p.send(text) for p in panes)
+        active.clear_input()
+        busy = len(panes) - sent
+        self.notify(f"Broadcast to {sent} tab{'s' * (sent != 1)}" + (f"; {busy} busy, skipped" if busy else ""))
+
+    # chat management
+
+    def action_rename(self) -> None:
+        pane = self.active_pane()
+        if pane is None:
+            return
+
+        def renamed(title: str | None) -> None:
+            if title:
+                pane.rename(title)
+
+        self.app.push_screen(RenameDialog(pane.chat.title), renamed)
+
+    def action_settings(self) -> None:
+        pane = self.active_pane()
+        if pane is not None:
+            pane.toggle_settings()
+
+    def action_export(self) -> None:
+        pane = self.active_pane()
+        if pane is None:
+            return
+        try:
+            path = export_chat(pane.chat, pane.messages, self._export_dir(), self.info.model_name)
+        except LocalbatchError as e:
+            self.notify(str(e), severity="error")
+            return
+        self.notify(f"Exported to {path}", title="Export")
+
+    # embedded endpoint
+
+    def action_toggle_endpoint(self) -> None:
+        self.run_worker(self.toggle_endpoint(), group="endpoint", exclusive=True)
+
+    async def toggle_endpoint(self, start: bool | None = None) -> None:
+        endpoint = self.endpoint
+        if endpoint is None:
+            self.notify("This backend has no embedded endpoint", severity="warning")
+            return
+        if start is None:
+            start = not endpoint.running
+        if not start:
+            await endpoint.stop()
+            self.notify("Endpoint stopped")
+            return
+        self._endpoint_note = f"starting on {endpoint.address} …"
+        try:
+            address = await endpoint.start()
+        except LocalbatchError as e:
+            self._endpoint_note = f"failed: {e}"
+            self.notify(str(e), title="Endpoint", severity="error")
+            return
+        self._endpoint_note = ""
+        self.notify(f"Serving the OpenAI API on {address}", title="Endpoint")
+
+    def _endpoint_text(self) -> Text:
+        endpoint = self.endpoint
+        if endpoint is None:
+            return Text("remote backend", style="dim")
+        if endpoint.running and not self._endpoint_note:
+            return Text.assemble(("API ", "bold"), (endpoint.address, "bold green"))
+        if self._endpoint_note or endpoint.error:
+            return Text.assemble(("API ", "bold"), (self._endpoint_note or f"stopped: {endpoint.error}", "yellow"))
+        key = self.app.keys["toggle_endpoint"].split(",")[0]
+        return Text.assemble(("API ", "bold"), (f"off · {key} serves on port {endpoint.port}", "dim"))
+
+    # panels
+
+    def poll_stats(self, now: float | None = None) -> None:
+        """Redraw the panels from one stats snapshot (the timer's callback; tests call it directly)."""
+        try:
+            stats = self.engine.stats()
+        except LocalbatchError as e:
+            self.query_one("#endpoint-status", Static).update(Text(f"engine: {first_line(e)}", style="bold red"))
+            return
+        panes = self.panes()
+        owners = {p.request_id: Owner(p.id, p.chat.title, p.color) for p in panes if p.request_id}
+        source = str(getattr(self.engine, "stats_source", "") or "")
+        self.query_one(KVBudgetPanel).show(stats, owners, source)
+        self.history.observe(time.monotonic() if now is None else now, stats.decode_tokens_per_s)
+        self.query_one(ThroughputPanel).show(stats, self._rate_rows(stats, panes, owners), self.history)
+        self.query_one("#endpoint-status", Static).update(self._endpoint_text())
+
+    def _rate_rows(self, stats: EngineStats, panes: list[ChatPane], owners: dict[str, Owner]) -> list[TabRate]:
+        by_id = {r.request_id: r for r in stats.requests}
+        rows = [_pane_rate(p, by_id.get(p.request_id or "")) for p in panes]
+        api = [r for r in stats.requests if r.request_id not in owners]
+        if api:
+            rates = [r.tokens_per_s for r in api if r.tokens_per_s is not None]
+            ttfts = [r.ttft_s for r in api if r.ttft_s is not None]
+            rows.append(
+                TabRate(
+                    f"API ({len(api)} req)", "grey70", sum(rates) if rates else None,
+                    sum(ttfts) / len(ttfts) if ttfts else None, "decode",
+                )
+            )
+        return rows
+
+    async def stop_all_and_wait(self) -> None:
+        for pane in self.panes():
+            await pane.stop_and_wait()
+
+
+def _pane_rate(pane: ChatPane, req: RequestStats | None) -> TabRate:
+    metrics = pane.metrics
+    tps = metrics.tokens_per_s if metrics else None
+    ttft = metrics.ttft_s if metrics else None
+    if req is not None:
+        tps = req.tokens_per_s if req.tokens_per_s is not None else tps
+        ttft = req.ttft_s if req.ttft_s is not None else ttft
+        status = req.status
+    elif pane.generating:
+        status = "decode" if ttft is not None else "waiting"
+    else:
+        status = "idle"
+    return TabRate(pane.chat.title, pane.color, tps, ttft, status)

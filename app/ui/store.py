@@ -1,0 +1,225 @@
+"""Conversations in SQLite: chats (title, system prompt, sampling settings, tab order) and their
+messages. Every write commits at once, so a crash loses at most the reply being generated.
+
+The schema version lives in `PRAGMA user_version`; opening an older file upgrades it in place
+and a newer one is refused."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.engine.errors import LocalbatchError
+from app.ui.config import ChatSettings
+
+DB_NAME = "chats.sqlite3"
+
+
+class StoreError(LocalbatchError):
+    """The chat database cannot be opened or used."""
+
+
+@dataclass
+class ChatRecord:
+    id: int
+    title: str
+    system_prompt: str
+    settings: ChatSettings
+    position: int
+    created_at: float
+
+
+@dataclass
+class MessageRecord:
+    id: int
+    chat_id: int
+    role: str  # "user" | "assistant"
+    content: str
+    finish_reason: str | None = None  # assistant only: "stop" | "length" | "abort" | "error"
+    num_tokens: int = 0
+    ttft_s: float | None = None
+    tokens_per_s: float | None = None
+    created_at: float = 0.0
+
+
+# _MIGRATIONS[i] takes the schema from version i to i + 1. Plain statements (not executescript,
+# which commits on its own) so each migration runs in one transaction.
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE chats (
+            id INTEGER PRIMARY KEY,
+            title TEXT NOT NULL,
+            system_prompt TEXT NOT NULL DEFAULT '',
+            settings TEXT NOT NULL DEFAULT '{}',
+            position INTEGER NOT NULL,
+            created_at REAL NOT NULL
+        )""",
+        """CREATE TABLE messages (
+            id INTEGER PRIMARY KEY,
+            chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+            role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
+            content TEXT NOT NULL,
+            created_at REAL NOT NULL
+        )""",
+        "CREATE INDEX messages_by_chat ON messages(chat_id, id)",
+    ),
+    (
+        # Reply metadata shown under each answer; an app-wide key/value table (the active tab).
+        "ALTER TABLE messages ADD COLUMN finish_reason TEXT",
+        "ALTER TABLE messages ADD COLUMN num_tokens INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE messages ADD COLUMN ttft_s REAL",
+        "ALTER TABLE messages ADD COLUMN tokens_per_s REAL",
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    ),
+)
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+_MESSAGE_COLUMNS = "id, chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, created_at"
+
+
+class ChatStore:
+    """One SQLite file; used from the UI thread only."""
+
+    def __init__(self, path: Path, defaults: ChatSettings | None = None) -> None:
+        self.path = Path(path)
+        self.defaults = defaults or ChatSettings()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # isolation_level=None: autocommit, each statement is durable when it returns.
+            self._db = sqlite3.connect(self.path, isolation_level=None)
+            self._db.execute("PRAGMA foreign_keys = ON")
+            self._db.execute("PRAGMA journal_mode = WAL")
+            # In WAL mode NORMAL survives an app crash (only an OS crash may lose the last commits)
+            # without an fsync per message.
+            self._db.execute("PRAGMA synchronous = NORMAL")
+            self._migrate()
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open chat database {self.path}: {e}") from None
+
+    @classmethod
+    def in_dir(cls, data_dir: Path, defaults: ChatSettings | None = None) -> ChatStore:
+        return cls(Path(data_dir) / DB_NAME, defaults)
+
+    @property
+    def version(self) -> int:
+        return self._db.execute("PRAGMA user_version").fetchone()[0]
+
+    def _migrate(self) -> None:
+        version = self.version
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"chat database {self.path} has schema version {version}, newer than this localbatch "
+                f"understands ({SCHEMA_VERSION}); upgrade localbatch or pass another --data-dir"
+            )
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            with self._transaction():
+                for statement in _MIGRATIONS[target - 1]:
+                    self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version = {target}")
+
+    def _transaction(self) -> _Transaction:
+        return _Transaction(self._db)
+
+    def close(self) -> None:
+        self._db.close()
+
+    # chats
+
+    def create_chat(self, title: str, system_prompt: str = "", settings: ChatSettings | None = None) -> ChatRecord:
+        settings = settings or self.defaults
+        position = self._db.execute("SELECT COALESCE(MAX(position), -1) + 1 FROM chats").fetchone()[0]
+        now = time.time()
+        cur = self._db.execute(
+            "INSERT INTO chats (title, system_prompt, settings, position, created_at) VALUES (?, ?, ?, ?, ?)",
+            (title, system_prompt, json.dumps(settings.to_dict()), position, now),
+        )
+        return ChatRecord(cur.lastrowid, title, system_prompt, settings, position, now)
+
+    def chats(self) -> list[ChatRecord]:
+        rows = self._db.execute(
+            "SELECT id, title, system_prompt, settings, position, created_at FROM chats ORDER BY position, id"
+        ).fetchall()
+        return [self._chat(row) for row in rows]
+
+    def chat(self, chat_id: int) -> ChatRecord:
+        row = self._db.execute(
+            "SELECT id, title, system_prompt, settings, position, created_at FROM chats WHERE id = ?", (chat_id,)
+        ).fetchone()
+        if row is None:
+            raise StoreError(f"chat {chat_id} does not exist")
+        return self._chat(row)
+
+    def _chat(self, row: tuple) -> ChatRecord:
+        chat_id, title, system_prompt, settings, position, created_at = row
+        try:
+            data = json.loads(settings)
+        except json.JSONDecodeError:
+            data = {}
+        return ChatRecord(chat_id, title, system_prompt, ChatSettings.from_dict(data, self.defaults), position, created_at)
+
+    def update_chat(self, chat: ChatRecord) -> None:
+        self._db.execute(
+            "UPDATE chats SET title = ?, system_prompt = ?, settings = ? WHERE id = ?",
+            (chat.title, chat.system_prompt, json.dumps(chat.settings.to_dict()), chat.id),
+        )
+
+    def delete_chat(self, chat_id: int) -> None:
+        self._db.execute("DELETE FROM chats WHERE id = ?", (chat_id,))
+
+    # messages
+
+    def add_message(
+        self,
+        chat_id: int,
+        role: str,
+        content: str,
+        *,
+        finish_reason: str | None = None,
+        num_tokens: int = 0,
+        ttft_s: float | None = None,
+        tokens_per_s: float | None = None,
+    ) -> MessageRecord:
+        now = time.time()
+        cur = self._db.execute(
+            "INSERT INTO messages (chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, now),
+        )
+        return MessageRecord(cur.lastrowid, chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, now)
+
+    def messages(self, chat_id: int) -> list[MessageRecord]:
+        rows = self._db.execute(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE chat_id = ? ORDER BY id", (chat_id,)
+        ).fetchall()
+        return [MessageRecord(*row) for row in rows]
+
+    def count_messages(self, chat_id: int) -> int:
+        return self._db.execute("SELECT COUNT(*) FROM messages WHERE chat_id = ?", (chat_id,)).fetchone()[0]
+
+    def delete_message(self, message_id: int) -> None:
+        self._db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+
+    # app state
+
+    def get_meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._db.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
+
+
+class _Transaction:
+    """BEGIN/COMMIT around a migration so a failed one leaves the file at the old version."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def __enter__(self) -> None:
+        self._db.execute("BEGIN")
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self._db.execute("COMMIT" if exc_type is None else "ROLLBACK")

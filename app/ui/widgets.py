@@ -1,0 +1,161 @@
+"""Small widgets of a chat tab: the prompt input, one message, the settings form."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from textual import events, on
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.widgets import Input, Label, Markdown, Static, TextArea
+
+from app.engine.errors import RequestError
+from app.ui.config import ChatSettings
+
+_NEWLINE_KEYS = ("shift+enter", "ctrl+j")
+
+
+class PromptInput(TextArea):
+    """Multi-line input: enter sends, shift+enter or ctrl+j inserts a newline."""
+
+    class Submitted(Message):
+        def __init__(self, prompt_input: PromptInput, text: str) -> None:
+            super().__init__()
+            self.prompt_input = prompt_input
+            self.text = text
+
+        @property
+        def control(self) -> PromptInput:
+            return self.prompt_input
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(
+            soft_wrap=True,
+            show_line_numbers=False,
+            placeholder="Message — enter sends, ctrl+j adds a line",
+            **kwargs,
+        )
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.stop()
+            event.prevent_default()
+            if self.text.strip():
+                self.post_message(self.Submitted(self, self.text))
+            return
+        if event.key in _NEWLINE_KEYS:
+            event.stop()
+            event.prevent_default()
+            self.insert("\n")
+            return
+        await super()._on_key(event)
+
+
+class MessageView(Vertical):
+    """One message: a role line, the body (Markdown for replies, plain text for the user's own
+    input) and a dim line of reply metadata."""
+
+    def __init__(self, role: str, content: str = "", meta: str = "") -> None:
+        super().__init__(classes=f"message {role}")
+        self.role = role
+        self._content = content
+        self._meta = meta
+
+    def compose(self) -> ComposeResult:
+        yield Label("You" if self.role == "user" else "Assistant", classes="role")
+        if self.role == "assistant":
+            yield Markdown(self._content, classes="body")
+        else:
+            yield Static(self._content, markup=False, classes="body")
+        meta = Label(self._meta, markup=False, classes="meta")
+        meta.display = bool(self._meta)
+        yield meta
+
+    @property
+    def markdown(self) -> Markdown:
+        return self.query_one(Markdown)
+
+    def set_meta(self, text: str, *, error: bool = False) -> None:
+        label = self.query_one(".meta", Label)
+        label.update(text)
+        label.set_class(error, "error")
+        label.display = bool(text)
+
+
+class SettingsTitle(Static):
+    """The one-line summary of a chat's settings; a click opens the form."""
+
+    class Pressed(Message):
+        pass
+
+    def on_click(self) -> None:
+        self.post_message(self.Pressed())
+
+
+class SettingsForm(Vertical):
+    """A chat's system prompt and sampling settings; posts `Changed` with valid values only."""
+
+    class Changed(Message):
+        def __init__(self, system_prompt: str, settings: ChatSettings) -> None:
+            super().__init__()
+            self.system_prompt = system_prompt
+            self.settings = settings
+
+    _FIELDS = (
+        ("temperature", "temperature", "number"),
+        ("top_p", "top-p", "number"),
+        ("max_tokens", "max tokens", "integer"),
+        ("seed", "seed", "integer"),
+    )
+
+    def __init__(self, system_prompt: str, settings: ChatSettings) -> None:
+        super().__init__(classes="settings-form")
+        self._system_prompt = system_prompt
+        self._settings = settings
+
+    def compose(self) -> ComposeResult:
+        yield Label("System prompt", classes="field-label")
+        yield TextArea(self._system_prompt, soft_wrap=True, classes="system-prompt")
+        with Horizontal(classes="sampling-row"):
+            for name, title, kind in self._FIELDS:
+                value = getattr(self._settings, name)
+                with Vertical(classes="field"):
+                    yield Label(title, classes="field-label")
+                    yield Input("" if value is None else str(value), type=kind, classes=f"setting {name}", compact=True)
+        yield Label("", classes="settings-error")
+
+    def focus_first(self) -> None:
+        self.query_one(".system-prompt", TextArea).focus()
+
+    def read(self) -> ChatSettings:
+        """The form's settings; raises `RequestError` naming the first bad field."""
+        values: dict[str, object] = {}
+        for name, title, kind in self._FIELDS:
+            raw = self.query_one(f".setting.{name}", Input).value.strip()
+            if name == "seed" and not raw:
+                values[name] = None
+                continue
+            try:
+                values[name] = int(raw) if kind == "integer" else float(raw)
+            except ValueError:
+                raise RequestError(f"{title} must be a number", param=name) from None
+        settings = replace(self._settings, **values)
+        settings.validate()
+        return settings
+
+    @on(Input.Changed, ".setting")
+    @on(TextArea.Changed, ".system-prompt")
+    def _changed(self, event: Message) -> None:
+        event.stop()
+        error = self.query_one(".settings-error", Label)
+        try:
+            settings = self.read()
+        except RequestError as e:
+            error.update(str(e))
+            return
+        error.update("")
+        system_prompt = self.query_one(".system-prompt", TextArea).text
+        if settings != self._settings or system_prompt != self._system_prompt:
+            self._settings, self._system_prompt = settings, system_prompt
+            self.post_message(self.Changed(system_prompt, settings))
