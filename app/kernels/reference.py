@@ -45,12 +45,12 @@ def unified_attention_ref(
     cu = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()
     decodes = [i for i in range(len(lens)) if cu[i + 1] - cu[i] == 1]
-    if len(decodes) > 1:
+    if decodes:
         rows = torch.tensor([cu[i] for i in decodes], device=q.device)
         out[rows] = _decode_attention(
             q[rows], k_cache, v_cache, block_table[decodes], seq_lens[decodes], scale, sliding_window, softcap
         ).to(out.dtype)
-    batched = set(decodes) if len(decodes) > 1 else set()
+    batched = set(decodes)
     for i, seq_len in enumerate(lens):
         start, end = cu[i], cu[i + 1]
         if end == start or i in batched:

@@ -35,10 +35,16 @@ class RotaryEmbedding:
         self.cos = angles.cos().float().to(device)
         self.sin = angles.sin().float().to(device)
         self.style = style
+        self._step: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def _tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # Every layer of a step rotates at the same positions: gather the rows once per step.
+        if self._step is None or self._step[0] is not positions:
+            self._step = (positions, self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
+        return self._step[1], self._step[2]
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos = self.cos[positions].unsqueeze(1)  # [N, 1, d/2]
-        sin = self.sin[positions].unsqueeze(1)
+        cos, sin = self._tables(positions)  # [N, 1, d/2]
         xf = x.float()
         if self.style == "neox":
             x1, x2 = xf.chunk(2, dim=-1)
