@@ -82,9 +82,9 @@ def load_gguf(
         weights = {}
         for n, name in enumerate(shapes):
             info = f.tensors[name]
-            t = dequantize(f.raw(name), info.ggml_type, info.shape, name=name)
             # Norm weights stay fp32: rms_norm runs in fp32 anyway.
-            weights[name] = t.to(device=device, dtype=torch.float32 if "norm" in name else dtype)
+            target = torch.float32 if "norm" in name else dtype
+            weights[name] = dequantize(f.raw(name), info.ggml_type, info.shape, dtype=target, name=name).to(device)
             if progress is not None:
                 progress("loading tensors", (n + 1) / len(shapes))
         return LoadedModel(path=path, config=cfg, weights=weights, metadata=md)

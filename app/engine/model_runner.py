@@ -92,22 +92,29 @@ class ModelRunner:
                 logits_idx.append(len(ids) - 1)
         width = max(len(t) for t in tables)
         table_rows = [t + [0] * (width - len(t)) for t in tables]
-        dev = self.device
         meta = AttentionMetadata(
-            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            block_table=torch.tensor(table_rows, dtype=torch.int32, device=dev),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            cu_seqlens_q=self._upload(cu, torch.int32),
+            seq_lens=self._upload(seq_lens, torch.int32),
+            block_table=self._upload(table_rows, torch.int32),
+            slot_mapping=self._upload(slots, torch.int64),
         )
         return StepInputs(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=dev),
-            positions=torch.tensor(positions, dtype=torch.long, device=dev),
+            input_ids=self._upload(ids, torch.long),
+            positions=self._upload(positions, torch.long),
             meta=meta,
-            logits_indices=torch.tensor(logits_idx, dtype=torch.long, device=dev),
+            logits_indices=self._upload(logits_idx, torch.long),
             sample_rows=sample_rows,
             sample_seqs=sample_seqs,
             prompt_rows=prompt_rows,
         )
+
+    def _upload(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        """Host list -> device tensor; on CUDA through pinned memory with a non-blocking copy, so
+        the step's metadata uploads overlap instead of each waiting for the GPU."""
+        host = torch.tensor(values, dtype=dtype)
+        if self.device.type != "cuda":
+            return host
+        return host.pin_memory().to(self.device, non_blocking=True)
 
     def _record_prompt_logprobs(self, logits: torch.Tensor, inputs: StepInputs) -> None:
         """Row for position p is the distribution of prompt token p+1 (vLLM's prompt_logprobs)."""
