@@ -13,6 +13,7 @@ import torch
 
 from app.engine.engine_config import EngineConfig
 from app.engine.errors import LocalbatchError
+from app.kernels import triton_available
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ def resolve_device(device: str = "auto", dtype: str = "auto") -> DeviceSetup:
     note = None
     if device not in ("auto", "cpu", "cuda"):
         raise LocalbatchError(f"unknown device {device!r} (choose auto, cpu or cuda)")
-    if device in ("auto", "cuda") and not _cuda_usable():
+    if device in ("auto", "cuda") and not triton_available():
         if device == "cuda":
             note = "CUDA (or Triton) is not available: running on the CPU"
             log.warning(note)
@@ -64,16 +65,6 @@ def cpu_bf16_is_faster() -> bool:
         return min(times)
 
     return best(x.bfloat16(), w.bfloat16()) < 0.8 * best(x, w)
-
-
-def _cuda_usable() -> bool:
-    if not torch.cuda.is_available():
-        return False
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def available_ram_bytes() -> int:
