@@ -8,6 +8,8 @@ step reaches the end of its tokens, plus every row of a chunk whose prompt logpr
 
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +39,16 @@ class StepOutput:
     logprobs: dict[str, TopLogprobs]
 
 
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero-filled pool. Attention kernels may read (and mask) slots past a sequence's end, so they
+    must hold finite values. On the CPU the zeros come from an anonymous mmap: the OS maps zero
+    pages on first touch, so a pool of several GB costs no start-up time and no RSS until used."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return torch.frombuffer(mmap.mmap(-1, max(nbytes, 1)), dtype=dtype, count=math.prod(shape)).view(shape)
+
+
 class ModelRunner:
     def __init__(self, model: DecoderLM, num_blocks: int, block_size: int, kv_dtype: torch.dtype) -> None:
         cfg = model.cfg
@@ -44,12 +56,7 @@ class ModelRunner:
         self.device = model.device
         self.block_size = block_size
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        # empty, not zeros: every slot is written before it is read, and untouched pages of a big
-        # CPU pool then cost no time or RSS.
-        self.kv_caches = [
-            (torch.empty(shape, dtype=kv_dtype, device=self.device), torch.empty(shape, dtype=kv_dtype, device=self.device))
-            for _ in range(cfg.num_layers)
-        ]
+        self.kv_caches = [(_zeros(shape, kv_dtype, self.device), _zeros(shape, kv_dtype, self.device)) for _ in range(cfg.num_layers)]
         self.sampler = Sampler(cfg.vocab_size)
 
     def run(self, batch: ScheduledBatch) -> StepOutput:
