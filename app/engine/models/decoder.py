@@ -109,6 +109,32 @@ class DecoderLayer:
         return F.linear(act * up, self.down)
 
 
+class Int8Head:
+    """The output projection as int8 weights with per-row scales, for bf16 serving on the CPU.
+
+    Decoding is weight-bandwidth bound and the vocabulary projection is the biggest weight (262k x
+    640 for Gemma 3): int8 halves its bytes (B=1 decode step 30 -> 22 ms here). `_weight_int8pack_mm`
+    dequantises inside the kernel and computes each row independently (bit-identical whatever the
+    batch), so batch invariance holds. Rows go in groups of four, its fastest shape."""
+
+    GROUP = 4
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        w = weight.float()
+        scale = (w.abs().amax(1) / 127.0).clamp(min=1e-12)
+        self.q = torch.round(w / scale.unsqueeze(1)).clamp(-127, 127).to(torch.int8).contiguous()
+        self.scale = scale.to(torch.bfloat16)
+
+    @staticmethod
+    def supported(weight: torch.Tensor) -> bool:
+        return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and hasattr(torch, "_weight_int8pack_mm")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(torch.bfloat16)
+        parts = [torch._weight_int8pack_mm(x[i : i + self.GROUP], self.q, self.scale) for i in range(0, x.shape[0], self.GROUP)]
+        return torch.cat(parts) if parts else x.new_empty((0, self.q.shape[0]))
+
+
 class DecoderLM:
     """forward(input_ids [N], positions [N], meta, kv_caches, logits_indices) -> logits [len(idx), vocab]."""
 
@@ -119,6 +145,7 @@ class DecoderLM:
         self.lm_head = weights.get("output.weight", self.embed)  # tied unless the file has its own
         self.final_norm = weights["output_norm.weight"]
         self.dtype = self.embed.dtype
+        self.int8_head = Int8Head(self.lm_head) if Int8Head.supported(self.lm_head) else None
         rope_global = RotaryEmbedding(
             cfg.head_dim, cfg.max_position, cfg.rope_theta, cfg.rope_style, cfg.rope_scaling_factor, device
         )
@@ -147,6 +174,8 @@ class DecoderLM:
         if logits_indices is not None:
             x = x[logits_indices]
         x = rms_norm(x, self.final_norm, self.cfg.rms_norm_eps)
+        if self.int8_head is not None:
+            return self.int8_head(x).float()
         return F.linear(x, self.lm_head).float()
 
     __call__ = forward
