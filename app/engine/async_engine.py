@@ -37,20 +37,27 @@ class AsyncEngine:
         self, model: str | None = None, device: str = "auto", dtype: str = "auto",
         progress: Progress | None = None, **engine_kwargs: Any,
     ) -> None:
-        self.engine = LLMEngine(model, device=device, dtype=dtype, progress=progress, **engine_kwargs)
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._dead: str | None = None  # why the step thread died, once it has
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._loaded = threading.Event()
+        self._load_error: BaseException | None = None
+        # The model loads on the step thread itself: torch's OpenMP pool belongs to the thread that
+        # first computes, and a step thread that inherits another thread's pool ran ~50% slower here.
+        self._thread = threading.Thread(
+            target=self._main, args=(model, device, dtype, progress, engine_kwargs), name="localbatch-engine", daemon=True
+        )
+        self._thread.start()
+        self._loaded.wait()
+        if self._load_error is not None:
+            raise self._load_error
         self.tokenizer = self.engine.tokenizer
         self.model_name = self.engine.model_name
         self.max_model_len = self.engine.max_model_len
         self.device = str(self.engine.setup.device)
         self.dtype = str(self.engine.setup.dtype).removeprefix("torch.")
-        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
-        self._stats = self.engine.stats()
-        self._dead: str | None = None  # why the step thread died, once it has
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="localbatch-engine", daemon=True)
-        self._thread.start()
 
     # ---- EngineClient -------------------------------------------------------------------------
     async def stream(
@@ -107,6 +114,17 @@ class AsyncEngine:
     def _send(self, kind: str, payload: Any) -> None:
         self._inbox.put((kind, payload))
         self._wake.set()
+
+    def _main(self, model: str | None, device: str, dtype: str, progress: Progress | None, kwargs: dict) -> None:
+        try:
+            self.engine = LLMEngine(model, device=device, dtype=dtype, progress=progress, **kwargs)
+            self._stats = self.engine.stats()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the constructor's thread
+            self._load_error = e
+            return
+        finally:
+            self._loaded.set()
+        self._run()
 
     def _run(self) -> None:
         try:
