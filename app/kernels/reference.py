@@ -64,6 +64,36 @@ def unified_attention_ref(
     return out
 
 
+def _decode_plan(
+    block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int, sliding_window: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pool rows to gather (each sequence's blocks, from the window start) and the key mask.
+
+    Every layer of a step sees the same block table, so the plan is kept on the table tensor itself
+    (it lives exactly as long as the step's metadata) instead of ~15 small ops in every layer."""
+    plans = block_table.__dict__.setdefault("_decode_plans", {})
+    key = (block_size, sliding_window)
+    if key in plans and plans[key][0] is seq_lens:
+        return plans[key][1:]
+    lens = seq_lens.long()
+    last_block = (lens - 1) // block_size
+    first_block = torch.zeros_like(lens)
+    if sliding_window is not None:
+        first_block = (lens - sliding_window).clamp(min=0) // block_size
+    width = int((last_block - first_block).max()) + 1
+    block_idx = first_block.unsqueeze(1) + torch.arange(width, device=lens.device)  # [S, width]
+    in_range = block_idx <= last_block.unsqueeze(1)
+    block_idx = torch.minimum(block_idx, last_block.unsqueeze(1))
+    ids = block_table.long().gather(1, block_idx).flatten()  # [S * width]
+    k_pos = (block_idx.unsqueeze(2) * block_size + torch.arange(block_size, device=lens.device)).flatten(1)
+    q_pos = (lens - 1).unsqueeze(1)
+    mask = in_range.repeat_interleave(block_size, 1) & (k_pos <= q_pos)
+    if sliding_window is not None:
+        mask &= k_pos > q_pos - sliding_window
+    plans[key] = (seq_lens, ids, mask)
+    return ids, mask
+
+
 def _decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -77,26 +107,12 @@ def _decode_attention(
     """All single-query sequences in one batched attention: one gather of their (windowed) blocks
     and one masked SDPA, instead of a gather and a kernel call per sequence."""
     block_size, kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    lens = seq_lens.long()
-    last_block = (lens - 1) // block_size
-    first_block = torch.zeros_like(lens)
-    if sliding_window is not None:
-        first_block = (lens - sliding_window).clamp(min=0) // block_size
-    width = int((last_block - first_block).max()) + 1
-    block_idx = first_block.unsqueeze(1) + torch.arange(width, device=q.device)  # [S, width]
-    in_range = block_idx <= last_block.unsqueeze(1)
-    block_idx = torch.minimum(block_idx, last_block.unsqueeze(1))
-    ids = block_table.long().gather(1, block_idx).flatten()  # [S * width]
+    ids, mask = _decode_plan(block_table, seq_lens, block_size, sliding_window)
     # index_select over 2-D block rows: ~10x faster than advanced indexing of the 4-D pool on CPU.
     k = k_cache.view(k_cache.shape[0], -1).index_select(0, ids)
     v = v_cache.view(v_cache.shape[0], -1).index_select(0, ids)
-    k = k.view(len(lens), -1, kv_heads, head_dim).transpose(1, 2)  # [S, KVH, L, D]
-    v = v.view(len(lens), -1, kv_heads, head_dim).transpose(1, 2)
-    k_pos = (block_idx.unsqueeze(2) * block_size + torch.arange(block_size, device=q.device)).flatten(1)
-    q_pos = (lens - 1).unsqueeze(1)
-    mask = in_range.repeat_interleave(block_size, 1) & (k_pos <= q_pos)
-    if sliding_window is not None:
-        mask &= k_pos > q_pos - sliding_window
+    k = k.view(seq_lens.shape[0], -1, kv_heads, head_dim).transpose(1, 2)  # [S, KVH, L, D]
+    v = v.view(seq_lens.shape[0], -1, kv_heads, head_dim).transpose(1, 2)
     # Plain batched matmuls in fp32: SDPA with a mask falls back to a slow path for one query row.
     num_seqs, heads = q.shape[0], q.shape[1]
     groups = heads // kv_heads
