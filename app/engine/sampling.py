@@ -3,6 +3,9 @@
 One call per step over the rows that sample. Rows are independent: a seeded request draws its
 noise from its own generator, seeded by (seed, output position), so its tokens do not depend on
 what else is in the batch, nor on whether it was preempted and recomputed.
+
+Order (vLLM's, with min-p last): penalties -> temperature -> top-k -> top-p -> min-p -> draw.
+Logprobs are always those of the raw logits (vLLM's default "raw_logprobs").
 """
 
 from __future__ import annotations
@@ -13,8 +16,7 @@ from app.engine.outputs import TopLogprobs
 from app.engine.sequence import Sequence
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, position) pairs over the 63-bit seed space
-
-
+# vLLM's _SAMPLING_EPS: below it a temperature is greedy (dividing by it would overflow to inf/NaN).
 class Sampler:
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
@@ -23,51 +25,15 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[TopLogprobs | None]]:
         """logits `[len(seqs), vocab]` (fp32) -> one token id per row, and its top-k logprobs if asked."""
         raw = logits
-        logits = self._apply_penalties(logits, seqs)
-        greedy = torch.tensor([s.params.greedy for s in seqs], device=logits.device)
+        logits = apply_penalties(logits, seqs)
+        greedy_rows = [is_greedy(s) for s in seqs]
         tokens = logits.argmax(-1)
-        if not bool(greedy.all()):
-            sampled = self._sample(logits, seqs)
+        if not all(greedy_rows):
+            greedy = torch.tensor(greedy_rows, device=logits.device)
+            sampled = _exponential_race(sampling_probs(logits, seqs), seqs)
             tokens = torch.where(greedy, tokens, sampled)
         token_list = tokens.tolist()
         return token_list, self._logprobs(raw, seqs, token_list)
-
-    def _apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        rows = [i for i, s in enumerate(seqs) if _has_penalty(s)]
-        if not rows:
-            return logits
-        logits = logits.clone()
-        for i in rows:
-            p, s = seqs[i].params, seqs[i]
-            row = logits[i]
-            if p.repetition_penalty != 1.0:
-                seen = torch.tensor(sorted(set(s.token_ids)), device=row.device, dtype=torch.long)
-                vals = row[seen]
-                row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-            if (p.frequency_penalty or p.presence_penalty) and s.num_output_tokens:
-                out = torch.tensor(s.output_token_ids, device=row.device, dtype=torch.long)
-                counts = torch.bincount(out, minlength=row.shape[0])[: row.shape[0]].to(row.dtype)
-                row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
-        return logits
-
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        temps = torch.tensor([s.params.temperature or 1.0 for s in seqs], device=logits.device)
-        logits = logits / temps.unsqueeze(1)
-        logits = _top_k_top_p(logits, seqs)
-        probs = torch.softmax(logits, -1)
-        min_ps = torch.tensor([s.params.min_p for s in seqs], device=logits.device)
-        if bool((min_ps > 0).any()):
-            threshold = probs.max(-1, keepdim=True).values * min_ps.unsqueeze(1)
-            probs = probs.masked_fill(probs < threshold, 0.0)
-        # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p without a normalised CDF.
-        noise = torch.empty_like(probs)
-        for i, s in enumerate(seqs):
-            gen = None
-            if s.params.seed is not None:
-                gen = torch.Generator(device=probs.device)
-                gen.manual_seed(_mix(s.params.seed, s.num_output_tokens))
-            noise[i].exponential_(generator=gen)
-        return (probs / noise).argmax(-1)
 
     def _logprobs(self, raw: torch.Tensor, seqs: list[Sequence], tokens: list[int]) -> list[TopLogprobs | None]:
         rows = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
@@ -80,15 +46,73 @@ class Sampler:
         return result
 
 
+def is_greedy(s: Sequence) -> bool:
+    """Argmax sampling: temperature 0, or too small to divide by."""
+    return s.params.greedy
+
+
+def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """vLLM's penalties: repetition over prompt + output tokens (divide positive logits, multiply
+    negative ones), frequency (per occurrence) and presence (once) over output tokens only.
+    Returns `logits` itself when no row has a penalty, else a penalised copy."""
+    rows = [i for i, s in enumerate(seqs) if _has_penalty(s)]
+    if not rows:
+        return logits
+    logits = logits.clone()
+    for i in rows:
+        p, s = seqs[i].params, seqs[i]
+        row = logits[i]
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(s.token_ids)), device=row.device, dtype=torch.long)
+            vals = row[seen]
+            row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+        if (p.frequency_penalty or p.presence_penalty) and s.num_output_tokens:
+            out = torch.tensor(s.output_token_ids, device=row.device, dtype=torch.long)
+            counts = torch.bincount(out, minlength=row.shape[0])[: row.shape[0]].to(row.dtype)
+            row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
+    return logits
+
+
+def sampling_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """The distribution each row draws from: (penalised) logits after temperature, top-k, top-p and
+    min-p. Filtered-out tokens are exactly 0; rows are not renormalised after min-p (the draw does
+    not need it). Greedy rows are computed at temperature 1 and ignored by the caller."""
+    temps = torch.tensor([1.0 if is_greedy(s) else s.params.temperature for s in seqs], device=logits.device)
+    logits = logits / temps.unsqueeze(1).to(logits.dtype)
+    # An extreme penalty or temperature can push logits to +-inf, and softmax of inf is NaN.
+    finfo = torch.finfo(logits.dtype)
+    logits = logits.clamp(finfo.min, finfo.max)
+    logits = _top_k_top_p(logits, seqs)
+    probs = torch.softmax(logits, -1)
+    min_ps = torch.tensor([s.params.min_p for s in seqs], device=logits.device, dtype=probs.dtype)
+    if bool((min_ps > 0).any()):
+        threshold = probs.max(-1, keepdim=True).values * min_ps.unsqueeze(1)
+        probs = probs.masked_fill(probs < threshold, 0.0)
+    return probs
+
+
 def top_logprobs(logprobs_row: torch.Tensor, k: int, token_id: int | None) -> TopLogprobs:
     """{token_id: logprob} of the top-k tokens plus `token_id` (vLLM's shape)."""
     out: TopLogprobs = {}
+    k = min(k, logprobs_row.shape[-1])
     if k > 0:
         vals, ids = logprobs_row.topk(k)
         out = dict(zip(ids.tolist(), vals.tolist()))
     if token_id is not None and token_id not in out:
         out[token_id] = float(logprobs_row[token_id])
     return out
+
+
+def _exponential_race(probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """argmax(p / E) with E ~ Exp(1) draws from p without a normalised CDF."""
+    noise = torch.empty_like(probs)
+    for i, s in enumerate(seqs):
+        gen = None
+        if s.params.seed is not None:
+            gen = torch.Generator(device=probs.device)
+            gen.manual_seed(_mix(s.params.seed, s.num_output_tokens))
+        noise[i].exponential_(generator=gen)
+    return (probs / noise).argmax(-1)
 
 
 def _has_penalty(s: Sequence) -> bool:
@@ -102,8 +126,9 @@ def _mix(seed: int, position: int) -> int:
 
 def _top_k_top_p(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     top_ks = [s.params.top_k for s in seqs]
-    top_ps = [s.params.top_p for s in seqs]
-    if not any(top_ks) and all(p >= 1.0 for p in top_ps):
+    # top_p = 1 must keep everything: the fp32 cumsum of a large vocab reaches 1.0 before its tail.
+    top_ps = [p if p < 1.0 else float("inf") for p in (s.params.top_p for s in seqs)]
+    if not any(top_ks) and all(p == float("inf") for p in top_ps):
         return logits
     vocab = logits.shape[-1]
     ks = torch.tensor([k if 0 < k < vocab else vocab for k in top_ks], device=logits.device)

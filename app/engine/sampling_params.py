@@ -28,19 +28,24 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if not isinstance(self.stop, (list, tuple, type(None))) or not all(isinstance(s, str) for s in self.stop or []):
+            raise RequestError(f"invalid stop={self.stop!r}: must be a string or a list of strings", param="stop")
         self.stop = [s for s in (self.stop or []) if s]
+        if not isinstance(self.stop_token_ids, (list, tuple, type(None))):
+            raise RequestError(f"invalid stop_token_ids={self.stop_token_ids!r}: must be a list of token ids",
+                               param="stop_token_ids")
         self.stop_token_ids = list(self.stop_token_ids or [])
-        if self.top_k is None or self.top_k < 0:
-            self.top_k = 0
+        if self.top_k is None or self.top_k == -1:
+            self.top_k = 0  # -1 and 0 both disable top-k (vLLM accepts -1)
         self.validate()
 
     def validate(self) -> None:
         """Raise `RequestError` naming the first invalid field."""
         checks = [
             ("max_tokens", self.max_tokens is None or (_int(self.max_tokens) and self.max_tokens >= 1), "must be an integer >= 1"),
-            ("temperature", _num(self.temperature) and self.temperature >= 0, "must be >= 0"),
+            ("temperature", _num(self.temperature) and 0 <= self.temperature < float("inf"), "must be a finite number >= 0"),
             ("top_p", _num(self.top_p) and 0 < self.top_p <= 1, "must be in (0, 1]"),
-            ("top_k", _int(self.top_k), "must be an integer (0 or -1 disables it)"),
+            ("top_k", _int(self.top_k) and self.top_k >= 0, "must be an integer >= 1 (0 or -1 disables it)"),
             ("min_p", _num(self.min_p) and 0 <= self.min_p <= 1, "must be in [0, 1]"),
             ("repetition_penalty", _num(self.repetition_penalty) and self.repetition_penalty > 0, "must be > 0"),
             ("presence_penalty", _num(self.presence_penalty) and -2 <= self.presence_penalty <= 2, "must be in [-2, 2]"),
@@ -57,7 +62,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Temperatures this small cannot be divided by: they mean argmax (as in vLLM).
+        return self.temperature < 1e-5
 
 
 def _num(x: object) -> bool:
