@@ -419,3 +419,26 @@ def test_malformed_types_are_request_errors(kwargs, param):
     with pytest.raises(RequestError) as err:
         SamplingParams(**kwargs)
     assert err.value.param == param
+
+
+def test_shortlist_filter_equals_full_sort():
+    """Top-k/top-p over the best-1024 shortlist give exactly the full-vocabulary sort's result,
+    including rows whose top-p set needs the full sort and rows that filter nothing."""
+    from app.engine.sampling import _top_k_top_p, _top_k_top_p_sorted
+
+    vocab = 5000
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, vocab, generator=gen) * torch.tensor([[4.0], [1.0], [0.2], [3.0], [2.0], [1.0]])
+    settings = [dict(top_p=0.9), dict(top_p=0.5, top_k=40), dict(top_p=0.95), dict(top_k=2000), dict(), dict(top_p=0.3)]
+    seqs = [Sequence(f"r{i}", [1], SamplingParams(temperature=1.0, **kw), 10) for i, kw in enumerate(settings)]
+    got = _top_k_top_p(logits, seqs)
+    ks = torch.tensor([s.params.top_k if 0 < s.params.top_k < vocab else vocab for s in seqs])
+    ps = torch.tensor([s.params.top_p if s.params.top_p < 1 else float("inf") for s in seqs])
+    want = _top_k_top_p_sorted(logits, ks, ps)
+    want[4] = logits[4]
+    assert torch.equal(torch.isfinite(got), torch.isfinite(want))
+    assert torch.equal(got[torch.isfinite(got)], want[torch.isfinite(want)])
+    # Without the flat row (which needs the full sort) the shortlist path is taken: same answer.
+    sharp = [0, 1, 3, 4, 5]
+    got2 = _top_k_top_p(logits[sharp], [seqs[i] for i in sharp])
+    assert torch.equal(torch.isfinite(got2), torch.isfinite(want[sharp]))
