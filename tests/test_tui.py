@@ -685,3 +685,20 @@ async def test_app_on_a_remote_backend_chats_and_shows_remote_figures(tmp_path: 
             assert "remote backend" in str(screen.query_one("#endpoint-status", Static).render())
             await pilot.press("ctrl+q")
         assert app.engine is None  # closed on quit
+
+
+async def test_reply_keeps_single_line_breaks() -> None:
+    """A model's line-by-line reply (a poem) keeps its lines: a single newline is a break."""
+    from textual.app import App
+
+    from app.ui.widgets import MessageView
+
+    class One(App):
+        def compose(self):
+            yield MessageView("assistant", "Roses are red,\nviolets are blue.")
+
+    app = One()
+    async with app.run_test(size=(60, 10)) as pilot:
+        await pilot.pause()
+        rendered = [str(w.render()) for w in app.query_one(Markdown).query("*")]
+        assert any("red,\nviolets" in text for text in rendered), rendered

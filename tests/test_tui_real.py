@@ -9,7 +9,7 @@ from pathlib import Path
 from app.engine.async_engine import AsyncEngine
 from app.ui.app import LocalbatchApp, TuiOptions
 from app.ui.screen import ChatScreen
-from app.ui.widgets import PromptInput
+from app.ui.widgets import MessageView, PromptInput
 
 
 async def test_broadcast_on_a_real_engine(tmp_path: Path, tiny_gguf_factory) -> None:
@@ -45,13 +45,20 @@ async def test_broadcast_on_a_real_engine(tmp_path: Path, tiny_gguf_factory) -> 
                 if done:
                     break
                 assert time.monotonic() < deadline, "replies did not finish"
+            replies = []
             for pane in screen.panes():
                 assert [m.role for m in pane.messages] == ["user", "assistant"]
-                assert pane.messages[1].content.strip()
+                reply = pane.messages[1].content
+                assert reply.strip()
+                shown = list(pane.query(MessageView))[-1].markdown.source
+                assert shown == reply  # the tab shows what was stored
                 assert app.store.count_messages(pane.chat.id) == 2
+                replies.append(reply)
+            assert replies[0] == replies[1]  # greedy decoding of one prompt, batched or not
             assert max(batch_sizes) == 2, batch_sizes  # both tabs decoded in one step
             assert engine.stats().num_blocks_used == 0
             await pilot.press("ctrl+q")
+        assert app.engine is None  # quitting closed it
     finally:
         for engine in engines:
             engine.close()

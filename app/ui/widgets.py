@@ -8,6 +8,7 @@ from textual import events, on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
+from markdown_it import MarkdownIt
 from textual.widgets import Input, Label, Markdown, Static, TextArea
 
 from app.engine.errors import RequestError
@@ -52,6 +53,21 @@ class PromptInput(TextArea):
         await super()._on_key(event)
 
 
+def _chat_markdown_parser() -> MarkdownIt:
+    """Textual's parser, but a single newline stays a line break: model replies (poems, lists
+    without blank lines, code-like text) are written line by line, as chat UIs show them."""
+    md = MarkdownIt("gfm-like")
+
+    def hard_breaks(state) -> None:  # noqa: ANN001 - markdown-it's StateCore
+        for block in state.tokens:
+            for token in block.children or []:
+                if token.type == "softbreak":
+                    token.type = "hardbreak"
+
+    md.core.ruler.push("hard_breaks", hard_breaks)
+    return md
+
+
 class MessageView(Vertical):
     """One message: a role line, the body (Markdown for replies, plain text for the user's own
     input) and a dim line of reply metadata."""
@@ -65,7 +81,7 @@ class MessageView(Vertical):
     def compose(self) -> ComposeResult:
         yield Label("You" if self.role == "user" else "Assistant", classes="role")
         if self.role == "assistant":
-            yield Markdown(self._content, classes="body")
+            yield Markdown(self._content, classes="body", parser_factory=_chat_markdown_parser)
         else:
             yield Static(self._content, markup=False, classes="body")
         meta = Label(self._meta, markup=False, classes="meta")
