@@ -223,3 +223,25 @@ def test_logprobs_of_sampled_tokens(model_path):
     assert len(seq.logprobs) == 4
     for tok, lp in zip(seq.output_token_ids, seq.logprobs):
         assert tok in lp and lp[tok] == max(lp.values())  # greedy picks the top token
+
+
+def test_error_in_one_request_fails_only_that_request(model_path, reference):
+    reqs, alone = reference
+    engine = make_engine(model_path, enable_prefix_caching=False)
+    seqs = [engine.add_request(p, SamplingParams(max_tokens=12, **GREEDY)) for p in reqs[:3]]
+    bad = seqs[1]
+    real_run = engine.runner.run
+
+    def flaky_run(batch):
+        if bad in batch.seqs and bad.num_output_tokens >= 2:
+            raise RuntimeError("simulated kernel failure")
+        return real_run(batch)
+
+    engine.runner.run = flaky_run
+    deltas = []
+    while engine.has_unfinished():
+        deltas += engine.step()
+    assert bad.finish_reason == "error" and "simulated kernel failure" in bad.error
+    assert [d.finish_reason for d in deltas if d.request_id == bad.request_id][-1] == "error"
+    assert [s.output_token_ids for s in (seqs[0], seqs[2])] == [alone[0], alone[2]]
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks

@@ -203,12 +203,29 @@ class LLMEngine:
             return StepOutput({}, {})
         try:
             return self.runner.run(batch)
-        except Exception as e:  # noqa: BLE001 - one bad step must not kill the engine
-            log.exception("step failed")
-            for seq in list(batch.seqs):
+        except Exception:  # noqa: BLE001 - one bad request must not fail the others or the engine
+            log.exception("step failed; retrying its sequences one by one")
+            return self._run_isolated(batch)
+
+    def _run_isolated(self, batch: ScheduledBatch) -> StepOutput:
+        """Re-run each sequence of a failed step alone and fail only those that fail again.
+
+        Safe because nothing was committed: a sequence's computed-token count only moves after a
+        successful step, and re-writing its KV slots writes the same values."""
+        merged = StepOutput({}, {})
+        for seq, n in zip(list(batch.seqs), list(batch.num_tokens)):
+            solo = ScheduledBatch()
+            solo.add(seq, n)
+            try:
+                out = self.runner.run(solo)
+            except Exception as e:  # noqa: BLE001
+                log.exception("request %s failed", seq.request_id)
                 seq.error = f"engine error: {type(e).__name__}: {e}"
                 self.scheduler.finish(seq, "error")
-            return StepOutput({}, {})
+                continue
+            merged.sampled.update(out.sampled)
+            merged.logprobs.update(out.logprobs)
+        return merged
 
     def _postprocess(self, batch: ScheduledBatch, output: StepOutput) -> list[StreamDelta]:
         deltas = []
