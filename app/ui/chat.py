@@ -101,6 +101,9 @@ class ChatPane(TabPane):
         self._stop_requested = False
         self.request_id: str | None = None
         self.metrics: ReplyMetrics | None = None
+        # The engine's (tok/s, TTFT) for the current reply, last seen while it ran: the panel keeps
+        # showing the engine's measure after the reply ends instead of switching to the client's.
+        self.engine_figures: tuple[float | None, float | None] | None = None
         self.finish_reason: str | None = None  # of the last reply
 
     # state
@@ -241,6 +244,7 @@ class ChatPane(TabPane):
             failed.remove()  # an earlier attempt's error, never stored: the new reply replaces it
         self.request_id = f"chat{self.chat.id}-{uuid.uuid4().hex[:8]}"
         self.metrics = ReplyMetrics(started=time.monotonic())
+        self.engine_figures = None
         self.finish_reason = None
         self._stop_requested = False
         self.post_message(self.Changed(self))

@@ -314,7 +314,11 @@ def _pane_rate(pane: ChatPane, req: RequestStats | None) -> TabRate:
     if req is not None:
         tps = req.tokens_per_s if req.tokens_per_s is not None else tps
         ttft = req.ttft_s if req.ttft_s is not None else ttft
+        pane.engine_figures = (tps, ttft)
         status = req.status
+    elif pane.engine_figures is not None:
+        tps, ttft = pane.engine_figures
+        status = "decode" if pane.generating else "idle"
     elif pane.generating:
         status = "decode" if ttft is not None else "waiting"
     else:
