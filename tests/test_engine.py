@@ -245,3 +245,24 @@ def test_error_in_one_request_fails_only_that_request(model_path, reference):
     assert [d.finish_reason for d in deltas if d.request_id == bad.request_id][-1] == "error"
     assert [s.output_token_ids for s in (seqs[0], seqs[2])] == [alone[0], alone[2]]
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_stop_string_is_not_emitted_and_stream_matches(model_path):
+    engine = make_engine(model_path)
+    prompt = "hello world"
+
+    def run(params):
+        seq = engine.add_request(prompt, params)
+        pieces = []
+        while engine.has_unfinished():
+            pieces += [d.text for d in engine.step() if d.request_id == seq.request_id]
+        return seq, "".join(pieces)
+
+    _, full = run(SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True))
+    words = [w for w in full.split() if len(w) >= 2]
+    assert len(full) > 10 and words, full
+    stop = words[len(words) // 2]
+    cut = full.index(stop)
+    seq, text = run(SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, stop=[stop, "never-there"]))
+    assert text == full[:cut]
+    assert seq.finish_reason == "stop"
