@@ -6,7 +6,7 @@ are held back, since they could still turn out to be the start of a stop string.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from app.engine.outputs import StreamDelta
 from app.engine.sequence import Sequence
@@ -21,7 +21,6 @@ class _OutputState:
     sent_chars: int = 0
     sent_tokens: int = 0
     holdback: int = 0
-    pending_logprobs: list = field(default_factory=list)
 
 
 class OutputProcessor:
@@ -94,7 +93,3 @@ class OutputProcessor:
             num_output_tokens=seq.num_output_tokens,
             error=seq.error,
         )
-
-    def full_text(self, request_id: str) -> str:
-        st = self.states.get(request_id)
-        return st.text if st else ""
