@@ -17,13 +17,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from app.engine.engine import LLMEngine
-from app.engine.errors import EngineDeadError, RequestError
+from app.engine.errors import EngineDeadError
 from app.engine.gguf_loader import Progress
 from app.engine.outputs import EngineStats, StreamDelta
 from app.engine.protocol import Prompt
 from app.engine.sampling_params import SamplingParams
 from app.engine.sequence import Sequence
-from app.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -92,18 +91,13 @@ class AsyncEngine:
         return self._stats
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        return self._require_tokenizer().encode(text, add_bos=add_bos)
+        return self.engine.require_tokenizer().encode(text, add_bos=add_bos)
 
     def decode(self, token_ids: list[int]) -> str:
-        return self._require_tokenizer().decode(token_ids)
+        return self.engine.require_tokenizer().decode(token_ids)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        return self._require_tokenizer().apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-
-    def _require_tokenizer(self) -> Tokenizer:
-        if self.tokenizer is None:
-            raise RequestError("this engine has random weights and no tokenizer: send token ids")
-        return self.tokenizer
+        return self.engine.require_tokenizer().apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
 
     def close(self) -> None:
         self._stop.set()

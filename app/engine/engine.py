@@ -107,12 +107,10 @@ class LLMEngine:
 
     # ---- requests -----------------------------------------------------------------------------
     def tokenize_prompt(self, prompt: Prompt) -> list[int]:
-        if self.tokenizer is None and not (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
-            raise RequestError("this engine has random weights and no tokenizer: send token ids", param="prompt")
         if isinstance(prompt, str):
             if not prompt:
                 raise RequestError("the prompt is empty", param="prompt")
-            return self.tokenizer.encode(prompt, add_bos=True)
+            return self.require_tokenizer().encode(prompt, add_bos=True)
         if not isinstance(prompt, list) or not prompt:
             raise RequestError("the prompt must be a non-empty string, token id list or message list", param="prompt")
         if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
@@ -122,8 +120,13 @@ class LLMEngine:
                 raise RequestError(f"token id {bad[0]} is out of range [0, {vocab})", param="prompt")
             return list(prompt)
         if all(isinstance(m, dict) for m in prompt):
-            return self.tokenizer.encode_chat(prompt, add_generation_prompt=True)
+            return self.require_tokenizer().encode_chat(prompt, add_generation_prompt=True)
         raise RequestError("the prompt must be a string, a list of token ids or a list of messages", param="prompt")
+
+    def require_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise RequestError("this engine has random weights and no tokenizer: send token ids", param="prompt")
+        return self.tokenizer
 
     def make_sequence(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None) -> Sequence:
         """Validate and tokenize a request without touching engine state (safe from any thread).
@@ -253,4 +256,4 @@ class LLMEngine:
         return self.outputs.finish(seq)
 
     def stats(self) -> EngineStats:
-        return self.metrics.snapshot(self.scheduler, self.block_manager, self.scheduler.num_preemptions)
+        return self.metrics.snapshot(self.scheduler, self.block_manager)

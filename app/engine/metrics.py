@@ -41,7 +41,7 @@ class EngineMetrics:
         span = max(time.monotonic() - (self.window[0][0] - self.window[0][1]), 1e-6)
         return sum(w[2] for w in self.window) / span, sum(w[3] for w in self.window) / span
 
-    def snapshot(self, sched: Scheduler, bm: BlockManager, preemptions: int) -> EngineStats:
+    def snapshot(self, sched: Scheduler, bm: BlockManager) -> EngineStats:
         prefill_rate, decode_rate = self.rates()
         batch_size, num_tokens, step_time = self.last
         seqs = list(sched.running) + list(sched.waiting)
@@ -60,7 +60,7 @@ class EngineMetrics:
             last_num_tokens=num_tokens,
             last_step_time_s=step_time,
             num_steps=self.num_steps,
-            num_preemptions=preemptions,
+            num_preemptions=sched.num_preemptions,
             total_prompt_tokens=self.total_prompt_tokens,
             total_output_tokens=self.total_output_tokens,
             requests=tuple(request_stats(s) for s in seqs),
