@@ -32,6 +32,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=text)
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=True,
                    help="disable automatic prefix caching")
+    p.add_argument("--enforce-eager", action="store_true", default=None,
+                   help="CUDA: run decode steps eagerly instead of replaying CUDA graphs")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:

@@ -56,6 +56,10 @@ class LLMEngine:
         if progress:
             progress("sizing the KV pool", None)
         self._build_pool()
+        if self.setup.device.type == "cuda" and not self.config.enforce_eager:
+            if progress:
+                progress("capturing CUDA graphs", None)
+            self.runner.capture_graphs(self.config.max_num_seqs, self.max_model_len)
 
     def _init_from_file(self, model: str | None, progress: Progress | None) -> None:
         path = model
@@ -94,14 +98,21 @@ class LLMEngine:
         self._ids = itertools.count()
 
     def _warmup(self) -> None:
-        """One forward at max_num_batched_tokens on a throwaway pool (the CUDA memory probe)."""
-        block_size = self.config.block_size
+        """The CUDA memory probe: the biggest step the scheduler can make, on a throwaway pool:
+        max_num_batched_tokens tokens over max_num_seqs prompts, so the peak includes the
+        activations of a full token budget and the logits and sampling of a full batch."""
+        bs = self.config.block_size
         n = self.config.max_num_batched_tokens
-        runner = ModelRunner(self.model, -(-n // block_size), block_size, self.setup.dtype)
-        seq = Sequence("warmup", [0] * n, SamplingParams(max_tokens=1, temperature=0.0), 1)
-        seq.block_table = list(range(-(-n // block_size)))
+        num_seqs = min(self.config.max_num_seqs, n)
+        lengths = [n // num_seqs + (i < n % num_seqs) for i in range(num_seqs)]
         batch = ScheduledBatch()
-        batch.add(seq, n)
+        next_block = 0
+        for i, length in enumerate(lengths):
+            seq = Sequence(f"warmup-{i}", [0] * length, SamplingParams(max_tokens=1, temperature=0.0), 1)
+            seq.block_table = list(range(next_block, next_block + -(-length // bs)))
+            next_block += len(seq.block_table)
+            batch.add(seq, length)
+        runner = ModelRunner(self.model, next_block, bs, self.setup.dtype)
         runner.run(batch)
         del runner
 

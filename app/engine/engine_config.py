@@ -18,6 +18,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None  # None: the model's context length
+    enforce_eager: bool = False  # CUDA: run decode steps eagerly instead of replaying CUDA graphs
 
     @classmethod
     def names(cls) -> list[str]:
@@ -32,5 +33,7 @@ class EngineConfig:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise LocalbatchError(f"invalid {name}={value!r}: must be a positive integer")
+        if not isinstance(self.enforce_eager, bool):
+            raise LocalbatchError(f"invalid enforce_eager={self.enforce_eager!r}: must be True or False")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise LocalbatchError(f"invalid gpu_memory_utilization={self.gpu_memory_utilization!r}: must be in (0, 1]")

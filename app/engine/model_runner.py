@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from app.engine.attention import AttentionMetadata
+from app.engine.cuda_graphs import DecodeGraphs
 from app.engine.models.decoder import DecoderLM
 from app.engine.outputs import TopLogprobs
 from app.engine.sampling import Sampler, top_logprobs
@@ -24,6 +25,8 @@ from app.engine.sequence import Sequence
 
 @dataclass
 class StepInputs:
+    """One step's batch as host tensors (pinned on CUDA, so uploads can be asynchronous)."""
+
     input_ids: torch.Tensor
     positions: torch.Tensor
     meta: AttentionMetadata
@@ -31,6 +34,24 @@ class StepInputs:
     sample_rows: list[int]  # row in the logits of each sampling sequence
     sample_seqs: list[Sequence]
     prompt_rows: list[tuple[Sequence, int, int, int]]  # (seq, first logits row, first position, count)
+
+    @property
+    def is_decode_only(self) -> bool:
+        """One token per sequence and every sequence samples: the shape CUDA graphs replay."""
+        n = self.input_ids.shape[0]
+        return n == self.meta.num_seqs == len(self.sample_seqs) and not self.prompt_rows
+
+    def to(self, device: torch.device) -> "StepInputs":
+        if device.type == "cpu":
+            return self
+
+        def up(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=True)
+
+        m = self.meta
+        meta = AttentionMetadata(up(m.cu_seqlens_q), up(m.seq_lens), up(m.block_table), up(m.slot_mapping))
+        return StepInputs(up(self.input_ids), up(self.positions), meta, up(self.logits_indices),
+                          self.sample_rows, self.sample_seqs, self.prompt_rows)
 
 
 @dataclass
@@ -58,10 +79,17 @@ class ModelRunner:
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv_caches = [(_zeros(shape, kv_dtype, self.device), _zeros(shape, kv_dtype, self.device)) for _ in range(cfg.num_layers)]
         self.sampler = Sampler(cfg.vocab_size)
+        self.graphs: DecodeGraphs | None = None
+
+    def capture_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
+        """Capture decode CUDA graphs for batches up to `max_num_seqs` and contexts up to `max_model_len`."""
+        graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs, -(-max_model_len // self.block_size))
+        graphs.capture_all()
+        self.graphs = graphs
 
     def run(self, batch: ScheduledBatch) -> StepOutput:
         inputs = self.prepare(batch)
-        logits = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, inputs.logits_indices)
+        logits = self._forward(inputs)
         self._record_prompt_logprobs(logits, inputs)
         seqs = inputs.sample_seqs
         if not seqs:
@@ -71,6 +99,14 @@ class ModelRunner:
             sampled={s.request_id: t for s, t in zip(seqs, tokens)},
             logprobs={s.request_id: lp for s, lp in zip(seqs, logprobs) if lp is not None},
         )
+
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        """Logits at `inputs.logits_indices`: a graph replay for decode-only steps that fit one, else eager."""
+        meta = inputs.meta
+        if self.graphs is not None and inputs.is_decode_only and self.graphs.fits(meta.num_seqs, meta.block_table.shape[1]):
+            return self.graphs.run(inputs.input_ids, inputs.positions, meta.slot_mapping, meta.seq_lens, meta.block_table)
+        dev = inputs.to(self.device)
+        return self.model(dev.input_ids, dev.positions, dev.meta, self.kv_caches, dev.logits_indices)
 
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
         ids: list[int] = []
@@ -100,28 +136,26 @@ class ModelRunner:
         width = max(len(t) for t in tables)
         table_rows = [t + [0] * (width - len(t)) for t in tables]
         meta = AttentionMetadata(
-            cu_seqlens_q=self._upload(cu, torch.int32),
-            seq_lens=self._upload(seq_lens, torch.int32),
-            block_table=self._upload(table_rows, torch.int32),
-            slot_mapping=self._upload(slots, torch.int64),
+            cu_seqlens_q=self._host(cu, torch.int32),
+            seq_lens=self._host(seq_lens, torch.int32),
+            block_table=self._host(table_rows, torch.int32),
+            slot_mapping=self._host(slots, torch.int64),
         )
         return StepInputs(
-            input_ids=self._upload(ids, torch.long),
-            positions=self._upload(positions, torch.long),
+            input_ids=self._host(ids, torch.long),
+            positions=self._host(positions, torch.long),
             meta=meta,
-            logits_indices=self._upload(logits_idx, torch.long),
+            logits_indices=self._host(logits_idx, torch.long),
             sample_rows=sample_rows,
             sample_seqs=sample_seqs,
             prompt_rows=prompt_rows,
         )
 
-    def _upload(self, values: list, dtype: torch.dtype) -> torch.Tensor:
-        """Host list -> device tensor; on CUDA through pinned memory with a non-blocking copy, so
-        the step's metadata uploads overlap instead of each waiting for the GPU."""
+    def _host(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        """Host list -> tensor; pinned on CUDA so the step's uploads are non-blocking copies that
+        overlap instead of each waiting for the GPU."""
         host = torch.tensor(values, dtype=dtype)
-        if self.device.type != "cuda":
-            return host
-        return host.pin_memory().to(self.device, non_blocking=True)
+        return host.pin_memory() if self.device.type == "cuda" else host
 
     def _record_prompt_logprobs(self, logits: torch.Tensor, inputs: StepInputs) -> None:
         """Row for position p is the distribution of prompt token p+1 (vLLM's prompt_logprobs)."""

@@ -157,6 +157,32 @@ class DecoderLM:
         ]
 
     @torch.inference_mode()
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+        logits_indices: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The final-normed hidden states at `logits_indices` (every row if None): what a CUDA graph
+        captures. The vocabulary projection stays outside, so graphs skip it for padding rows."""
+        x = self.embed[input_ids]
+        if self.cfg.embed_scale is not None:
+            x = (x.float() * self.cfg.embed_scale).to(self.dtype)
+        for layer, kv in zip(self.layers, kv_caches):
+            x = layer(x, positions, kv, meta)
+        if logits_indices is not None:
+            x = x[logits_indices]
+        return rms_norm(x, self.final_norm, self.cfg.rms_norm_eps)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden `[n, hidden_size]` -> fp32 logits `[n, vocab]`."""
+        if self.int8_head is not None:
+            return self.int8_head(hidden).float()
+        return F.linear(hidden, self.lm_head).float()
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -165,16 +191,6 @@ class DecoderLM:
         kv_caches: list[KVCache],
         logits_indices: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = self.embed[input_ids]
-        if self.cfg.embed_scale is not None:
-            x = (x.float() * self.cfg.embed_scale).to(self.dtype)
-        for layer, kv in zip(self.layers, kv_caches):
-            x = layer(x, positions, kv, meta)
-        if logits_indices is not None:
-            x = x[logits_indices]
-        x = rms_norm(x, self.final_norm, self.cfg.rms_norm_eps)
-        if self.int8_head is not None:
-            return self.int8_head(x).float()
-        return F.linear(x, self.lm_head).float()
+        return self.compute_logits(self.hidden_states(input_ids, positions, meta, kv_caches, logits_indices))
 
     __call__ = forward

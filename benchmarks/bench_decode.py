@@ -1,0 +1,147 @@
+"""Decode step time against the memory roofline.
+
+A decode step must read every weight once and each sequence's KV context once, so it can be no
+faster than (weight bytes + KV bytes) / memory bandwidth. The bandwidth is measured here as a
+device-to-device copy (read + write bytes / time), the best a streaming kernel can do on this
+device. The report is the step time of the real engine (scheduler, runner, sampler, CUDA graphs
+unless --enforce-eager) at each batch size, and the fraction of that roofline it reaches.
+
+    python benchmarks/bench_decode.py --random-weights llama:8b --batch-sizes 1,8,64 --context 512
+    python benchmarks/bench_decode.py --random-weights gemma3:270m --device cpu --batch-sizes 1,8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+# Run from a checkout without installing it: the repository root holds the `app` package.
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+
+from app.engine.engine import LLMEngine  # noqa: E402
+from app.engine.sampling_params import SamplingParams  # noqa: E402
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 10) -> float:
+    """Bytes/s of a device-to-device copy, counting the read and the write."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        sync(device)
+        t = time.perf_counter()
+        dst.copy_(src)
+        sync(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.numel() * src.element_size() / best
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def weight_bytes(engine: LLMEngine) -> int:
+    """Bytes a decode step reads from the weights: every layer tensor and the output projection
+    (the embedding table only for the batch's rows, which is negligible unless it is the head)."""
+    model = engine.model
+    seen: dict[int, int] = {}
+    tensors = []
+    for layer in model.layers:
+        tensors += [t for t in vars(layer).values() if isinstance(t, torch.Tensor)]
+    tensors.append(model.final_norm)
+    if model.int8_head is not None:
+        tensors += [model.int8_head.q, model.int8_head.scale]
+    else:
+        tensors.append(model.lm_head)
+    for t in tensors:
+        seen[t.data_ptr()] = t.numel() * t.element_size()
+    return sum(seen.values())
+
+
+def kv_bytes(engine: LLMEngine, batch: int, context: int) -> int:
+    """Bytes of K and V that one decode step's attention reads: each layer sees its window."""
+    cfg = engine.model_config
+    per_token_layer = 2 * cfg.num_kv_heads * cfg.head_dim * (torch.finfo(engine.setup.dtype).bits // 8)
+    total = 0
+    for layer in range(cfg.num_layers):
+        window = cfg.layer_window(layer)
+        total += batch * min(context, window or context) * per_token_layer
+    return total
+
+
+def decode_step_time(engine: LLMEngine, batch: int, context: int, steps: int, seed: int) -> float:
+    """Seconds per decode step with `batch` sequences whose contexts are about `context` tokens."""
+    rng = random.Random(seed)
+    vocab = engine.model_config.vocab_size
+    params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
+    seqs = [engine.add_request([rng.randrange(vocab) for _ in range(context)], params) for _ in range(batch)]
+    while not all(s.num_output_tokens for s in seqs):  # prefill
+        engine.step()
+    for _ in range(3):  # first decode steps: graph replays warm, allocator settled
+        engine.step()
+    sync(engine.setup.device)
+    t = time.perf_counter()
+    for _ in range(steps):
+        engine.step()  # returns after the sampled ids reached the host: the step is complete
+    elapsed = time.perf_counter() - t
+    if engine.metrics.last[0] != batch:
+        raise RuntimeError(f"expected decode steps of {batch} sequences, got {engine.metrics.last}")
+    for s in seqs:
+        engine.abort(s.request_id)
+    return elapsed / steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--random-weights", default="llama:8b", help="ARCH:SIZE preset (app/engine/random_weights.py)")
+    p.add_argument("--model", default=None, help="a GGUF file instead of random weights")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--batch-sizes", default="1,8,64")
+    p.add_argument("--context", type=int, default=512, help="prompt tokens per sequence")
+    p.add_argument("--steps", type=int, default=50, help="timed decode steps per batch size")
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    kw = dict(device=args.device, dtype=args.dtype, max_num_seqs=max(batches), enforce_eager=args.enforce_eager,
+              max_model_len=args.context + args.steps + 64)
+    if args.model:
+        engine = LLMEngine(args.model, **kw)
+    else:
+        engine = LLMEngine(random_weights=args.random_weights, **kw)
+    device = engine.setup.device
+    bandwidth = copy_bandwidth(device)
+    wbytes = weight_bytes(engine)
+    rows = []
+    for b in batches:
+        step = decode_step_time(engine, b, args.context, args.steps, seed=b)
+        kbytes = kv_bytes(engine, b, args.context)
+        roofline = (wbytes + kbytes) / bandwidth
+        rows.append({"batch": b, "step_ms": round(step * 1e3, 3), "tok_s": round(b / step, 1),
+                     "weight_gb": round(wbytes / 1e9, 3), "kv_gb": round(kbytes / 1e9, 4),
+                     "roofline_ms": round(roofline * 1e3, 3), "of_roofline": round(roofline / step, 3)})
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    header = {"model": engine.model_name, "device": name, "dtype": str(engine.setup.dtype).removeprefix("torch."),
+              "cuda_graphs": engine.runner.graphs is not None, "copy_gb_s": round(bandwidth / 1e9, 1),
+              "context": args.context}
+    if args.json:
+        print(json.dumps({**header, "rows": rows}))
+        return 0
+    print(" ".join(f"{k}={v}" for k, v in header.items()))
+    print(f"{'batch':>5} {'step ms':>9} {'tok/s':>9} {'weights GB':>11} {'KV GB':>8} {'roofline ms':>12} {'of roofline':>12}")
+    for r in rows:
+        print(f"{r['batch']:>5} {r['step_ms']:>9.3f} {r['tok_s']:>9.1f} {r['weight_gb']:>11.3f} {r['kv_gb']:>8.4f} "
+              f"{r['roofline_ms']:>12.3f} {r['of_roofline'] * 100:>11.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
