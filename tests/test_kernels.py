@@ -94,6 +94,8 @@ ATTN_CASES: dict[str, AttnCase] = {
     "split4-softcap-bf16": AttnCase(
         (1, 1, 1), SPLIT_LENS, dtype="bfloat16", softcap=3.0, launch={"num_splits": 4, "block_n": 16}
     ),
+    # A decode graph's bucket: one real sequence, padding sequences of context 1, many splits mostly empty.
+    "split16-graph-padding": AttnCase((1, 1, 1, 1), (40, 1, 1, 1), launch={"num_splits": 16, "block_n": 16}),
     "split2-mixed-padding": AttnCase(
         MIXED, MIXED_LENS, heads=2, kv_heads=2, pad_tokens=2, launch={"num_splits": 2, "block_n": 16}
     ),
@@ -274,6 +276,11 @@ COMPILE_CASES = {
     "gemma3-prefill-bf16": (AttnCase((512,), (600,), head_dim=256, dtype="bfloat16"), (89, 90)),
     "gemma3-decode-split8": (AttnCase((1, 1), (1, 1), head_dim=256, launch={"num_splits": 8}), (89,)),
     "llama-decode-fp16": (AttnCase((1,) * 8, (1,) * 8, heads=32, kv_heads=8, head_dim=128), (89,)),
+    # What a decode CUDA graph of a small batch captures: the table is max_model_len wide, so split-KV.
+    "llama-graph-decode-split16-bf16": (
+        AttnCase((1,) * 2, (1,) * 2, heads=32, kv_heads=8, head_dim=128, dtype="bfloat16", launch={"num_splits": 16}),
+        (89, 90),
+    ),
     "llama-prefill-fp16-softcap": (
         AttnCase((512,), (600,), heads=32, kv_heads=8, head_dim=128, softcap=30.0),
         (89, 90),

@@ -8,8 +8,10 @@ step reaches the end of its tokens, plus every row of a chunk whose prompt logpr
 
 from __future__ import annotations
 
+import logging
 import math
 import mmap
+import time
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +23,8 @@ from app.engine.outputs import TopLogprobs
 from app.engine.sampling import Sampler, top_logprobs
 from app.engine.scheduler import ScheduledBatch
 from app.engine.sequence import Sequence
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -82,10 +86,20 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
 
     def capture_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
-        """Capture decode CUDA graphs for batches up to `max_num_seqs` and contexts up to `max_model_len`."""
+        """Capture decode CUDA graphs for batches up to `max_num_seqs` and contexts up to
+        `max_model_len`. A capture failure costs speed, not service: decodes then run eagerly."""
+        start, before = time.perf_counter(), torch.cuda.memory_reserved()
         graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs, -(-max_model_len // self.block_size))
-        graphs.capture_all()
+        try:
+            graphs.capture_all()
+        except Exception as e:  # noqa: BLE001 - e.g. an op that cannot be captured on this torch
+            log.warning("CUDA graph capture failed (%s: %s); decode steps run eagerly", type(e).__name__, e)
+            torch.cuda.synchronize()
+            return
         self.graphs = graphs
+        log.info("captured %d decode CUDA graphs (batch sizes %s) in %.1f s, %.0f MiB",
+                 len(graphs.sizes), graphs.sizes, time.perf_counter() - start,
+                 (torch.cuda.memory_reserved() - before) / 2**20)
 
     def run(self, batch: ScheduledBatch) -> StepOutput:
         inputs = self.prepare(batch)
@@ -94,7 +108,10 @@ class ModelRunner:
         seqs = inputs.sample_seqs
         if not seqs:
             return StepOutput({}, {})
-        tokens, logprobs = self.sampler(logits[inputs.sample_rows], seqs)
+        if not inputs.prompt_rows:  # then the logits rows are exactly the sampling rows, in order
+            tokens, logprobs = self.sampler(logits, seqs)
+        else:
+            tokens, logprobs = self.sampler(logits[inputs.sample_rows], seqs)
         return StepOutput(
             sampled={s.request_id: t for s, t in zip(seqs, tokens)},
             logprobs={s.request_id: lp for s, lp in zip(seqs, logprobs) if lp is not None},
