@@ -78,7 +78,7 @@ class OutputProcessor:
         end = len(st.text) if done else max(st.sent_chars, len(st.text) - st.holdback)
         text = st.text[st.sent_chars : end]
         st.sent_chars = end
-        new_ids = seq.output_token_ids[st.sent_tokens :]
+        new_ids = seq.token_ids[seq.num_prompt_tokens + st.sent_tokens :]  # not output_token_ids: O(new), not O(all)
         logprobs = seq.logprobs[st.sent_tokens :] if seq.params.logprobs is not None else None
         st.sent_tokens = seq.num_output_tokens
         if done:

@@ -138,7 +138,10 @@ class ModelRunner:
             ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
             table = seq.block_table
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            if n == 1:  # decodes: most rows of most steps
+                slots.append(table[start // bs] * bs + start % bs)
+            else:
+                slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             cu.append(len(ids))
             seq_lens.append(end)
             tables.append(table)

@@ -27,6 +27,8 @@ class Sequence:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.token_ids = list(prompt_token_ids)
+        # A plain attribute, not a property: the step loop reads it several times per sequence.
+        self.num_prompt_tokens = len(self.prompt_token_ids)
         self.params = params
         self.max_tokens = max_tokens
         self.status = SequenceStatus.WAITING
@@ -48,24 +50,21 @@ class Sequence:
         return len(self.token_ids)
 
     @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
-
-    @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def num_output_tokens(self) -> int:
-        return self.num_tokens - self.num_prompt_tokens
+        return len(self.token_ids) - self.num_prompt_tokens
 
     @property
     def num_uncomputed_tokens(self) -> int:
-        return self.num_tokens - self.num_computed_tokens
+        return len(self.token_ids) - self.num_computed_tokens
 
     @property
     def is_decoding(self) -> bool:
-        return self.num_output_tokens > 0 and self.num_uncomputed_tokens == 1
+        n = len(self.token_ids)
+        return n > self.num_prompt_tokens and n - self.num_computed_tokens == 1
 
     @property
     def is_finished(self) -> bool:
