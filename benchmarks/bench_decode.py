@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                      "roofline_ms": round(roofline * 1e3, 3), "of_roofline": round(roofline / step, 3)})
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     header = {"model": engine.model_name, "device": name, "dtype": str(engine.setup.dtype).removeprefix("torch."),
-              "cuda_graphs": engine.runner.graphs is not None, "copy_gb_s": round(bandwidth / 1e9, 1),
+              "cuda_graphs": bool(engine.runner.graphs and engine.runner.graphs.graphs), "copy_gb_s": round(bandwidth / 1e9, 1),
               "context": args.context}
     if args.json:
         print(json.dumps({**header, "rows": rows}))

@@ -83,6 +83,16 @@ def test_graph_decode_equals_eager(model_path):
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
+def test_eager_buckets_equal_unpadded_steps(model_path):
+    """--enforce-eager on CUDA: the same padded buckets, run op by op."""
+    reqs = prompts(5, seed=5)
+    alone = run_all(make_engine(model_path, enable_prefix_caching=False), reqs)
+    engine = make_engine(model_path, enable_prefix_caching=False)
+    engine.runner.setup_decode_graphs(8, engine.max_model_len, capture=False)
+    assert engine.runner.graphs.graphs == {}
+    assert run_all(engine, reqs) == alone
+
+
 def test_mixed_and_oversized_steps_run_eagerly(model_path):
     engine = make_engine(model_path, max_num_batched_tokens=16)
     graphs = with_eager_graphs(engine, max_num_seqs=2)
@@ -106,9 +116,9 @@ def test_padding_rows_write_no_kv(model_path):
                torch.full((8,), 3, dtype=torch.int32), table)
     before = [k.clone() for k, _ in engine.runner.kv_caches]
     slots = torch.tensor([40, 44, 48])
-    logits = graphs.run(torch.tensor([7, 8, 9]), torch.tensor([0, 0, 0]), slots,
+    hidden = graphs.run(torch.tensor([7, 8, 9]), torch.tensor([0, 0, 0]), slots,
                         torch.ones(3, dtype=torch.int32), torch.tensor([[10], [11], [12]], dtype=torch.int32))
-    assert logits.shape == (3, engine.model_config.vocab_size)
+    assert hidden.shape == (3, engine.model_config.hidden_size)
     for (k, _), old in zip(engine.runner.kv_caches, before):
         changed = (k.flatten(0, 1) != old.flatten(0, 1)).flatten(1).any(1).nonzero().flatten()
         assert changed.tolist() == slots.tolist()  # the three real slots, nothing for the padding row
@@ -125,6 +135,7 @@ def test_enforce_eager_is_validated():
 @pytest.mark.cuda
 @needs_cuda
 def test_cuda_graphs_captured_and_equal_eager(tiny_gguf_factory):
+    """Graph replays and --enforce-eager run the same padded buckets: identical tokens and logprobs."""
     path = tiny_gguf_factory("gemma3")
     reqs = prompts(7, seed=3)
 
@@ -132,27 +143,33 @@ def test_cuda_graphs_captured_and_equal_eager(tiny_gguf_factory):
         return make_engine(path, device="cuda", dtype="bfloat16", block_size=16, kv_cache_blocks=128,
                            max_num_seqs=16, enable_prefix_caching=False, **kw)
 
+    def run(e):
+        seqs = [e.add_request(p, SamplingParams(max_tokens=20, logprobs=3, **GREEDY)) for p in reqs]
+        while e.has_unfinished():
+            e.step()
+        return [(s.output_token_ids, s.logprobs) for s in seqs]
+
     eager, graphed = engine(enforce_eager=True), engine()
-    assert eager.runner.graphs is None
+    assert eager.runner.graphs.graphs == {}
     assert sorted(graphed.runner.graphs.graphs) == [1, 2, 4, 8, 16]
-    assert run_all(graphed, reqs, max_tokens=20) == run_all(eager, reqs, max_tokens=20)
+    assert run(graphed) == run(eager)
 
 
 @pytest.mark.cuda
 @needs_cuda
 def test_cuda_graph_replay_is_bitwise_eager(tiny_gguf_factory):
-    """The same padded bucket run eagerly and replayed gives identical hidden states."""
+    """A replay and the same padded bucket run eagerly give identical hidden states."""
     engine = make_engine(tiny_gguf_factory("llama"), device="cuda", dtype="bfloat16", block_size=16,
                          kv_cache_blocks=64, max_num_seqs=8)
     graphs = engine.runner.graphs
-    n = 5
-    ids, pos = torch.arange(n) + 3, torch.arange(n) * 7
+    n = 5  # bucket 8
+    ids, pos = torch.arange(n) + 3, torch.arange(n) * 3  # sequence i: block i, positions < 16
     slots = torch.arange(n) * 16 + pos
     seq_lens = (pos + 1).to(torch.int32)
     table = torch.arange(n, dtype=torch.int32).view(n, 1)
-    logits = graphs.run(ids, pos, slots, seq_lens, table).clone()
-    eager = engine.model.compute_logits(graphs._forward(8)[:n])  # same static inputs, no graph
-    assert torch.equal(logits, eager)
+    replayed = graphs.run(ids, pos, slots, seq_lens, table).clone()
+    eager = graphs._forward(8)[:n]  # the same static inputs, launched op by op
+    assert torch.equal(replayed, eager)
 
 
 def test_memory_probe_runs_the_biggest_step(model_path, monkeypatch):
@@ -167,8 +184,14 @@ def test_memory_probe_runs_the_biggest_step(model_path, monkeypatch):
     engine._warmup()
     (batch,) = seen
     assert len(batch) == 7 and batch.total_tokens == 50
+    assert batch.seqs[0].params.prompt_logprobs == 1  # one slice of prompt-logprob logits too
     blocks = [b for s in batch.seqs for b in s.block_table]
     assert len(blocks) == len(set(blocks))  # no two warm-up prompts share a block
+
+
+def test_memory_probe_prompts_fit_the_context(tiny_gguf_factory):
+    engine = make_engine(tiny_gguf_factory("gemma3"), max_num_batched_tokens=2000, max_num_seqs=2)
+    engine._warmup()  # two prompts of 1000 tokens would run past the 256-token RoPE table
 
 
 def test_cli_enforce_eager_flag():

@@ -1,4 +1,4 @@
-"""CUDA graphs for decode-only steps.
+"""Decode-only steps on static, bucketed inputs, replayed as CUDA graphs.
 
 A decode step of a small batch launches several hundred small kernels (norms, RoPE, attention, the
 GEMMs of every layer); on a fast GPU launching them costs more than running them. A CUDA graph
@@ -11,6 +11,10 @@ so it reads a valid block and writes nothing. The graph ends at the final norm: 
 projection runs eagerly on the n real rows (vLLM and nano-vllm do the same), so padding rows cost
 no logits and the graphs hold no `[bucket, vocab]` outputs. Prefill and mixed steps run eagerly
 (their shapes vary too much to capture).
+
+With `--enforce-eager` (or when a capture fails) the same padded buckets run op by op: same shapes,
+same kernels and launch choices (e.g. split-KV, which depends on the block table's width), so graph
+and eager decodes give identical numbers.
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ class _Captured:
 
 
 class DecodeGraphs:
-    """Static decode inputs plus one captured forward per bucket; `run()` fills and replays."""
+    """Static decode inputs plus one captured forward per bucket; `run()` fills and replays (or,
+    for a bucket without a graph, runs the same forward eagerly)."""
 
     def __init__(
         self, model: DecoderLM, kv_caches: list[KVCache], max_num_seqs: int, max_blocks_per_seq: int
@@ -65,7 +70,8 @@ class DecodeGraphs:
         self.cu_seqlens_q = torch.arange(n + 1, dtype=torch.int32, device=dev)
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=dev)
         self.block_table = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=dev)
-        self.graphs: dict[int, _Captured] = {}
+        self.graphs: dict[int, _Captured] = {}  # empty: every bucket runs eagerly
+        self._stream: torch.cuda.Stream | None = None
         self._pool = None
 
     @property
@@ -73,20 +79,30 @@ class DecodeGraphs:
         return self.sizes[-1]
 
     def capture_all(self, progress: Callable[[int, int], None] | None = None) -> None:
-        # Largest first: the smaller graphs then fit in the memory pool the largest one reserved.
-        for i, size in enumerate(reversed(self.sizes)):
-            self.graphs[size] = self._capture(size)
-            if progress is not None:
-                progress(i + 1, len(self.sizes))
+        """Capture every bucket, largest first: the smaller graphs then fit in the memory pool the
+        largest one reserved. Raises if a capture fails; the buckets then run eagerly."""
+        stream = torch.cuda.current_stream() if torch.cuda.is_available() else None
+        try:
+            for i, size in enumerate(reversed(self.sizes)):
+                self.graphs[size] = self._capture(size)
+                if progress is not None:
+                    progress(i + 1, len(self.sizes))
+        except BaseException:
+            self.graphs.clear()
+            # A failed capture_end() skips torch.cuda.graph's stream restore: leave no step on its side stream.
+            if stream is not None:
+                torch.cuda.set_stream(stream)
+            raise
 
     def fits(self, num_seqs: int, table_width: int) -> bool:
-        return bool(self.graphs) and num_seqs <= self.max_batch_size and table_width <= self.max_blocks_per_seq
+        return num_seqs <= self.max_batch_size and table_width <= self.max_blocks_per_seq
 
     def run(
         self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
         seq_lens: torch.Tensor, block_table: torch.Tensor,
     ) -> torch.Tensor:
-        """One decode token per sequence (pinned host or device tensors) -> logits `[num_seqs, vocab]`."""
+        """One decode token per sequence (pinned host or device tensors) -> final hidden states
+        `[num_seqs, hidden_size]`, a view of the graph's output valid until the next replay."""
         n = input_ids.shape[0]
         size = self.sizes[bisect.bisect_left(self.sizes, n)]
         # Columns past the step's widest table keep stale block ids: no sequence reads that far.
@@ -97,9 +113,11 @@ class DecodeGraphs:
         # Padding rows: whatever an earlier, larger step left there must not store KV or read far.
         self.slot_mapping[n:size].fill_(-1)
         self.seq_lens[n:size].fill_(1)
-        captured = self.graphs[size]
+        captured = self.graphs.get(size)
+        if captured is None:  # eager: the same padded bucket, launched op by op
+            return self._forward(size)[:n]
         captured.graph.replay()
-        return self.model.compute_logits(captured.hidden[:n])
+        return captured.hidden[:n]
 
     def _forward(self, size: int) -> torch.Tensor:
         meta = AttentionMetadata(
@@ -114,12 +132,18 @@ class DecodeGraphs:
         # Every slot is -1 here: neither the warm-up nor the capture writes into the KV cache.
         self.slot_mapping.fill_(-1)
         self.seq_lens.fill_(1)
-        self._forward(size)  # warm-up: compiles the Triton kernels and settles the allocator first
-        torch.cuda.synchronize()
-        if self._pool is None:
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
             self._pool = torch.cuda.graph_pool_handle()
+        # Warm up on the capture stream (PyTorch's advice): Triton compiles, cuBLAS makes its
+        # workspace for that stream, and the allocator settles before anything is recorded.
+        self._stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self._stream):
+            self._forward(size)
+        torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: a CUDA call from another thread (the UI, a server) does not spoil the capture.
+        with torch.cuda.graph(graph, pool=self._pool, stream=self._stream, capture_error_mode="thread_local"):
             hidden = self._forward(size)
         torch.cuda.synchronize()
         return _Captured(graph, hidden)

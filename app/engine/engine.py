@@ -56,10 +56,10 @@ class LLMEngine:
         if progress:
             progress("sizing the KV pool", None)
         self._build_pool()
-        if self.setup.device.type == "cuda" and not self.config.enforce_eager:
-            if progress:
+        if self.setup.device.type == "cuda":
+            if progress and not self.config.enforce_eager:
                 progress("capturing CUDA graphs", None)
-            self.runner.capture_graphs(self.config.max_num_seqs, self.max_model_len)
+            self.runner.setup_decode_graphs(self.config.max_num_seqs, self.max_model_len, not self.config.enforce_eager)
 
     def _init_from_file(self, model: str | None, progress: Progress | None) -> None:
         path = model
@@ -99,16 +99,18 @@ class LLMEngine:
 
     def _warmup(self) -> None:
         """The CUDA memory probe: the biggest step the scheduler can make, on a throwaway pool:
-        max_num_batched_tokens tokens over max_num_seqs prompts, so the peak includes the
-        activations of a full token budget and the logits and sampling of a full batch."""
+        max_num_batched_tokens tokens over max_num_seqs prompts (none longer than the context), so
+        the peak includes the activations of a full token budget, the logits and sampling of a full
+        batch, and one slice of prompt-logprob logits."""
         bs = self.config.block_size
         n = self.config.max_num_batched_tokens
         num_seqs = min(self.config.max_num_seqs, n)
-        lengths = [n // num_seqs + (i < n % num_seqs) for i in range(num_seqs)]
+        lengths = [min(n // num_seqs + (i < n % num_seqs), self.max_model_len) for i in range(num_seqs)]
         batch = ScheduledBatch()
         next_block = 0
         for i, length in enumerate(lengths):
-            seq = Sequence(f"warmup-{i}", [0] * length, SamplingParams(max_tokens=1, temperature=0.0), 1)
+            params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1 if i == 0 else None)
+            seq = Sequence(f"warmup-{i}", [0] * length, params, 1)
             seq.block_table = list(range(next_block, next_block + -(-length // bs)))
             next_block += len(seq.block_table)
             batch.add(seq, length)

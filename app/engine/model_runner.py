@@ -20,11 +20,13 @@ from app.engine.attention import AttentionMetadata
 from app.engine.cuda_graphs import DecodeGraphs
 from app.engine.models.decoder import DecoderLM
 from app.engine.outputs import TopLogprobs
-from app.engine.sampling import Sampler, top_logprobs
+from app.engine.sampling import Sampler, top_logprobs_rows
 from app.engine.scheduler import ScheduledBatch
 from app.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
+
+PROMPT_LOGPROB_ROWS = 256
 
 
 @dataclass
@@ -85,45 +87,46 @@ class ModelRunner:
         self.sampler = Sampler(cfg.vocab_size)
         self.graphs: DecodeGraphs | None = None
 
-    def capture_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
-        """Capture decode CUDA graphs for batches up to `max_num_seqs` and contexts up to
-        `max_model_len`. A capture failure costs speed, not service: decodes then run eagerly."""
-        start, before = time.perf_counter(), torch.cuda.memory_reserved()
-        graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs, -(-max_model_len // self.block_size))
+    def setup_decode_graphs(self, max_num_seqs: int, max_model_len: int, capture: bool = True) -> None:
+        """Run decode-only steps on static buffers bucketed up to `max_num_seqs` sequences and
+        `max_model_len` tokens of context, as CUDA graphs if `capture` (else eagerly, with the same
+        numbers). A capture failure costs speed, not service: the buckets then run eagerly."""
+        self.graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs, -(-max_model_len // self.block_size))
+        if not capture:
+            return
+        start, (free_before, _) = time.perf_counter(), torch.cuda.mem_get_info()
         try:
-            graphs.capture_all()
+            self.graphs.capture_all()
         except Exception as e:  # noqa: BLE001 - e.g. an op that cannot be captured on this torch
             log.warning("CUDA graph capture failed (%s: %s); decode steps run eagerly", type(e).__name__, e)
-            torch.cuda.synchronize()
             return
-        self.graphs = graphs
-        log.info("captured %d decode CUDA graphs (batch sizes %s) in %.1f s, %.0f MiB",
-                 len(graphs.sizes), graphs.sizes, time.perf_counter() - start,
-                 (torch.cuda.memory_reserved() - before) / 2**20)
+        log.info("captured %d decode CUDA graphs (batch sizes %s) in %.1f s, %.0f MiB of GPU memory",
+                 len(self.graphs.sizes), self.graphs.sizes, time.perf_counter() - start,
+                 (free_before - torch.cuda.mem_get_info()[0]) / 2**20)
 
     def run(self, batch: ScheduledBatch) -> StepOutput:
         inputs = self.prepare(batch)
-        logits = self._forward(inputs)
-        self._record_prompt_logprobs(logits, inputs)
+        hidden = self._hidden_states(inputs)
+        self._record_prompt_logprobs(hidden, inputs)
         seqs = inputs.sample_seqs
         if not seqs:
             return StepOutput({}, {})
-        if not inputs.prompt_rows:  # then the logits rows are exactly the sampling rows, in order
-            tokens, logprobs = self.sampler(logits, seqs)
-        else:
-            tokens, logprobs = self.sampler(logits[inputs.sample_rows], seqs)
+        # Without prompt-logprob rows the hidden rows are exactly the sampling rows, in order.
+        rows = hidden[inputs.sample_rows] if inputs.prompt_rows else hidden
+        tokens, logprobs = self.sampler(self.model.compute_logits(rows), seqs)
         return StepOutput(
             sampled={s.request_id: t for s, t in zip(seqs, tokens)},
             logprobs={s.request_id: lp for s, lp in zip(seqs, logprobs) if lp is not None},
         )
 
-    def _forward(self, inputs: StepInputs) -> torch.Tensor:
-        """Logits at `inputs.logits_indices`: a graph replay for decode-only steps that fit one, else eager."""
+    def _hidden_states(self, inputs: StepInputs) -> torch.Tensor:
+        """Final hidden states at `inputs.logits_indices`: a graph replay for decode-only steps that
+        fit one, else eager."""
         meta = inputs.meta
         if self.graphs is not None and inputs.is_decode_only and self.graphs.fits(meta.num_seqs, meta.block_table.shape[1]):
             return self.graphs.run(inputs.input_ids, inputs.positions, meta.slot_mapping, meta.seq_lens, meta.block_table)
         dev = inputs.to(self.device)
-        return self.model(dev.input_ids, dev.positions, dev.meta, self.kv_caches, dev.logits_indices)
+        return self.model.hidden_states(dev.input_ids, dev.positions, dev.meta, self.kv_caches, dev.logits_indices)
 
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
         ids: list[int] = []
@@ -177,14 +180,21 @@ class ModelRunner:
         host = torch.tensor(values, dtype=dtype)
         return host.pin_memory() if self.device.type == "cuda" else host
 
-    def _record_prompt_logprobs(self, logits: torch.Tensor, inputs: StepInputs) -> None:
-        """Row for position p is the distribution of prompt token p+1 (vLLM's prompt_logprobs)."""
+    def _record_prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs) -> None:
+        """Row for position p is the distribution of prompt token p+1 (vLLM's prompt_logprobs).
+
+        Logits are made `PROMPT_LOGPROB_ROWS` rows at a time: a whole 8192-token chunk of a
+        262k-vocabulary model would need 8.6 GB of fp32 logits at once."""
         for seq, row0, pos0, count in inputs.prompt_rows:
             if not seq.prompt_logprobs:
                 seq.prompt_logprobs.append(None)
-            lp = torch.log_softmax(logits[row0 : row0 + count], -1)
-            k = seq.params.prompt_logprobs
-            for j in range(count):
-                target = pos0 + j + 1
-                if target == len(seq.prompt_logprobs):  # skip positions already recorded before a preemption
-                    seq.prompt_logprobs.append(top_logprobs(lp[j], k, seq.token_ids[target]))
+            for first in range(0, count, PROMPT_LOGPROB_ROWS):
+                # Positions already recorded before a preemption are not recorded again.
+                targets = [t for t in range(pos0 + first + 1, pos0 + min(count, first + PROMPT_LOGPROB_ROWS) + 1)
+                           if t >= len(seq.prompt_logprobs)]
+                if not targets:
+                    continue
+                rows = hidden[row0 + targets[0] - pos0 - 1 : row0 + targets[-1] - pos0]
+                lp = torch.log_softmax(self.model.compute_logits(rows), -1)
+                ids = [seq.token_ids[t] for t in targets]
+                seq.prompt_logprobs.extend(top_logprobs_rows(lp, seq.params.prompt_logprobs, ids))

@@ -107,6 +107,22 @@ def top_logprobs(logprobs_row: torch.Tensor, k: int, token_id: int | None) -> To
     return out
 
 
+def top_logprobs_rows(logprobs: torch.Tensor, k: int, token_ids: list[int]) -> list[TopLogprobs]:
+    """`top_logprobs` for each row of `logprobs` `[n, vocab]` with its own `token_ids[i]`, reading
+    the results back from the device once, not once per row."""
+    k = min(k, logprobs.shape[-1])
+    targets = torch.tensor(token_ids, device=logprobs.device).unsqueeze(1)
+    target_lps = logprobs.gather(1, targets).squeeze(1).tolist()
+    top_vals, top_ids = logprobs.topk(k, dim=-1) if k > 0 else (logprobs[:, :0], targets[:, :0])
+    out = []
+    for ids, vals, token_id, target_lp in zip(top_ids.tolist(), top_vals.tolist(), token_ids, target_lps):
+        row = dict(zip(ids, vals))
+        if token_id not in row:
+            row[token_id] = target_lp
+        out.append(row)
+    return out
+
+
 def _inverse_cdf(probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """One uniform draw per row, located in the row's cumulative distribution: exact sampling from
     `probs` (unnormalised is fine) for the price of a cumsum, where drawing a noise value for every

@@ -15,6 +15,7 @@ from app.engine.attention import AttentionMetadata, paged_attention
 from app.engine.config import ModelConfig
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
+RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, sin at the step's positions
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -35,16 +36,13 @@ class RotaryEmbedding:
         self.cos = angles.cos().float().to(device)
         self.sin = angles.sin().float().to(device)
         self.style = style
-        self._step: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
-    def _tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # Every layer of a step rotates at the same positions: gather the rows once per step.
-        if self._step is None or self._step[0] is not positions:
-            self._step = (positions, self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
-        return self._step[1], self._step[2]
+    def tables(self, positions: torch.Tensor) -> RopeTables:
+        """cos and sin rows `[N, 1, d/2]` at `positions`: gathered once per step, used by every layer."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos, sin = self._tables(positions)  # [N, 1, d/2]
+    def __call__(self, x: torch.Tensor, tables: RopeTables) -> torch.Tensor:
+        cos, sin = tables
         xf = x.float()
         if self.style == "neox":
             x1, x2 = xf.chunk(2, dim=-1)
@@ -81,9 +79,9 @@ class DecoderLayer:
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
 
-    def __call__(self, x: torch.Tensor, positions: torch.Tensor, kv: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, rope: RopeTables, kv: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         eps = self.cfg.rms_norm_eps
-        h = self.attention(rms_norm(x, self.attn_norm, eps), positions, kv, meta)
+        h = self.attention(rms_norm(x, self.attn_norm, eps), rope, kv, meta)
         if self.post_attn_norm is not None:
             h = rms_norm(h, self.post_attn_norm, eps)
         x = x + h
@@ -92,7 +90,7 @@ class DecoderLayer:
             h = rms_norm(h, self.post_ffw_norm, eps)
         return x + h
 
-    def attention(self, x: torch.Tensor, positions: torch.Tensor, kv: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+    def attention(self, x: torch.Tensor, rope: RopeTables, kv: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         cfg = self.cfg
         qkv = F.linear(x, self.qkv, self.qkv_bias)
         n = x.shape[0]
@@ -100,7 +98,7 @@ class DecoderLayer:
         v = qkv[:, self.q_size + self.kv_size :].reshape(n, cfg.num_kv_heads, cfg.head_dim)
         if self.qk_norm is not None:
             qk = rms_norm(qk, self.qk_norm, cfg.rms_norm_eps)
-        q, k = self.rope(qk, positions).split([cfg.num_heads, cfg.num_kv_heads], dim=1)
+        q, k = self.rope(qk, rope).split([cfg.num_heads, cfg.num_kv_heads], dim=1)
         out = paged_attention(q.contiguous(), k.contiguous(), v.contiguous(), kv, meta, cfg.attn_scale, self.window)
         return F.linear(out.reshape(n, self.q_size), self.o_proj)
 
@@ -151,6 +149,7 @@ class DecoderLM:
         rope_local = rope_global
         if cfg.rope_theta_local is not None:
             rope_local = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta_local, cfg.rope_style, 1.0, device)
+        self.ropes = list({rope_global: None, rope_local: None})
         self.layers = [
             DecoderLayer(cfg, i, weights, rope_local if cfg.is_sliding(i) else rope_global)
             for i in range(cfg.num_layers)
@@ -170,8 +169,10 @@ class DecoderLM:
         x = self.embed[input_ids]
         if self.cfg.embed_scale is not None:
             x = (x.float() * self.cfg.embed_scale).to(self.dtype)
+        # Gathered inside the forward (so a CUDA graph captures the gather), once per RoPE base.
+        tables = {rope: rope.tables(positions) for rope in self.ropes}
         for layer, kv in zip(self.layers, kv_caches):
-            x = layer(x, positions, kv, meta)
+            x = layer(x, tables[layer.rope], kv, meta)
         if logits_indices is not None:
             x = x[logits_indices]
         return rms_norm(x, self.final_norm, self.cfg.rms_norm_eps)
