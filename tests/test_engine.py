@@ -266,3 +266,29 @@ def test_stop_string_is_not_emitted_and_stream_matches(model_path):
     seq, text = run(SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, stop=[stop, "never-there"]))
     assert text == full[:cut]
     assert seq.finish_reason == "stop"
+
+
+def test_prompt_logprobs_in_slices_equal_one_slice(model_path, monkeypatch):
+    """Prompt-logprob logits are made a slice of rows at a time; slicing (and chunked prefill)
+    gives the same tokens and, up to GEMM rounding, the same logprobs."""
+    from app.engine import model_runner
+
+    prompt = prompts(1, seed=12, lo=60, hi=60)[0]
+
+    def run(**kw):
+        engine = make_engine(model_path, enable_prefix_caching=False, **kw)
+        seq = engine.add_request(prompt, SamplingParams(max_tokens=2, prompt_logprobs=2, **GREEDY))
+        while engine.has_unfinished():
+            engine.step()
+        return seq.prompt_logprobs, seq.output_token_ids
+
+    def same(a, b) -> bool:
+        (lps_a, out_a), (lps_b, out_b) = a, b
+        return out_a == out_b and len(lps_a) == len(lps_b) and all(
+            x == y or (x.keys() == y.keys() and all(abs(x[t] - y[t]) < 1e-5 for t in x)) for x, y in zip(lps_a, lps_b))
+
+    whole = run()
+    assert len(whole[0]) == len(prompt) and whole[0][0] is None
+    monkeypatch.setattr(model_runner, "PROMPT_LOGPROB_ROWS", 7)
+    assert same(run(), whole)
+    assert same(run(max_num_batched_tokens=16), whole)
