@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -78,15 +77,13 @@ class DecodeGraphs:
     def max_batch_size(self) -> int:
         return self.sizes[-1]
 
-    def capture_all(self, progress: Callable[[int, int], None] | None = None) -> None:
+    def capture_all(self) -> None:
         """Capture every bucket, largest first: the smaller graphs then fit in the memory pool the
         largest one reserved. Raises if a capture fails; the buckets then run eagerly."""
         stream = torch.cuda.current_stream() if torch.cuda.is_available() else None
         try:
-            for i, size in enumerate(reversed(self.sizes)):
+            for size in reversed(self.sizes):
                 self.graphs[size] = self._capture(size)
-                if progress is not None:
-                    progress(i + 1, len(self.sizes))
         except BaseException:
             self.graphs.clear()
             # A failed capture_end() skips torch.cuda.graph's stream restore: leave no step on its side stream.
