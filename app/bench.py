@@ -10,8 +10,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from app.engine.engine import LLMEngine
-from app.engine.sampling_params import SamplingParams
+from app.engine.api.sampling_params import SamplingParams
+from app.engine.core.llm_engine import LLMEngine
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:

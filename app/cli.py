@@ -9,8 +9,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from app.engine.engine_config import EngineConfig
-from app.engine.errors import LocalbatchError
+from app.engine.api.engine_config import EngineConfig
+from app.engine.api.errors import LocalbatchError
 
 ENGINE_FLAGS: dict[str, tuple[type, str]] = {
     "max_num_batched_tokens": (int, "token budget of one step (default 512 on CPU, 8192 on CUDA)"),
@@ -55,8 +55,8 @@ def _clear_progress() -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from app.engine.engine import LLMEngine
-    from app.engine.sampling_params import SamplingParams
+    from app.engine.api.sampling_params import SamplingParams
+    from app.engine.core.llm_engine import LLMEngine
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
                             top_p=args.top_p, top_k=args.top_k)
@@ -93,7 +93,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import asyncio
     import signal
 
-    from app.engine.async_engine import AsyncEngine
+    from app.engine.api.async_engine import AsyncEngine
     from app.server import check_exposure, serve
 
     check_exposure(args.host, args.api_key)  # refuse a public host without a key before loading
@@ -120,7 +120,7 @@ def cmd_tui(args: argparse.Namespace) -> int:
     extra = {k: v for k, v in engine_kwargs(args).items() if k not in ("model", "device")}
 
     def factory(progress, model, device):  # runs in the app's worker thread
-        from app.engine.async_engine import AsyncEngine
+        from app.engine.api.async_engine import AsyncEngine
 
         return AsyncEngine(model=model, device=device or "auto", progress=progress, **extra)
 

@@ -24,8 +24,8 @@ import torch
 # Run from a checkout without installing it: the repository root holds the `app` package.
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from app.engine.engine import LLMEngine  # noqa: E402
-from app.engine.sampling_params import SamplingParams  # noqa: E402
+from app.engine.api.sampling_params import SamplingParams  # noqa: E402
+from app.engine.core.llm_engine import LLMEngine  # noqa: E402
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 10) -> float:
@@ -100,7 +100,7 @@ def decode_step_time(engine: LLMEngine, batch: int, context: int, steps: int, se
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--random-weights", default="llama:8b", help="ARCH:SIZE preset (app/engine/random_weights.py)")
+    p.add_argument("--random-weights", default="llama:8b", help="ARCH:SIZE preset (app/engine/gguf/random_weights.py)")
     p.add_argument("--model", default=None, help="a GGUF file instead of random weights")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")

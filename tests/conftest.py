@@ -14,7 +14,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def embedded_model_path() -> Path:
     """The real Gemma 3 270M Q4_K_M file, assembled into the user cache dir on first use."""
-    from app.engine.default_model import default_model_path
+    from app.engine.gguf.default_model import default_model_path
 
     return default_model_path()
 
@@ -22,7 +22,7 @@ def embedded_model_path() -> Path:
 @pytest.fixture(scope="session")
 def tiny_gguf_factory(tmp_path_factory):
     """tiny_gguf_factory(arch, **kw) -> path of a tiny random-weight GGUF (cached per arguments)."""
-    from tests.tiny_gguf import write_tiny_gguf
+    from tests.support.tiny_gguf import write_tiny_gguf
 
     made: dict[tuple, Path] = {}
 

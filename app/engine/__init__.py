@@ -7,21 +7,21 @@ from importlib import import_module
 from typing import Any
 
 _EXPORTS = {
-    "AsyncEngine": "app.engine.async_engine",
-    "EngineClient": "app.engine.protocol",
-    "EngineConfig": "app.engine.engine_config",
-    "EngineDeadError": "app.engine.errors",
-    "EngineStats": "app.engine.outputs",
-    "GGUFError": "app.engine.errors",
-    "LLM": "app.engine.llm",
-    "LLMEngine": "app.engine.engine",
-    "LocalbatchError": "app.engine.errors",
-    "QueueFullError": "app.engine.errors",
-    "RequestError": "app.engine.errors",
-    "RequestOutput": "app.engine.outputs",
-    "RequestStats": "app.engine.outputs",
-    "SamplingParams": "app.engine.sampling_params",
-    "StreamDelta": "app.engine.outputs",
+    "AsyncEngine": "app.engine.api.async_engine",
+    "EngineClient": "app.engine.api.engine_client",
+    "EngineConfig": "app.engine.api.engine_config",
+    "EngineDeadError": "app.engine.api.errors",
+    "EngineStats": "app.engine.core.outputs",
+    "GGUFError": "app.engine.api.errors",
+    "LLM": "app.engine.api.llm",
+    "LLMEngine": "app.engine.core.llm_engine",
+    "LocalbatchError": "app.engine.api.errors",
+    "QueueFullError": "app.engine.api.errors",
+    "RequestError": "app.engine.api.errors",
+    "RequestOutput": "app.engine.core.outputs",
+    "RequestStats": "app.engine.core.outputs",
+    "SamplingParams": "app.engine.api.sampling_params",
+    "StreamDelta": "app.engine.core.outputs",
 }
 
 __all__ = sorted(_EXPORTS)

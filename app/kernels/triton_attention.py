@@ -288,7 +288,7 @@ class KernelLaunch:
     """One kernel launch: grid, runtime arguments in the kernel's order, constexprs, options.
 
     Planning apart from launching lets tests compile the exact launches for a GPU target
-    without a GPU (tests/test_kernels.py)."""
+    without a GPU (tests/kernels/test_kernels.py)."""
 
     kernel: Any
     grid: tuple[int, ...]

@@ -10,10 +10,10 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.responses import Response
 
-from app.engine.protocol import Prompt
-from app.server.errors import failed_request
+from app.engine.api.engine_client import Prompt
+from app.server.http_errors import failed_request
 from app.server.logprobs import TokenTexts, completion_logprobs
-from app.server.protocol import CompletionRequest
+from app.server.openai_schema import CompletionRequest
 from app.server.serving import (
     SSE_DONE,
     EventStreamResponse,

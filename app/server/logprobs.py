@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from app.engine.outputs import TopLogprobs
-from app.engine.protocol import EngineClient
+from app.engine.api.engine_client import EngineClient
+from app.engine.core.outputs import TopLogprobs
 
 # JSON has no -Infinity; OpenAI-compatible servers report impossible tokens with this floor.
 LOGPROB_FLOOR = -9999.0

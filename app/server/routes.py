@@ -7,10 +7,10 @@ from typing import Any
 from fastapi import Request
 from starlette.responses import Response
 
-from app.engine.errors import LocalbatchError
-from app.server.errors import ApiError
-from app.server.metrics import CONTENT_TYPE
-from app.server.protocol import DetokenizeRequest, TokenizeRequest
+from app.engine.api.errors import LocalbatchError
+from app.server.http_errors import ApiError
+from app.server.openai_schema import DetokenizeRequest, TokenizeRequest
+from app.server.prometheus import CONTENT_TYPE
 from app.server.serving import ServerState, server_state
 
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import uvicorn
 
-from app.engine.errors import LocalbatchError
-from app.engine.protocol import EngineClient
-from app.server.app import create_app
+from app.engine.api.engine_client import EngineClient
+from app.engine.api.errors import LocalbatchError
+from app.server.factory import create_app
 
 log = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from app.engine.errors import LocalbatchError
-from app.engine.protocol import EngineClient, Prompt
-from app.engine.sampling_params import SamplingParams
-from app.server.errors import ApiError, engine_error
-from app.server.metrics import ServerMetrics
+from app.engine.api.engine_client import EngineClient, Prompt
+from app.engine.api.errors import LocalbatchError
+from app.engine.api.sampling_params import SamplingParams
+from app.server.http_errors import ApiError, engine_error
+from app.server.prometheus import ServerMetrics
 from app.server.streams import ClientGone, Job, MultiStream, until_disconnect
 
 # nginx's "client closed request": logged, never seen by the client.

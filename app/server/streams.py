@@ -13,10 +13,10 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
-from app.engine.outputs import StreamDelta, TopLogprobs
-from app.engine.protocol import EngineClient, Prompt
-from app.engine.sampling_params import SamplingParams
-from app.server.metrics import ServerMetrics
+from app.engine.api.engine_client import EngineClient, Prompt
+from app.engine.api.sampling_params import SamplingParams
+from app.engine.core.outputs import StreamDelta, TopLogprobs
+from app.server.prometheus import ServerMetrics
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

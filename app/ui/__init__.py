@@ -13,10 +13,10 @@ _EXPORTS = {
     "EngineFactory": "app.ui.loading",
     "ProgressFn": "app.ui.loading",
     "default_engine_factory": "app.ui.loading",
-    "RemoteEngine": "app.ui.remote",
-    "Config": "app.ui.config",
-    "ConfigError": "app.ui.config",
-    "load_config": "app.ui.config",
+    "RemoteEngine": "app.clients.remote",
+    "Config": "app.ui.user_config",
+    "ConfigError": "app.ui.user_config",
+    "load_config": "app.ui.user_config",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -6,22 +6,34 @@ import asyncio
 import inspect
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
 from app import ASSETS_DIR
-from app.engine.protocol import EngineClient
-from app.ui.config import Config, ConfigError, default_config_path, default_data_dir, load_config
+from app.engine.api.engine_client import EngineClient
 from app.ui.endpoint import EmbeddedEndpoint, ServeFn
 from app.ui.keys import CHAT_ACTIONS, effective_keys
-from app.ui.loading import EngineFactory, LoadingScreen, ProgressFn, default_engine_factory, engine_info
+from app.ui.loading import (
+    EngineFactory,
+    LoadingScreen,
+    ProgressFn,
+    default_engine_factory,
+    engine_info,
+)
 from app.ui.screen import ChatScreen
 from app.ui.store import ChatStore
+from app.ui.user_config import (
+    Config,
+    ConfigError,
+    default_config_path,
+    default_data_dir,
+    load_config,
+)
 
 
 @dataclass
@@ -82,7 +94,7 @@ class LocalbatchApp(App):
     def _build_engine(self, progress: ProgressFn) -> EngineClient:
         """Runs in the loader thread."""
         if self.options.backend_url:
-            from app.ui.remote import RemoteEngine
+            from app.clients.remote import RemoteEngine
 
             progress(f"connecting to {self.options.backend_url}", None)
             return RemoteEngine.connect(self.options.backend_url, api_key=self.options.api_key)

@@ -21,8 +21,8 @@ from textual.widgets import Markdown, TabPane
 from textual.widgets.markdown import MarkdownStream
 from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
-from app.engine.outputs import StreamDelta
-from app.engine.protocol import EngineClient
+from app.engine.api.engine_client import EngineClient
+from app.engine.core.outputs import StreamDelta
 from app.ui.format import fmt_rate, fmt_seconds
 from app.ui.loading import first_line
 from app.ui.store import ChatRecord, ChatStore, MessageRecord

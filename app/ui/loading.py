@@ -22,8 +22,8 @@ from textual.screen import Screen
 from textual.widgets import ProgressBar, Static
 from textual.worker import Worker, WorkerState
 
-from app.engine.errors import LocalbatchError
-from app.engine.protocol import EngineClient
+from app.engine.api.engine_client import EngineClient
+from app.engine.api.errors import LocalbatchError
 from app.ui.format import fmt_bytes, fmt_int
 
 ProgressFn = Callable[[str, "float | None"], None]
@@ -35,7 +35,9 @@ class EngineFactory(Protocol):
 
 def default_engine_factory(progress: ProgressFn, model: str | None, device: str | None) -> EngineClient:
     """The in-process engine (`app.engine.AsyncEngine`); `model=None` means the embedded default."""
-    from app.engine import AsyncEngine  # heavy (torch): imported in the loader thread, not at start
+    from app.engine import (
+        AsyncEngine,  # heavy (torch): imported in the loader thread, not at start
+    )
 
     kwargs: dict[str, Any] = {"model": model}
     if device:

@@ -14,16 +14,22 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
 
-from app.engine.errors import LocalbatchError
-from app.engine.outputs import EngineStats, RequestStats
-from app.engine.protocol import EngineClient
+from app.engine.api.engine_client import EngineClient
+from app.engine.api.errors import LocalbatchError
+from app.engine.core.outputs import EngineStats, RequestStats
 from app.ui.chat import ChatPane
 from app.ui.dialogs import ConfirmDialog, RenameDialog
 from app.ui.endpoint import EmbeddedEndpoint
 from app.ui.export import export_chat
 from app.ui.keys import chat_bindings
 from app.ui.loading import EngineInfo, first_line
-from app.ui.panels import KVBudgetPanel, Owner, TabRate, ThroughputHistory, ThroughputPanel
+from app.ui.panels import (
+    KVBudgetPanel,
+    Owner,
+    TabRate,
+    ThroughputHistory,
+    ThroughputPanel,
+)
 from app.ui.store import ChatRecord, ChatStore
 
 TAB_COLORS = ("dodger_blue1", "green3", "orange1", "medium_purple1", "deep_pink2", "cyan3", "gold1", "salmon1")

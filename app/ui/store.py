@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.engine.errors import LocalbatchError
-from app.ui.config import ChatSettings
+from app.engine.api.errors import LocalbatchError
+from app.ui.user_config import ChatSettings
 
 DB_NAME = "chats.sqlite3"
 

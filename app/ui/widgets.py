@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from markdown_it import MarkdownIt
 from textual import events, on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
-from markdown_it import MarkdownIt
 from textual.widgets import Input, Label, Markdown, Static, TextArea
 
-from app.engine.errors import RequestError
-from app.ui.config import ChatSettings
+from app.engine.api.errors import RequestError
+from app.ui.user_config import ChatSettings
 
 _NEWLINE_KEYS = ("shift+enter", "ctrl+j")
 

@@ -1,0 +1,192 @@
+"""The engine on its own thread, bridged to asyncio.
+
+The step thread is the only writer of engine state. Requests and aborts reach it through a queue;
+each step's deltas go back with ONE `call_soon_threadsafe` per event loop (not one per token), and
+`stats()` returns the snapshot taken after the last step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from typing import Any
+
+from app.engine.api.engine_client import Prompt
+from app.engine.api.errors import EngineDeadError
+from app.engine.api.sampling_params import SamplingParams
+from app.engine.core.llm_engine import LLMEngine
+from app.engine.core.outputs import EngineStats, StreamDelta
+from app.engine.core.sequence import Sequence
+from app.engine.gguf.loader import Progress
+
+log = logging.getLogger(__name__)
+
+_IDLE_WAIT_S = 0.05
+
+
+class AsyncEngine:
+    """Implements `EngineClient` in-process. Settings are `LLMEngine`'s keyword arguments."""
+
+    def __init__(
+        self, model: str | None = None, device: str = "auto", dtype: str = "auto",
+        progress: Progress | None = None, **engine_kwargs: Any,
+    ) -> None:
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._dead: str | None = None  # why the step thread died, once it has
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._loaded = threading.Event()
+        self._load_error: BaseException | None = None
+        # The model loads on the step thread itself: torch's OpenMP pool belongs to the thread that
+        # first computes, and a step thread that inherits another thread's pool ran ~50% slower here.
+        self._thread = threading.Thread(
+            target=self._main, args=(model, device, dtype, progress, engine_kwargs), name="localbatch-engine", daemon=True
+        )
+        self._thread.start()
+        self._loaded.wait()
+        if self._load_error is not None:
+            raise self._load_error
+        self.tokenizer = self.engine.tokenizer
+        self.model_name = self.engine.model_name
+        self.max_model_len = self.engine.max_model_len
+        self.device = str(self.engine.setup.device)
+        self.dtype = str(self.engine.setup.dtype).removeprefix("torch.")
+
+    # ---- EngineClient -------------------------------------------------------------------------
+    async def stream(
+        self, prompt: Prompt, params: SamplingParams, request_id: str | None = None
+    ) -> AsyncIterator[StreamDelta]:
+        if self._dead is not None or not self._thread.is_alive():
+            raise EngineDeadError(self._dead or "the engine has stopped; restart localbatch")
+        seq = self.engine.make_sequence(prompt, params, request_id or f"req-{uuid.uuid4().hex[:12]}")
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue = asyncio.Queue()
+        self._streams[seq.request_id] = (loop, inbox)
+        self._send("add", seq)
+        finished = False
+        try:
+            while not finished:
+                item = await inbox.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finish_reason is not None
+                yield item
+        finally:
+            self._streams.pop(seq.request_id, None)
+            if not finished:
+                self.abort(seq.request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._send("abort", request_id)
+
+    def stats(self) -> EngineStats:
+        if self._dead is not None:
+            raise EngineDeadError(self._dead)
+        return self._stats
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        return self.engine.require_tokenizer().encode(text, add_bos=add_bos)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.engine.require_tokenizer().decode(token_ids)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        return self.engine.require_tokenizer().apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    # ---- the step thread ----------------------------------------------------------------------
+    def _send(self, kind: str, payload: Any) -> None:
+        self._inbox.put((kind, payload))
+        self._wake.set()
+
+    def _main(self, model: str | None, device: str, dtype: str, progress: Progress | None, kwargs: dict) -> None:
+        try:
+            self.engine = LLMEngine(model, device=device, dtype=dtype, progress=progress, **kwargs)
+            self._stats = self.engine.stats()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the constructor's thread
+            self._load_error = e
+            return
+        finally:
+            self._loaded.set()
+        self._run()
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as e:  # noqa: BLE001 - a bug in the loop: fail every stream, not hang them
+            log.exception("engine loop died")
+            self._dead = f"the engine stopped after an internal error ({type(e).__name__}: {e}); restart localbatch"
+            dead = EngineDeadError(self._dead)
+            for loop, inbox in list(self._streams.values()):
+                try:
+                    loop.call_soon_threadsafe(inbox.put_nowait, dead)
+                except RuntimeError:
+                    pass
+
+    def _loop(self) -> None:
+        engine = self.engine
+        while not self._stop.is_set():
+            deltas = self._drain_inbox()
+            if engine.has_unfinished():
+                deltas += engine.step()
+            else:
+                self._wake.wait(_IDLE_WAIT_S)
+                self._wake.clear()
+            self._publish(deltas)
+            self._stats = engine.stats()
+
+    def _drain_inbox(self) -> list[StreamDelta | tuple[str, BaseException]]:
+        out: list = []
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                return out
+            if kind == "add":
+                out.extend(self._add(payload))
+            elif (delta := self.engine.abort(payload)) is not None:
+                out.append(delta)
+
+    def _add(self, seq: Sequence) -> list:
+        try:
+            self.engine.add_sequence(seq)
+        except Exception as e:  # noqa: BLE001 - handed to the caller's stream
+            return [(seq.request_id, e)]
+        return []
+
+    def _publish(self, items: list) -> None:
+        """Group this step's deltas per event loop: one thread-safe call per loop per step."""
+        if not items:
+            return
+        per_loop: dict[asyncio.AbstractEventLoop, list] = defaultdict(list)
+        for item in items:
+            request_id, payload = (item if isinstance(item, tuple) else (item.request_id, item))
+            target = self._streams.get(request_id)
+            if target is not None:
+                per_loop[target[0]].append((target[1], payload))
+        for loop, batch in per_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, batch)
+            except RuntimeError:  # the caller's loop has closed
+                pass
+
+    def __enter__(self) -> "AsyncEngine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _deliver(batch: list[tuple[asyncio.Queue, Any]]) -> None:
+    for inbox, payload in batch:
+        inbox.put_nowait(payload)

@@ -1,0 +1,39 @@
+"""Engine settings. The keyword names are vLLM's; the CLI flags are the same names with dashes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from app.engine.api.errors import LocalbatchError
+
+
+@dataclass
+class EngineConfig:
+    max_num_batched_tokens: int | None = None  # None: 512 on CPU, 8192 on CUDA
+    max_num_seqs: int = 64
+    block_size: int = 16
+    kv_cache_bytes: int | None = None  # CPU pool size; None: 25% of available RAM
+    kv_cache_blocks: int | None = None  # overrides both byte budgets
+    max_waiting: int = 256
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None  # None: the model's context length
+    enforce_eager: bool = False  # CUDA: run decode steps eagerly instead of replaying CUDA graphs
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    def validate(self) -> None:
+        positive = ["max_num_seqs", "block_size", "max_waiting"]
+        optional_positive = ["max_num_batched_tokens", "kv_cache_bytes", "kv_cache_blocks", "max_model_len"]
+        for name in positive + optional_positive:
+            value = getattr(self, name)
+            if value is None and name in optional_positive:
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise LocalbatchError(f"invalid {name}={value!r}: must be a positive integer")
+        if not isinstance(self.enforce_eager, bool):
+            raise LocalbatchError(f"invalid enforce_eager={self.enforce_eager!r}: must be True or False")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise LocalbatchError(f"invalid gpu_memory_utilization={self.gpu_memory_utilization!r}: must be in (0, 1]")

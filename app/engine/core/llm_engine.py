@@ -1,0 +1,272 @@
+"""LLMEngine: owns the model, the KV pool and the scheduler; `step()` advances every live request
+by one packed forward pass. Single-threaded: `AsyncEngine` drives it from its own thread."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import Any
+
+import torch
+
+from app.engine.api.engine_client import Prompt
+from app.engine.api.engine_config import EngineConfig
+from app.engine.api.errors import LocalbatchError, RequestError
+from app.engine.api.sampling_params import SamplingParams
+from app.engine.core.block_manager import BlockManager
+from app.engine.core.metrics import EngineMetrics
+from app.engine.core.output_processor import OutputProcessor
+from app.engine.core.outputs import EngineStats, StreamDelta
+from app.engine.core.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from app.engine.core.sequence import Sequence
+from app.engine.gguf.loader import Progress, load_gguf
+from app.engine.runtime.decoder import DecoderLM
+from app.engine.runtime.device import DeviceSetup, kv_pool_blocks, resolve_device
+from app.engine.runtime.model_runner import ModelRunner, StepOutput
+from app.engine.text.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        model: str | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
+        progress: Progress | None = None,
+        random_weights: str | None = None,
+        **engine_kwargs: Any,
+    ) -> None:
+        unknown = set(engine_kwargs) - set(EngineConfig.names())
+        if unknown:
+            raise LocalbatchError(f"unknown engine setting(s): {', '.join(sorted(unknown))}")
+        self.config = EngineConfig(**engine_kwargs)
+        self.config.validate()
+        self.setup: DeviceSetup = resolve_device(device, dtype)
+        if random_weights is not None:
+            self._init_random(random_weights)
+        else:
+            self._init_from_file(model, progress)
+        max_position = self.model_config.max_position
+        self.max_model_len = min(self.config.max_model_len or max_position, max_position)
+        if self.config.max_num_batched_tokens is None:
+            self.config.max_num_batched_tokens = 8192 if self.setup.device.type == "cuda" else 512
+        if progress:
+            progress("sizing the KV pool", None)
+        self._build_pool()
+        if self.setup.device.type == "cuda":
+            if progress and not self.config.enforce_eager:
+                progress("capturing CUDA graphs", None)
+            self.runner.setup_decode_graphs(self.config.max_num_seqs, self.max_model_len, not self.config.enforce_eager)
+
+    def _init_from_file(self, model: str | None, progress: Progress | None) -> None:
+        path = model
+        if path is None:
+            from app.engine.gguf.default_model import default_model_path
+
+            path = default_model_path(progress=progress)
+        loaded = load_gguf(path, self.setup.device, self.setup.dtype, progress)
+        self.model_config = loaded.config
+        self.model_name = str(loaded.metadata.get("general.name") or loaded.path.stem)
+        self.tokenizer: Tokenizer | None = Tokenizer.from_gguf_metadata(loaded.metadata)
+        self.model = DecoderLM(loaded.config, loaded.weights, self.setup.device)
+
+    def _init_random(self, spec: str) -> None:
+        from app.engine.gguf.random_weights import random_model
+
+        cfg, weights = random_model(spec, self.setup.device, self.setup.dtype)
+        self.model_config = cfg
+        self.model_name = cfg.name
+        self.tokenizer = None  # token-id prompts only
+        self.model = DecoderLM(cfg, weights, self.setup.device)
+
+    def _build_pool(self) -> None:
+        cfg = self.config
+        kv_dtype = self.setup.dtype
+        self.kv_bytes_per_token = self.model_config.kv_bytes_per_token(torch.finfo(kv_dtype).bits // 8)
+        num_blocks = kv_pool_blocks(cfg, self.setup, self.kv_bytes_per_token, self._warmup)
+        self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_waiting), self.block_manager
+        )
+        self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, kv_dtype)
+        self.metrics = EngineMetrics(self.kv_bytes_per_token)
+        self.outputs = OutputProcessor(self.tokenizer)
+        self.seqs: dict[str, Sequence] = {}
+        self._ids = itertools.count()
+
+    def _warmup(self) -> None:
+        """The CUDA memory probe: the biggest step the scheduler can make, on a throwaway pool:
+        max_num_batched_tokens tokens over max_num_seqs prompts (none longer than the context), so
+        the peak includes the activations of a full token budget, the logits and sampling of a full
+        batch, and one slice of prompt-logprob logits."""
+        bs = self.config.block_size
+        n = self.config.max_num_batched_tokens
+        num_seqs = min(self.config.max_num_seqs, n)
+        lengths = [min(n // num_seqs + (i < n % num_seqs), self.max_model_len) for i in range(num_seqs)]
+        batch = ScheduledBatch()
+        next_block = 0
+        for i, length in enumerate(lengths):
+            params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1 if i == 0 else None)
+            seq = Sequence(f"warmup-{i}", [0] * length, params, 1)
+            seq.block_table = list(range(next_block, next_block + -(-length // bs)))
+            next_block += len(seq.block_table)
+            batch.add(seq, length)
+        runner = ModelRunner(self.model, next_block, bs, self.setup.dtype)
+        runner.run(batch)
+        del runner
+
+    # ---- requests -----------------------------------------------------------------------------
+    def tokenize_prompt(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise RequestError("the prompt is empty", param="prompt")
+            return self.require_tokenizer().encode(prompt, add_bos=True)
+        if not isinstance(prompt, list) or not prompt:
+            raise RequestError("the prompt must be a non-empty string, token id list or message list", param="prompt")
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            vocab = self.model_config.vocab_size
+            bad = [t for t in prompt if not 0 <= t < vocab]
+            if bad:
+                raise RequestError(f"token id {bad[0]} is out of range [0, {vocab})", param="prompt")
+            return list(prompt)
+        if all(isinstance(m, dict) for m in prompt):
+            return self.require_tokenizer().encode_chat(prompt, add_generation_prompt=True)
+        raise RequestError("the prompt must be a string, a list of token ids or a list of messages", param="prompt")
+
+    def require_tokenizer(self) -> Tokenizer:
+        if self.tokenizer is None:
+            raise RequestError("this engine has random weights and no tokenizer: send token ids", param="prompt")
+        return self.tokenizer
+
+    def make_sequence(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None) -> Sequence:
+        """Validate and tokenize a request without touching engine state (safe from any thread).
+        Raises RequestError naming the problem."""
+        if not isinstance(params, SamplingParams):
+            raise RequestError("sampling params must be a SamplingParams", param="params")
+        params.validate()
+        ids = self.tokenize_prompt(prompt)
+        max_tokens = self._check_fits(len(ids), params)
+        return Sequence(request_id or f"req-{next(self._ids)}", ids, params, max_tokens)
+
+    def add_sequence(self, seq: Sequence) -> None:
+        """Queue a prepared sequence. Raises RequestError (id in use) or QueueFullError."""
+        if seq.request_id in self.seqs:
+            raise RequestError(f"request id {seq.request_id!r} is already in use", param="request_id")
+        self.scheduler.add(seq)
+        self.seqs[seq.request_id] = seq
+        self.outputs.add(seq)
+
+    def add_request(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None) -> Sequence:
+        """Validate and queue a request. Raises RequestError / QueueFullError; nothing is queued then."""
+        seq = self.make_sequence(prompt, params, request_id)
+        self.add_sequence(seq)
+        return seq
+
+    def _check_fits(self, num_prompt: int, params: SamplingParams) -> int:
+        limit = self.max_model_len
+        if num_prompt >= limit:
+            raise RequestError(
+                f"the prompt has {num_prompt} tokens but the context holds {limit} (and at least one must be generated)",
+                param="prompt",
+            )
+        pool_tokens = self.block_manager.num_blocks * self.block_manager.block_size
+        if params.max_tokens is None:
+            max_tokens = min(limit, pool_tokens) - num_prompt
+            if max_tokens < 1:
+                raise RequestError(
+                    f"the prompt has {num_prompt} tokens but the KV pool holds {pool_tokens}; "
+                    "raise --kv-cache-bytes / --kv-cache-blocks", param="prompt")
+            return max_tokens
+        max_tokens = params.max_tokens
+        if num_prompt + max_tokens > limit:
+            raise RequestError(
+                f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) = {num_prompt + max_tokens} "
+                f"exceeds the context length {limit}",
+                param="max_tokens",
+            )
+        if num_prompt + max_tokens > pool_tokens:
+            raise RequestError(
+                f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) can never fit the KV pool of "
+                f"{pool_tokens} tokens; raise --kv-cache-bytes / --kv-cache-blocks or lower max_tokens",
+                param="max_tokens",
+            )
+        return max_tokens
+
+    def abort(self, request_id: str) -> StreamDelta | None:
+        seq = self.seqs.pop(request_id, None)
+        if seq is None:
+            return None
+        self.scheduler.finish(seq, "abort")
+        return self.outputs.finish(seq)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- the step -----------------------------------------------------------------------------
+    def step(self) -> list[StreamDelta]:
+        start = time.perf_counter()
+        batch = self.scheduler.schedule()
+        output = self._run(batch)
+        deltas = self._postprocess(batch, output)
+        self.metrics.record_step(batch, len(output.sampled), time.perf_counter() - start)
+        return deltas
+
+    def _run(self, batch: ScheduledBatch) -> StepOutput:
+        if not batch.seqs:
+            return StepOutput({}, {})
+        try:
+            return self.runner.run(batch)
+        except Exception:  # noqa: BLE001 - one bad request must not fail the others or the engine
+            log.exception("step failed; retrying its sequences one by one")
+            return self._run_isolated(batch)
+
+    def _run_isolated(self, batch: ScheduledBatch) -> StepOutput:
+        """Re-run each sequence of a failed step alone and fail only those that fail again.
+
+        Safe because nothing was committed: a sequence's computed-token count only moves after a
+        successful step, and re-writing its KV slots writes the same values."""
+        merged = StepOutput({}, {})
+        for seq, n in zip(list(batch.seqs), list(batch.num_tokens)):
+            solo = ScheduledBatch()
+            solo.add(seq, n)
+            try:
+                out = self.runner.run(solo)
+            except Exception as e:  # noqa: BLE001
+                log.exception("request %s failed", seq.request_id)
+                seq.error = f"engine error: {type(e).__name__}: {e}"
+                self.scheduler.finish(seq, "error")
+                continue
+            merged.sampled.update(out.sampled)
+            merged.logprobs.update(out.logprobs)
+        return merged
+
+    def _postprocess(self, batch: ScheduledBatch, output: StepOutput) -> list[StreamDelta]:
+        deltas = []
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            if seq.is_finished:
+                deltas.append(self._finish(seq))
+                continue
+            seq.num_computed_tokens += n
+            self.block_manager.cache_full_blocks(seq)
+            token = output.sampled.get(seq.request_id)
+            if token is None:
+                continue  # mid-prompt chunk
+            seq.append_token(token)
+            if seq.request_id in output.logprobs:
+                seq.logprobs.append(output.logprobs[seq.request_id])
+            delta = self.outputs.on_token(seq, token, self.max_model_len)
+            if seq.finish_reason is not None:
+                self.scheduler.finish(seq, seq.finish_reason)
+                self.seqs.pop(seq.request_id, None)
+            deltas.append(delta)
+        return deltas
+
+    def _finish(self, seq: Sequence) -> StreamDelta:
+        self.seqs.pop(seq.request_id, None)
+        return self.outputs.finish(seq)
+
+    def stats(self) -> EngineStats:
+        return self.metrics.snapshot(self.scheduler, self.block_manager)

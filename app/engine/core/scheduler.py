@@ -1,0 +1,127 @@
+"""Which sequences run this step, and how many tokens each.
+
+Policy (Sarathi / vLLM V1): running decodes first, one token each; then running prefills, then
+newly admitted prompts, in chunks that fill what is left of `max_num_batched_tokens`. A waiting
+request is admitted only when blocks for its next chunk are free (backpressure). A decode that
+needs a block when none is free preempts the most recently admitted sequence, which gives its
+blocks back and goes to the front of the waiting queue to be recomputed later.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from app.engine.api.errors import QueueFullError
+from app.engine.core.block_manager import BlockManager
+from app.engine.core.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64
+    max_waiting: int = 256
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_tokens: list[int] = field(default_factory=list)  # tokens each sequence computes this step
+    preempted: list[Sequence] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_tokens)
+
+    def add(self, seq: Sequence, n: int) -> None:
+        self.seqs.append(seq)
+        self.num_tokens.append(n)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.bm = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: the last one is preempted first
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        if len(self.waiting) >= self.config.max_waiting:
+            raise QueueFullError(
+                f"the waiting queue is full ({self.config.max_waiting} requests); retry when requests finish"
+            )
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.config.max_num_batched_tokens
+        decodes = [s for s in self.running if s.is_decoding]
+        prefills = [s for s in self.running if not s.is_decoding]
+        for seq in decodes + prefills:
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            n = min(seq.num_uncomputed_tokens, budget)
+            if self._make_room(seq, n, batch):
+                self.bm.allocate(seq, n)
+                batch.add(seq, n)
+                budget -= n
+        if not batch.preempted:
+            self._admit(batch, budget)
+        return batch
+
+    def _make_room(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
+        """Preempt from the back of the running list until `seq` fits; False if `seq` itself went."""
+        while not self.bm.can_allocate(seq, n):
+            victim = self.running[-1]
+            self._preempt(victim, batch)
+            if victim is seq:
+                return False
+        return True
+
+    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+        if seq in batch.seqs:
+            # Already scheduled this step with blocks allocated: unschedule it first.
+            i = batch.seqs.index(seq)
+            del batch.seqs[i], batch.num_tokens[i]
+        self.running.remove(seq)
+        self.bm.free_seq(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        batch.preempted.append(seq)
+
+    def _admit(self, batch: ScheduledBatch, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            cached = self.bm.find_cached_prefix(seq)
+            n = min(seq.num_tokens - len(cached) * self.bm.block_size, budget)
+            if not self.bm.can_admit(seq, cached, n):
+                break  # backpressure: wait for blocks to come back
+            self.waiting.popleft()
+            self.bm.admit(seq, cached)
+            self.bm.allocate(seq, n)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            batch.add(seq, n)
+            budget -= n
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End a sequence wherever it is (running or waiting) and return its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.bm.free_seq(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = seq.finish_reason or reason

@@ -1,3 +1,0 @@
-from app.engine.models.decoder import DecoderLM
-
-__all__ = ["DecoderLM"]

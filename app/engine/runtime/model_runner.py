@@ -1,0 +1,200 @@
+"""Turns a scheduled batch into one flat forward pass and samples its next tokens.
+
+The step's tokens are packed back to back (no padding): prefill chunks of several prompts and
+single decode tokens side by side, described by `cu_seqlens_q`, `seq_lens`, `block_table` and
+`slot_mapping`. Logits are computed only at `logits_indices`: the last row of each sequence whose
+step reaches the end of its tokens, plus every row of a chunk whose prompt logprobs were asked.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import mmap
+import time
+from dataclasses import dataclass
+
+import torch
+
+from app.engine.core.outputs import TopLogprobs
+from app.engine.core.scheduler import ScheduledBatch
+from app.engine.core.sequence import Sequence
+from app.engine.runtime.attention import AttentionMetadata
+from app.engine.runtime.cuda_graphs import DecodeGraphs
+from app.engine.runtime.decoder import DecoderLM
+from app.engine.runtime.sampler import Sampler, top_logprobs_rows
+
+log = logging.getLogger(__name__)
+
+PROMPT_LOGPROB_ROWS = 256
+
+
+@dataclass
+class StepInputs:
+    """One step's batch as host tensors (pinned on CUDA, so uploads can be asynchronous)."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor
+    sample_rows: list[int]  # row in the logits of each sampling sequence
+    sample_seqs: list[Sequence]
+    prompt_rows: list[tuple[Sequence, int, int, int]]  # (seq, first logits row, first position, count)
+
+    @property
+    def is_decode_only(self) -> bool:
+        """One token per sequence and every sequence samples: the shape CUDA graphs replay."""
+        n = self.input_ids.shape[0]
+        return n == self.meta.num_seqs == len(self.sample_seqs) and not self.prompt_rows
+
+    def to(self, device: torch.device) -> "StepInputs":
+        if device.type == "cpu":
+            return self
+
+        def up(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=True)
+
+        m = self.meta
+        meta = AttentionMetadata(up(m.cu_seqlens_q), up(m.seq_lens), up(m.block_table), up(m.slot_mapping))
+        return StepInputs(up(self.input_ids), up(self.positions), meta, up(self.logits_indices),
+                          self.sample_rows, self.sample_seqs, self.prompt_rows)
+
+
+@dataclass
+class StepOutput:
+    sampled: dict[str, int]  # request_id -> new token
+    logprobs: dict[str, TopLogprobs]
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero-filled pool. Attention kernels may read (and mask) slots past a sequence's end, so they
+    must hold finite values. On the CPU the zeros come from an anonymous mmap: the OS maps zero
+    pages on first touch, so a pool of several GB costs no start-up time and no RSS until used."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    return torch.frombuffer(mmap.mmap(-1, max(nbytes, 1)), dtype=dtype, count=math.prod(shape)).view(shape)
+
+
+class ModelRunner:
+    def __init__(self, model: DecoderLM, num_blocks: int, block_size: int, kv_dtype: torch.dtype) -> None:
+        cfg = model.cfg
+        self.model = model
+        self.device = model.device
+        self.block_size = block_size
+        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.kv_caches = [(_zeros(shape, kv_dtype, self.device), _zeros(shape, kv_dtype, self.device)) for _ in range(cfg.num_layers)]
+        self.sampler = Sampler(cfg.vocab_size)
+        self.graphs: DecodeGraphs | None = None
+
+    def setup_decode_graphs(self, max_num_seqs: int, max_model_len: int, capture: bool = True) -> None:
+        """Run decode-only steps on static buffers bucketed up to `max_num_seqs` sequences and
+        `max_model_len` tokens of context, as CUDA graphs if `capture` (else eagerly, with the same
+        numbers). A capture failure costs speed, not service: the buckets then run eagerly."""
+        self.graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs, -(-max_model_len // self.block_size))
+        if not capture:
+            return
+        start, (free_before, _) = time.perf_counter(), torch.cuda.mem_get_info()
+        try:
+            self.graphs.capture_all()
+        except Exception as e:  # noqa: BLE001 - e.g. an op that cannot be captured on this torch
+            log.warning("CUDA graph capture failed (%s: %s); decode steps run eagerly", type(e).__name__, e)
+            return
+        log.info("captured %d decode CUDA graphs (batch sizes %s) in %.1f s, %.0f MiB of GPU memory",
+                 len(self.graphs.sizes), self.graphs.sizes, time.perf_counter() - start,
+                 (free_before - torch.cuda.mem_get_info()[0]) / 2**20)
+
+    def run(self, batch: ScheduledBatch) -> StepOutput:
+        inputs = self.prepare(batch)
+        hidden = self._hidden_states(inputs)
+        self._record_prompt_logprobs(hidden, inputs)
+        seqs = inputs.sample_seqs
+        if not seqs:
+            return StepOutput({}, {})
+        # Without prompt-logprob rows the hidden rows are exactly the sampling rows, in order.
+        rows = hidden[inputs.sample_rows] if inputs.prompt_rows else hidden
+        tokens, logprobs = self.sampler(self.model.compute_logits(rows), seqs)
+        return StepOutput(
+            sampled={s.request_id: t for s, t in zip(seqs, tokens)},
+            logprobs={s.request_id: lp for s, lp in zip(seqs, logprobs) if lp is not None},
+        )
+
+    def _hidden_states(self, inputs: StepInputs) -> torch.Tensor:
+        """Final hidden states at `inputs.logits_indices`: a graph replay for decode-only steps that
+        fit one, else eager."""
+        meta = inputs.meta
+        if self.graphs is not None and inputs.is_decode_only and self.graphs.fits(meta.num_seqs, meta.block_table.shape[1]):
+            return self.graphs.run(inputs.input_ids, inputs.positions, meta.slot_mapping, meta.seq_lens, meta.block_table)
+        dev = inputs.to(self.device)
+        return self.model.hidden_states(dev.input_ids, dev.positions, dev.meta, self.kv_caches, dev.logits_indices)
+
+    def prepare(self, batch: ScheduledBatch) -> StepInputs:
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        cu, seq_lens, tables, logits_idx, sample_rows, sample_seqs, prompt_rows = [0], [], [], [], [], [], []
+        bs = self.block_size
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            start = seq.num_computed_tokens
+            end = start + n
+            row0 = len(ids)
+            ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            table = seq.block_table
+            if n == 1:  # decodes: most rows of most steps
+                slots.append(table[start // bs] * bs + start % bs)
+            else:
+                slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            cu.append(len(ids))
+            seq_lens.append(end)
+            tables.append(table)
+            if seq.params.prompt_logprobs is not None and start < seq.num_prompt_tokens - 1:
+                count = min(end, seq.num_prompt_tokens - 1) - start
+                prompt_rows.append((seq, len(logits_idx), start, count))
+                logits_idx.extend(range(row0, row0 + count))
+            if end == seq.num_tokens:
+                sample_rows.append(len(logits_idx))
+                sample_seqs.append(seq)
+                logits_idx.append(len(ids) - 1)
+        width = max(len(t) for t in tables)
+        table_rows = [t + [0] * (width - len(t)) for t in tables]
+        meta = AttentionMetadata(
+            cu_seqlens_q=self._host(cu, torch.int32),
+            seq_lens=self._host(seq_lens, torch.int32),
+            block_table=self._host(table_rows, torch.int32),
+            slot_mapping=self._host(slots, torch.int64),
+        )
+        return StepInputs(
+            input_ids=self._host(ids, torch.long),
+            positions=self._host(positions, torch.long),
+            meta=meta,
+            logits_indices=self._host(logits_idx, torch.long),
+            sample_rows=sample_rows,
+            sample_seqs=sample_seqs,
+            prompt_rows=prompt_rows,
+        )
+
+    def _host(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        """Host list -> tensor; pinned on CUDA so the step's uploads are non-blocking copies that
+        overlap instead of each waiting for the GPU."""
+        host = torch.tensor(values, dtype=dtype)
+        return host.pin_memory() if self.device.type == "cuda" else host
+
+    def _record_prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs) -> None:
+        """Row for position p is the distribution of prompt token p+1 (vLLM's prompt_logprobs).
+
+        Logits are made `PROMPT_LOGPROB_ROWS` rows at a time: a whole 8192-token chunk of a
+        262k-vocabulary model would need 8.6 GB of fp32 logits at once."""
+        for seq, row0, pos0, count in inputs.prompt_rows:
+            if not seq.prompt_logprobs:
+                seq.prompt_logprobs.append(None)
+            for first in range(0, count, PROMPT_LOGPROB_ROWS):
+                # Positions already recorded before a preemption are not recorded again.
+                targets = [t for t in range(pos0 + first + 1, pos0 + min(count, first + PROMPT_LOGPROB_ROWS) + 1)
+                           if t >= len(seq.prompt_logprobs)]
+                if not targets:
+                    continue
+                rows = hidden[row0 + targets[0] - pos0 - 1 : row0 + targets[-1] - pos0]
+                lp = torch.log_softmax(self.model.compute_logits(rows), -1)
+                ids = [seq.token_ids[t] for t in targets]
+                seq.prompt_logprobs.extend(top_logprobs_rows(lp, seq.params.prompt_logprobs, ids))

@@ -1,0 +1,1 @@
+"""Text in and out: the GGUF tokenizer, chat templates and incremental detokenization."""

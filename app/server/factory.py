@@ -1,0 +1,99 @@
+"""The FastAPI application: routes, error objects, API-key check and request-size limit."""
+
+from __future__ import annotations
+
+import hmac
+import time
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app import __version__
+from app.engine.api.engine_client import EngineClient
+from app.server import chat_completions, completions, routes
+from app.server.http_errors import ApiError, install_error_handlers
+from app.server.prometheus import ServerMetrics
+from app.server.serving import ServerState
+
+# Reachable without the API key: load balancers and supervisors probe it.
+OPEN_PATHS = frozenset({"/health"})
+# Far above any prompt that fits a context window; keeps a hostile body from filling memory.
+MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+def create_app(engine: EngineClient, *, api_key: str | None = None, served_model_name: str | None = None) -> FastAPI:
+    """The OpenAI-compatible app over `engine`. With `api_key`, every route but /health needs
+    `Authorization: Bearer <api_key>`. `served_model_name` defaults to `engine.model_name`."""
+    app = FastAPI(title="localbatch", version=__version__,
+                  description="OpenAI-compatible endpoint of the localbatch engine")
+    app.state.localbatch = ServerState(engine, served_model_name or engine.model_name, ServerMetrics(),
+                                       int(time.time()))
+    install_error_handlers(app)
+    _add_routes(app)
+    app.add_middleware(GuardMiddleware, api_key=api_key)
+    return app
+
+
+def _add_routes(app: FastAPI) -> None:
+    post, get = ["POST"], ["GET"]
+    app.add_api_route("/v1/chat/completions", chat_completions.chat_completions, methods=post, response_model=None)
+    app.add_api_route("/v1/completions", completions.completions, methods=post, response_model=None)
+    app.add_api_route("/v1/models", routes.list_models, methods=get)
+    app.add_api_route("/v1/models/{model_id:path}", routes.get_model, methods=get)
+    app.add_api_route("/health", routes.health, methods=get)
+    app.add_api_route("/metrics", routes.metrics, methods=get)
+    app.add_api_route("/tokenize", routes.tokenize, methods=post)
+    app.add_api_route("/detokenize", routes.detokenize, methods=post)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class GuardMiddleware:
+    """API-key check and body-size limit, as plain ASGI so that streaming responses and disconnect
+    detection pass through untouched."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        if self.expected is not None and scope.get("path") not in OPEN_PATHS:
+            given = headers.get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                await self._reject(scope, receive, send, ApiError(
+                    401, "invalid or missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"}))
+                return
+        length = headers.get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > self.max_body_bytes:
+            await self._reject(scope, receive, send, self._too_large())
+            return
+        await self.app(scope, self._limited(receive), send)
+
+    def _too_large(self) -> ApiError:
+        return ApiError(413, f"request body larger than {self.max_body_bytes} bytes or with a bad Content-Length")
+
+    def _limited(self, receive: Receive) -> Receive:
+        """Counts chunked bodies too, which carry no Content-Length."""
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_body_bytes:
+                raise _BodyTooLarge(self._too_large().message)
+            return message
+
+        return limited
+
+    @staticmethod
+    async def _reject(scope: Scope, receive: Receive, send: Send, error: ApiError) -> None:
+        await error.response()(scope, receive, send)

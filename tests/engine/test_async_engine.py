@@ -1,0 +1,95 @@
+"""The engine on its thread, through asyncio and through the real HTTP server, on a tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import openai
+import pytest
+
+from app.engine.api.async_engine import AsyncEngine
+from app.engine.api.errors import RequestError
+from app.engine.api.sampling_params import SamplingParams
+from tests.support.fake_engine import ServerThread
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_gguf_factory):
+    eng = AsyncEngine(str(tiny_gguf_factory("llama", context_length=512)), device="cpu", dtype="float32",
+                      kv_cache_blocks=256)
+    yield eng
+    eng.close()
+
+
+def wait_idle(engine: AsyncEngine, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = engine.stats()
+        if s.num_running == 0 and s.num_waiting == 0 and s.num_blocks_used == 0:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"engine not idle: {engine.stats()}")
+
+
+async def collect(engine, prompt, params, request_id=None):
+    deltas = [d async for d in engine.stream(prompt, params, request_id=request_id)]
+    return deltas
+
+
+async def test_stream_matches_offline_tokens(engine):
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    deltas = await collect(engine, "hello world", params)
+    assert deltas[-1].finish_reason == "length"
+    ids = [t for d in deltas for t in d.token_ids]
+    assert len(ids) == 10 and deltas[-1].num_output_tokens == 10
+    assert "".join(d.text for d in deltas) == engine.decode(ids)
+
+
+async def test_concurrent_streams_decode_together(engine):
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    alone = await collect(engine, "the world is", params)
+    results = await asyncio.gather(*(collect(engine, "the world is", params) for _ in range(8)))
+    expected = [t for d in alone for t in d.token_ids]
+    for deltas in results:
+        assert [t for d in deltas for t in d.token_ids] == expected
+    wait_idle(engine)
+
+
+async def test_bad_request_raises_before_first_delta(engine):
+    with pytest.raises(RequestError, match="context"):
+        await collect(engine, [5 + i % 300 for i in range(600)], SamplingParams(max_tokens=1))
+    with pytest.raises(RequestError, match="temperature"):
+        SamplingParams(temperature=-1)
+
+
+async def test_breaking_out_aborts_and_frees_blocks(engine):
+    params = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+    async for delta in engine.stream("hello", params, request_id="gone"):
+        if delta.num_output_tokens >= 3:
+            break
+    await asyncio.sleep(0)
+    wait_idle(engine)
+
+
+def test_stats_snapshot_fields(engine):
+    s = engine.stats()
+    assert s.num_blocks_total == 256 and s.block_size == 16 and s.kv_bytes_per_token > 0
+
+
+def test_real_server_openai_client_and_disconnect(engine):
+    with ServerThread(engine) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+        chat = client.chat.completions.create(
+            model=engine.model_name, messages=[{"role": "user", "content": "hello"}], max_tokens=5, temperature=0
+        )
+        assert chat.choices[0].finish_reason in ("stop", "length")
+        assert chat.usage.completion_tokens <= 5
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            body = {"model": engine.model_name, "prompt": "hello", "max_tokens": 300, "stream": True, "ignore_eos": True}
+            with http.stream("POST", "/v1/completions", json=body) as resp:
+                for i, _ in enumerate(resp.iter_lines()):
+                    if i >= 3:
+                        break  # close mid-way: the server must abort the request
+        wait_idle(engine)

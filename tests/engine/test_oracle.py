@@ -1,0 +1,111 @@
+"""The embedded model against llama.cpp's reference data (../shared/oracle), by the tolerance rule
+of its README, with fp32 compute."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from app.engine import LLM, SamplingParams
+
+ORACLE = Path(os.environ.get("LOCALBATCH_ORACLE", Path(__file__).resolve().parents[3] / "shared" / "oracle" / "gemma3_270m.json"))
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not ORACLE.exists(), reason=f"oracle data not found at {ORACLE} (set LOCALBATCH_ORACLE)"),
+]
+
+
+@pytest.fixture(scope="module")
+def oracle() -> dict:
+    return json.loads(ORACLE.read_text())
+
+
+@pytest.fixture(scope="module")
+def llm(embedded_model_path) -> LLM:
+    return LLM(str(embedded_model_path), device="cpu", dtype="float32", kv_cache_blocks=512)
+
+
+def _argmax(dist: dict[int, float]) -> int:
+    return max(dist, key=dist.get)
+
+
+def test_tokenization_exact(oracle, llm):
+    for case in oracle["tokenize"]:
+        assert llm.tokenizer.encode(case["text"], add_bos=True) == case["ids"], case["text"]
+
+
+def test_greedy_path_agreement(oracle, llm):
+    prompts = [g["prompt_ids"] + g["output_ids"] for g in oracle["greedy"]]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=5))
+    agree = total = 0
+    for g, out in zip(oracle["greedy"], outs):
+        n_prompt = len(g["prompt_ids"])
+        for i, ref in enumerate(g["top5_logprobs"]):
+            if ref[0][1] - ref[1][1] < 0.3:
+                continue
+            total += 1
+            agree += _argmax(out.prompt_logprobs[n_prompt + i]) == ref[0][0]
+    assert total > 100
+    assert agree / total >= 0.97, f"greedy agreement {agree}/{total}"
+
+
+def test_free_running_greedy_first_token(oracle, llm):
+    outs = llm.generate([g["prompt_ids"] for g in oracle["greedy"]], SamplingParams(max_tokens=8, temperature=0.0))
+    for g, out in zip(oracle["greedy"], outs):
+        assert out.token_ids[0] == g["output_ids"][0], g["prompt"]
+
+
+def test_teacher_forced_agreement_and_logprob_error(oracle, llm):
+    case = oracle["teacher_forced"][0]
+    ids = case["ids"]
+    assert len(ids) > 1024  # past the 512-token sliding window
+    out = llm.generate([ids], SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=20))[0]
+    agree = total = 0
+    errors = []
+    for i, ref in enumerate(case["top5_logprobs"]):
+        if ref[0][1] - ref[1][1] < 0.5:
+            continue
+        mine = out.prompt_logprobs[i + 1]
+        total += 1
+        agree += _argmax(mine) == ref[0][0]
+        errors.append(abs(mine.get(ref[0][0], -100.0) - ref[0][1]))
+    mean_err = sum(errors) / len(errors)
+    print(f"teacher-forced: top-1 agreement {agree}/{total}, mean |dlogprob| {mean_err:.4f} nats")
+    assert agree / total >= 0.99
+    assert mean_err <= 0.05
+
+
+def _same_or_near_tie(alone, other) -> None:
+    """Greedy tokens equal; where they first differ, the single run's top-2 margin is < 0.01."""
+    for j, (a, b) in enumerate(zip(alone.token_ids, other.token_ids)):
+        if a != b:
+            top2 = sorted(alone.logprobs[j].values(), reverse=True)[:2]
+            assert top2[0] - top2[1] < 0.01, f"token {j} differs ({a} vs {b}) with margin {top2[0] - top2[1]:.4f}"
+            return
+
+
+def test_embedded_batched_chunked_cached_equal_alone(oracle, llm):
+    long = oracle["teacher_forced"][0]["ids"]
+    prompts = [g["prompt_ids"] for g in oracle["greedy"]] + [long[:40], long[:75], long[:150]]
+    params = SamplingParams(max_tokens=12, temperature=0.0, logprobs=2, ignore_eos=True)
+    sched = llm.engine.scheduler.config
+    llm.engine.block_manager.enable_prefix_caching = False
+    try:
+        alone = [llm.generate([p], params)[0] for p in prompts]
+        together = llm.generate(prompts, params)  # packed prefill, batched decode
+        sched.max_num_batched_tokens = 16
+        chunked = llm.generate(prompts, params)  # chunked prefill
+    finally:
+        sched.max_num_batched_tokens = 512
+        llm.engine.block_manager.enable_prefix_caching = True
+    llm.generate(prompts, params)  # fills the prefix cache
+    hits = llm.engine.block_manager.num_hit_tokens
+    cached = llm.generate(prompts, params)
+    assert llm.engine.block_manager.num_hit_tokens > hits
+    for runs in (together, chunked, cached):
+        for a, b in zip(alone, runs):
+            _same_or_near_tie(a, b)

@@ -1,0 +1,204 @@
+"""quants.dequantize: bit-exact with gguf.quants.dequantize for every supported type, and its errors."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as QT
+
+from app.engine.api.errors import GGUFError
+from app.engine.gguf import quants
+from app.engine.gguf.quants import SUPPORTED_TYPES, dequantize
+from app.engine.gguf.reader import GGUFFile
+
+# Byte offsets of the fp16 scale fields inside one block of each block-quantized type.
+F16_FIELDS = {QT.Q8_0: (0,), QT.Q4_0: (0,), QT.Q5_0: (0,), QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,)}
+ALL_TYPES = sorted((QT(t) for t in SUPPORTED_TYPES), key=int)
+
+
+def _sane_f16(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Finite fp16 values of mixed magnitude, incl. zeros, negative zeros and subnormals."""
+    values = rng.standard_normal(n) * 10.0 ** rng.integers(-6, 3, n)
+    values[::17] = 0.0
+    values[5::17] = -0.0
+    values[9::17] = 3e-6  # fp16 subnormal
+    return values.astype(np.float16)
+
+
+def _random_tensor(qtype: QT, n_blocks: int, seed: int = 0) -> np.ndarray:
+    """Raw bytes of `n_blocks` blocks: random quants, sane scales (no NaN/inf in fp16 fields)."""
+    rng = np.random.default_rng(seed)
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    if qtype == QT.F32:
+        return (rng.standard_normal(n_blocks) * 100).astype(np.float32).view(np.uint8)
+    if qtype == QT.F16:
+        return _sane_f16(rng, n_blocks).view(np.uint8)
+    if qtype == QT.BF16:
+        bits = rng.standard_normal(n_blocks).astype(np.float32).view(np.uint32) >> 16
+        return bits.astype(np.uint16).view(np.uint8)
+    blocks = rng.integers(0, 256, (n_blocks, type_size), dtype=np.uint8)
+    for at in F16_FIELDS[qtype]:
+        blocks[:, at:at + 2] = _sane_f16(rng, n_blocks).view(np.uint8).reshape(n_blocks, 2)
+    return blocks.reshape(-1)
+
+
+def _reference(raw: np.ndarray, qtype: QT, shape: tuple[int, ...]) -> torch.Tensor:
+    return torch.from_numpy(np.array(gguf.quants.dequantize(raw, qtype), dtype=np.float32)).reshape(shape)
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (stricter than torch.equal: distinguishes -0.0 from 0.0)."""
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+def _shape(qtype: QT, n_blocks: int) -> tuple[int, ...]:
+    block_size = GGML_QUANT_SIZES[qtype][0]
+    rows = 3 if n_blocks % 3 == 0 else 1
+    return (rows, n_blocks // rows * block_size)
+
+
+def test_supported_types() -> None:
+    names = {QT(t).name for t in SUPPORTED_TYPES}
+    assert names == {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K"}
+    assert isinstance(SUPPORTED_TYPES, frozenset)
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_bit_exact_with_gguf(qtype: QT) -> None:
+    n_blocks = 96 if GGML_QUANT_SIZES[qtype][0] > 1 else 3000
+    raw = _random_tensor(qtype, n_blocks)
+    shape = _shape(qtype, n_blocks)
+    out = dequantize(raw, qtype, shape)
+    assert out.dtype == torch.float32 and out.is_contiguous()
+    assert _bits_equal(out, _reference(raw, qtype, shape))
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
+def test_chunk_boundaries(qtype: QT, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Force many small, uneven chunks: block count not a multiple of the chunk.
+    monkeypatch.setattr(quants, "_CHUNK_ELEMENTS", 3 * GGML_QUANT_SIZES[qtype][0])
+    raw = _random_tensor(qtype, 11, seed=5)
+    shape = _shape(qtype, 11)
+    assert _bits_equal(dequantize(torch.from_numpy(raw.copy()), qtype, shape), _reference(raw, qtype, shape))
+
+
+def test_real_quantized_values() -> None:
+    # Values from gguf's own quantizer (not just random bytes) round-trip identically too.
+    data = np.random.default_rng(3).standard_normal((4, 256)).astype(np.float32)
+    for qtype in (QT.Q8_0, QT.Q4_0, QT.Q5_0):
+        raw = gguf.quants.quantize(data, qtype).reshape(-1)
+        out = dequantize(raw, qtype, (4, 256))
+        assert _bits_equal(out, _reference(raw, qtype, (4, 256)))
+        assert (out - torch.from_numpy(data)).abs().max() < 0.3
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("qtype", [QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_K, QT.Q6_K], ids=lambda t: t.name)
+def test_output_dtype(qtype: QT, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(quants, "_CHUNK_ELEMENTS", 1024)
+    n_blocks = 12 if GGML_QUANT_SIZES[qtype][0] > 1 else 3000
+    raw = _random_tensor(qtype, n_blocks, seed=7)
+    shape = _shape(qtype, n_blocks)
+    out = dequantize(raw, qtype, shape, dtype=dtype)
+    assert out.dtype == dtype and torch.equal(out, _reference(raw, qtype, shape).to(dtype))
+
+
+@pytest.mark.parametrize("qtype", [QT.F32, QT.F16, QT.Q8_0], ids=lambda t: t.name)
+def test_result_owns_its_memory(qtype: QT) -> None:
+    raw = _random_tensor(qtype, 32)
+    before = raw.copy()
+    source = torch.from_numpy(raw)
+    out = dequantize(source, qtype, _shape(qtype, 32))
+    out.add_(1.0)  # writable, and must not write through to the source bytes
+    assert np.array_equal(raw, before)
+    assert out.untyped_storage().data_ptr() != source.untyped_storage().data_ptr()
+
+
+def test_read_only_and_unaligned_inputs() -> None:
+    raw = _random_tensor(QT.F32, 16)
+    padded = np.concatenate([np.zeros(1, np.uint8), raw])
+    view = padded[1:]
+    view.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's "not writable" warning is expected to be silenced
+        out = dequantize(view, QT.F32, (16,))
+    assert _bits_equal(out, _reference(raw, QT.F32, (16,)))
+    odd = torch.from_numpy(padded)[1:]
+    assert _bits_equal(dequantize(odd, QT.F32, (4, 4)), _reference(raw, QT.F32, (4, 4)))
+
+
+def test_empty_and_scalar_shapes() -> None:
+    assert dequantize(np.zeros(0, np.uint8), QT.Q8_0, (0, 32)).shape == (0, 32)
+    assert dequantize(np.zeros(0, np.uint8), QT.F32, (0,)).shape == (0,)
+    raw = np.array([1.5], dtype=np.float32).view(np.uint8)
+    assert dequantize(raw, QT.F32, ()).item() == 1.5
+
+
+def test_unsupported_type_names_tensor_and_supported_list() -> None:
+    raw = np.zeros(84, np.uint8)
+    with pytest.raises(GGUFError) as info:
+        dequantize(raw, QT.Q2_K, (256,), name="blk.0.ffn_up.weight")
+    message = str(info.value)
+    assert message.startswith("tensor 'blk.0.ffn_up.weight': type Q2_K is not supported (supported: F32, F16,")
+    assert "Q6_K" in message and "BF16" in message and "\n" not in message
+    with pytest.raises(GGUFError, match=r"^tensor type Q2_K is not supported"):
+        dequantize(raw, QT.Q2_K, (256,))
+    with pytest.raises(GGUFError, match="type <unknown type id 99> is not supported"):
+        dequantize(raw, 99, (84,))
+
+
+@pytest.mark.parametrize(
+    "qtype, nbytes, shape, expected",
+    [
+        (QT.Q8_0, 34, (2, 32), "has 34 bytes, but shape (2, 32) of Q8_0 needs 68"),
+        (QT.F32, 12, (4,), "has 12 bytes, but shape (4,) of F32 needs 16"),
+        (QT.Q4_K, 144, (16, 16), "shape (16, 16) does not fit Q4_K blocks of 256 elements"),
+        (QT.F16, 8, (-2, 2), "shape (-2, 2) has a negative dimension"),
+    ],
+)
+def test_wrong_size(qtype: QT, nbytes: int, shape: tuple[int, ...], expected: str) -> None:
+    with pytest.raises(GGUFError) as info:
+        dequantize(np.zeros(nbytes, np.uint8), qtype, shape, name="w")
+    assert str(info.value) == f"tensor 'w': {expected}"
+
+
+def test_programming_errors() -> None:
+    with pytest.raises(TypeError, match="uint8"):
+        dequantize(np.zeros(4, np.float32), QT.F32, (4,))
+    with pytest.raises(TypeError, match="uint8"):
+        dequantize(torch.zeros(4, dtype=torch.int8), QT.F32, (1,))
+    with pytest.raises(ValueError, match="floating-point"):
+        dequantize(np.zeros(4, np.uint8), QT.F32, (1,), dtype=torch.int32)
+
+
+@pytest.mark.slow
+def test_embedded_model_full_dequantization(embedded_model_path: Path) -> None:
+    with GGUFFile(embedded_model_path) as f:
+        start = time.perf_counter()
+        total, first_of_type = 0, {}
+        for info in f.tensors.values():
+            out = dequantize(f.raw(info.name), info.ggml_type, info.shape, name=info.name)
+            assert out.shape == info.shape and out.dtype == torch.float32
+            total += out.numel()
+            if info.ggml_type not in first_of_type and info.n_elements < 2_000_000:
+                first_of_type[info.ggml_type] = (info, out)
+        elapsed = time.perf_counter() - start
+        assert {QT(t).name for t in first_of_type} == {"F32", "Q5_0", "Q4_K", "Q6_K", "Q8_0"}
+        for qtype, (info, out) in first_of_type.items():
+            assert _bits_equal(out, _reference(f.raw(info.name), QT(qtype), info.shape)), info.name
+        # The embedding against gguf on its first rows (all of it is ~4 s in numpy).
+        embd = f.tensors["token_embd.weight"]
+        rows = 256
+        head = f.raw(embd.name)[: rows * 640 // 32 * 34]
+        assert _bits_equal(dequantize(head, embd.ggml_type, (rows, 640)), _reference(head, QT.Q8_0, (rows, 640)))
+    assert total > 268_000_000
+    # ~0.5 s on an idle 2-core machine. The bound only catches a fall-back to per-block loops: with
+    # OpenMP spin-waiting, 2 threads on a machine shared with other jobs can take 10-20 s.
+    assert elapsed < 60, f"dequantizing the embedded model took {elapsed:.2f} s"

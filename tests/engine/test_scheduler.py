@@ -1,0 +1,180 @@
+"""Block manager + scheduler without a model: accounting, prefix caching, preemption, backpressure."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.engine.api.errors import QueueFullError
+from app.engine.api.sampling_params import SamplingParams
+from app.engine.core.block_manager import BlockManager
+from app.engine.core.scheduler import Scheduler, SchedulerConfig
+from app.engine.core.sequence import Sequence, SequenceStatus
+
+
+def make_seq(rid: str, n_prompt: int, max_tokens: int = 4, base: int = 0, **params) -> Sequence:
+    return Sequence(rid, [base + i for i in range(n_prompt)], SamplingParams(max_tokens=max_tokens, **params), max_tokens)
+
+
+def fake_step(sched: Scheduler, next_token: int = 7) -> list[Sequence]:
+    """What the engine does after a forward: advance computed tokens, sample at the end, finish."""
+    batch = sched.schedule()
+    finished = []
+    for seq, n in zip(batch.seqs, batch.num_tokens):
+        seq.num_computed_tokens += n
+        sched.bm.cache_full_blocks(seq)
+        if seq.num_computed_tokens == seq.num_tokens:
+            seq.append_token(next_token)
+            if seq.num_output_tokens >= seq.max_tokens:
+                sched.finish(seq, "length")
+                finished.append(seq)
+    return finished
+
+
+def check_accounting(bm: BlockManager, seqs: list[Sequence]) -> None:
+    assert bm.num_used_blocks + bm.num_free_blocks == bm.num_blocks
+    held = {}
+    for s in seqs:
+        for b in s.block_table:
+            held[b] = held.get(b, 0) + 1
+    for block in bm.blocks:
+        assert block.ref_count == held.get(block.block_id, 0)
+        assert (block.ref_count == 0) == (block.block_id in bm.free)
+    assert bm.num_cached_free_blocks == sum(1 for b in bm.free if bm.blocks[b].hash is not None)
+
+
+def test_decodes_first_then_chunked_prefill():
+    bm = BlockManager(64, 4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=8, max_num_seqs=8), bm)
+    a = make_seq("a", 3, max_tokens=10)
+    sched.add(a)
+    fake_step(sched)  # a: prefill done, one token out
+    long = make_seq("long", 30, base=100)
+    sched.add(long)
+    for _ in range(4):
+        batch = sched.schedule()
+        assert batch.seqs[0] is a and batch.num_tokens[0] == 1  # the decode is never starved
+        assert batch.total_tokens <= 8
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            seq.num_computed_tokens += n
+            if seq.num_computed_tokens == seq.num_tokens:
+                seq.append_token(1)
+    assert long.num_computed_tokens == 4 * 7
+
+
+def test_packs_several_prompts_in_one_step():
+    bm = BlockManager(64, 4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64), bm)
+    for i, n in enumerate((5, 9, 13)):
+        sched.add(make_seq(f"r{i}", n, base=10 * i))
+    batch = sched.schedule()
+    assert batch.num_tokens == [5, 9, 13]
+
+
+def test_prefix_cache_hit_keeps_last_token_and_counts():
+    bm = BlockManager(32, 4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64), bm)
+    first = make_seq("a", 8, max_tokens=1)  # exactly two full blocks
+    sched.add(first)
+    fake_step(sched)
+    assert first.is_finished and bm.num_cached_free_blocks == 2
+    again = make_seq("b", 8, max_tokens=1)
+    sched.add(again)
+    batch = sched.schedule()
+    # Fully cached prompt of k*block_size tokens: the last block is recomputed so logits exist.
+    assert again.num_cached_tokens == 4 and batch.num_tokens == [4]
+    check_accounting(bm, [again])
+
+
+def test_shared_prefix_blocks_are_shared_not_copied():
+    bm = BlockManager(32, 4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64), bm)
+    a = make_seq("a", 9, max_tokens=5)
+    sched.add(a)
+    fake_step(sched)
+    b = make_seq("b", 9, max_tokens=5)
+    sched.add(b)
+    sched.schedule()
+    assert a.block_table[:2] == b.block_table[:2]
+    assert bm.blocks[a.block_table[0]].ref_count == 2
+    check_accounting(bm, [a, b])
+
+
+def test_preemption_frees_most_recent_and_requeues_front():
+    bm = BlockManager(6, 4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64), bm)
+    a, b = make_seq("a", 8, max_tokens=20), make_seq("b", 8, max_tokens=20, base=50)
+    sched.add(a)
+    sched.add(b)
+    fake_step(sched)  # both prefilled: 4 blocks used, 2 free
+    for _ in range(8):
+        fake_step(sched)
+    assert sched.num_preemptions >= 1
+    assert b.status is SequenceStatus.WAITING and sched.waiting[0] is b and b.block_table == []
+    assert a.status is SequenceStatus.RUNNING
+    check_accounting(bm, [a, b])
+
+
+def test_backpressure_and_queue_bound():
+    bm = BlockManager(4, 4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_waiting=2), bm)
+    big = make_seq("big", 14, max_tokens=2)
+    small = make_seq("small", 6, max_tokens=2, base=40)
+    sched.add(big)
+    sched.add(small)
+    with pytest.raises(QueueFullError):
+        sched.add(make_seq("third", 2))
+    batch = sched.schedule()
+    assert batch.seqs == [big]  # small waits: no blocks for it yet
+    assert list(sched.waiting) == [small]
+
+
+def test_max_num_seqs_caps_running():
+    bm = BlockManager(64, 4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=2), bm)
+    for i in range(4):
+        sched.add(make_seq(f"r{i}", 3, base=i * 10))
+    batch = sched.schedule()
+    assert len(batch) == 2 and len(sched.waiting) == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(0, 3), st.booleans()),
+        min_size=1, max_size=12,
+    ),
+    st.integers(6, 40),
+    st.sampled_from([2, 4, 16]),
+    st.integers(4, 64),
+    st.randoms(use_true_random=False),
+)
+def test_block_accounting_property(reqs, num_blocks, block_size, budget, rnd):
+    """Random arrivals, lengths, shared prefixes, aborts and preemptions: used + free = total at
+    every step, ref counts match the block tables, and every block comes back at the end."""
+    bm = BlockManager(num_blocks, block_size)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8, max_waiting=64), bm)
+    pool_tokens = num_blocks * block_size
+    pending = [
+        make_seq(f"r{i}", n, max_tokens=m, base=prefix * 1000)
+        for i, (n, m, prefix, _) in enumerate(reqs)
+        if n + m <= pool_tokens
+    ]
+    abort_at = {s.request_id: rnd.randint(0, 30) for s, r in zip(pending, reqs) if r[3]}
+    live: list[Sequence] = []
+    for step in range(400):
+        if pending and rnd.random() < 0.5:
+            seq = pending.pop(0)
+            sched.add(seq)
+            live.append(seq)
+        for seq in list(live):
+            if abort_at.get(seq.request_id) == step:
+                sched.finish(seq, "abort")
+        fake_step(sched)
+        live = [s for s in live if not s.is_finished]
+        check_accounting(bm, live)
+        if not pending and not live:
+            break
+    assert not live and not pending, "requests did not finish: the scheduler stalled"
+    assert bm.num_free_blocks == num_blocks

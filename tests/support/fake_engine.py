@@ -1,0 +1,401 @@
+"""A deterministic fake `EngineClient` for server and TUI tests, and a helper that runs the HTTP
+server in a background thread.
+
+`FakeEngine` behaves like the real engine as its clients see it: requests queue, are admitted into
+a running batch (`max_num_seqs`, KV blocks reserved for prompt + max_tokens), and advance one token
+per step in a step loop on the caller's event loop; stop strings are held back and never emitted;
+`max_tokens`, the context length, `seed`, `ignore_eos`, `stop_token_ids` and logprobs are honoured;
+aborts free blocks at once. Generated text is words from a fixed list, chosen by an RNG seeded from
+the prompt (greedy), from seed + prompt (seeded), or at random.
+
+The tokenizer is byte-level: token id = UTF-8 byte + 3 (0 pad, 1 BOS, 2 EOS), so token counts are
+easy to compute in tests: `len(FakeTokenizer().encode(text))`.
+
+For tests: `submitted` (request id, params), `aborted` (ids aborted before finishing),
+`batch_sizes` (running-batch size of every step). These and `stats()` may be read from any thread;
+everything else is called from the event loop that streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import random
+import threading
+import time
+import zlib
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.engine.api.engine_client import Prompt
+from app.engine.api.errors import EngineDeadError, QueueFullError, RequestError
+from app.engine.api.sampling_params import SamplingParams
+from app.engine.core.outputs import EngineStats, RequestStats, StreamDelta, TopLogprobs
+
+WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliett",
+         "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango")
+
+
+class FakeTokenizer:
+    """Byte-level tokenizer: id = byte + 3; 0, 1, 2 are PAD, BOS, EOS."""
+
+    PAD, BOS, EOS = 0, 1, 2
+    OFFSET = 3
+    vocab_size = 256 + OFFSET
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        ids = [b + self.OFFSET for b in text.encode("utf-8")]
+        return [self.BOS, *ids] if add_bos else ids
+
+    def decode(self, token_ids: list[int]) -> str:
+        for t in token_ids:
+            if not 0 <= t < self.vocab_size:
+                raise RequestError(f"token id {t} is outside the vocabulary (0..{self.vocab_size - 1})", param="tokens")
+        return bytes(t - self.OFFSET for t in token_ids if t >= self.OFFSET).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        parts = []
+        for m in messages:
+            if m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
+                raise RequestError(f"bad chat message {m!r}", param="messages")
+            parts.append(f"<{m['role']}>{m['content']}\n")
+        return "".join(parts) + ("<assistant>" if add_generation_prompt else "")
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_tokens: int  # params.max_tokens, or what fits when that is None
+    rng: random.Random
+    arrival: float
+    queue: asyncio.Queue[StreamDelta] = field(default_factory=asyncio.Queue)
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[TopLogprobs] = field(default_factory=list)
+    pending: deque[int] = field(default_factory=deque)  # bytes of the word being spelled out
+    text: str = ""  # generated text (stop strings not yet cut)
+    emitted: int = 0  # characters of `text` already sent
+    done: bool = False
+    first_token_time: float | None = None
+
+    @property
+    def max_len(self) -> int:
+        return len(self.prompt_ids) + self.max_tokens
+
+
+class FakeEngine:
+    """See the module docstring. `eos_after`: every request samples EOS after that many tokens
+    (unless `ignore_eos`); `error_after`: every request fails with finish_reason "error" after that
+    many tokens (to test error reporting)."""
+
+    def __init__(self, *, model_name: str = "fake-model", max_model_len: int = 512, step_delay: float = 0.002,
+                 max_num_seqs: int = 16, max_waiting: int = 64, num_blocks: int = 512, block_size: int = 16,
+                 eos_after: int | None = None, error_after: int | None = None) -> None:
+        self.model_name = model_name
+        self.max_model_len = max_model_len
+        self.tokenizer = FakeTokenizer()
+        self.step_delay = step_delay
+        self.max_num_seqs = max_num_seqs
+        self.max_waiting = max_waiting
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.eos_after = eos_after
+        self.error_after = error_after
+        self.submitted: list[tuple[str, SamplingParams]] = []
+        self.aborted: list[str] = []
+        self.batch_sizes: list[int] = []
+        self._waiting: deque[_Request] = deque()
+        self._running: list[_Request] = []
+        self._loop_task: asyncio.Task[None] | None = None
+        self._dead = False
+        self._counter = 0
+        self._totals = {"prompt": 0, "output": 0, "steps": 0}
+        self._last_step_s = 0.0
+        self._snapshot = EngineStats(num_blocks_total=num_blocks, block_size=block_size)
+
+    # --- EngineClient ------------------------------------------------------------------------
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_bos)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt)
+
+    def stats(self) -> EngineStats:
+        if self._dead:
+            raise EngineDeadError("the fake engine was killed")
+        return self._snapshot
+
+    def stream(self, prompt: Prompt, params: SamplingParams,
+               request_id: str | None = None) -> AsyncIterator[StreamDelta]:
+        """Validates and queues at once (errors are raised here, before any delta)."""
+        if self._dead:
+            raise EngineDeadError("the fake engine was killed")
+        self._counter += 1
+        request_id = request_id or f"fake-{self._counter}"
+        ids = self._prompt_ids(prompt)
+        max_tokens = self._check(request_id, ids, params)
+        req = _Request(request_id, ids, params, max_tokens, self._rng(ids, params), time.perf_counter())
+        self._waiting.append(req)
+        self.submitted.append((request_id, params))
+        self._publish()
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.get_running_loop().create_task(self._step_loop())
+        return self._deltas(req)
+
+    def abort(self, request_id: str) -> None:
+        req = self._find(request_id)
+        if req is None:
+            return
+        self._finish(req, StreamDelta(request_id, "", [], finish_reason="abort",
+                                      num_prompt_tokens=len(req.prompt_ids), num_output_tokens=len(req.output_ids)))
+        self.aborted.append(request_id)
+        self._publish()
+
+    # --- test controls -----------------------------------------------------------------------
+
+    def kill(self) -> None:
+        """Stop the engine: live requests end with an error, later calls raise EngineDeadError."""
+        for req in [*self._waiting, *self._running]:
+            self._finish(req, StreamDelta(req.request_id, "", [], finish_reason="error", error="engine stopped"))
+        self._dead = True
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.encode(prompt)
+        if prompt and all(isinstance(m, dict) for m in prompt):
+            return self.encode(self.apply_chat_template(prompt))  # type: ignore[arg-type]
+        ids = [t for t in prompt if isinstance(t, int) and 0 <= t < self.tokenizer.vocab_size]
+        if len(ids) != len(prompt):
+            raise RequestError(f"prompt token ids must be in 0..{self.tokenizer.vocab_size - 1}", param="prompt")
+        return ids
+
+    def _check(self, request_id: str, ids: list[int], params: SamplingParams) -> int:
+        """Raise what the real engine raises; return the request's token budget."""
+        p, ctx = len(ids), self.max_model_len
+        if not ids:
+            raise RequestError("prompt is empty", param="prompt")
+        if p >= ctx:
+            raise RequestError(f"prompt is {p} tokens, longer than the context length of {ctx}", param="prompt")
+        m = params.max_tokens or min(ctx, self.num_blocks * self.block_size) - p
+        if p + m > ctx:
+            raise RequestError(f"prompt ({p} tokens) + max_tokens ({m}) = {p + m} exceeds the context length of {ctx}",
+                               param="max_tokens")
+        if self._blocks(p + m) > self.num_blocks:
+            raise RequestError(f"prompt + max_tokens needs {self._blocks(p + m)} KV blocks; the pool has "
+                               f"{self.num_blocks}", param="max_tokens")
+        if params.n != 1:
+            raise RequestError("the engine takes one sequence per request (n=1)", param="n")
+        if self._find(request_id) is not None:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        if len(self._waiting) >= self.max_waiting:
+            raise QueueFullError(f"the waiting queue is full ({self.max_waiting} requests); retry later")
+        return m
+
+    def _rng(self, ids: list[int], params: SamplingParams) -> random.Random:
+        prompt_key = zlib.crc32(b"".join(t.to_bytes(4, "little") for t in ids))
+        if params.seed is not None:
+            return random.Random(params.seed * 1_000_003 + prompt_key)
+        if params.temperature == 0:
+            return random.Random(prompt_key)
+        return random.Random(os.urandom(8))
+
+    def _blocks(self, num_tokens: int) -> int:
+        return math.ceil(num_tokens / self.block_size)
+
+    def _find(self, request_id: str) -> _Request | None:
+        return next((r for r in [*self._waiting, *self._running] if r.request_id == request_id), None)
+
+    async def _deltas(self, req: _Request) -> AsyncIterator[StreamDelta]:
+        try:
+            while True:
+                delta = await req.queue.get()
+                yield delta
+                if delta.finish_reason is not None:
+                    return
+        finally:
+            if not req.done:  # the consumer broke off or was cancelled
+                self.abort(req.request_id)
+
+    async def _step_loop(self) -> None:
+        try:
+            while self._waiting or self._running:
+                start = time.perf_counter()
+                await asyncio.sleep(self.step_delay)
+                self._admit()
+                if self._running:
+                    self.batch_sizes.append(len(self._running))
+                    self._totals["steps"] += 1
+                    for req in list(self._running):
+                        self._advance(req)
+                self._last_step_s = time.perf_counter() - start
+                self._publish()
+        except Exception as exc:  # like the real engine: fail the live requests, never leave them hanging
+            for req in [*self._waiting, *self._running]:
+                self._finish(req, StreamDelta(req.request_id, "", [], finish_reason="error", error=repr(exc)))
+            raise
+
+    def _admit(self) -> None:
+        reserved = sum(self._blocks(r.max_len) for r in self._running)
+        while self._waiting and len(self._running) < self.max_num_seqs:
+            need = self._blocks(self._waiting[0].max_len)
+            if reserved + need > self.num_blocks:
+                return
+            req = self._waiting.popleft()
+            reserved += need
+            self._running.append(req)
+            self._totals["prompt"] += len(req.prompt_ids)
+
+    def _sample(self, req: _Request) -> int:
+        n = len(req.output_ids)
+        if self.eos_after is not None and n >= self.eos_after and not req.params.ignore_eos:
+            return FakeTokenizer.EOS
+        if not req.pending:
+            word = req.rng.choice(WORDS)
+            req.pending.extend(self.encode(word if n == 0 else " " + word, add_bos=False))
+        return req.pending.popleft()
+
+    def _advance(self, req: _Request) -> None:
+        token = self._sample(req)
+        req.output_ids.append(token)
+        self._totals["output"] += 1
+        if req.params.logprobs is not None:
+            req.logprobs.append(self._logprobs(token, req.params.logprobs))
+        if req.first_token_time is None:
+            req.first_token_time = time.perf_counter()
+        req.text = self.decode(req.output_ids)
+        finish, error = self._finish_reason(req, token)
+        if finish is None:
+            safe = len(req.text) - self._held_back(req)
+            self._emit(req, req.text[req.emitted:safe], [token])
+            req.emitted = max(req.emitted, safe)
+            return
+        text = self._cut_at_stop(req)
+        delta = self._delta(req, text[req.emitted:], [token])
+        delta.finish_reason, delta.error = finish, error
+        self._finish(req, delta)
+
+    def _finish_reason(self, req: _Request, token: int) -> tuple[str | None, str | None]:
+        p, n = req.params, len(req.output_ids)
+        if self.error_after is not None and n >= self.error_after:
+            return "error", "fake engine failure"
+        if (token == FakeTokenizer.EOS and not p.ignore_eos) or token in p.stop_token_ids:
+            return "stop", None
+        if any(s in req.text for s in p.stop or []):
+            return "stop", None
+        if n >= req.max_tokens or len(req.prompt_ids) + n >= self.max_model_len:
+            return "length", None
+        return None, None
+
+    def _cut_at_stop(self, req: _Request) -> str:
+        cuts = [req.text.find(s) for s in req.params.stop or [] if s in req.text]
+        return req.text[:min(cuts)] if cuts else req.text
+
+    def _held_back(self, req: _Request) -> int:
+        """Characters at the end of the text that could be the start of a stop string."""
+        longest = 0
+        for stop in req.params.stop or []:
+            for k in range(min(len(stop) - 1, len(req.text)), 0, -1):
+                if req.text.endswith(stop[:k]):
+                    longest = max(longest, k)
+                    break
+        return longest
+
+    def _logprobs(self, token: int, k: int) -> TopLogprobs:
+        dist = {(token + j) % self.tokenizer.vocab_size: -0.25 - 1.5 * j for j in range(1, k + 1)}
+        dist[token] = -0.125
+        return dist
+
+    def _delta(self, req: _Request, text: str, token_ids: list[int]) -> StreamDelta:
+        logprobs = req.logprobs[-len(token_ids):] if req.params.logprobs is not None and token_ids else None
+        return StreamDelta(req.request_id, text, token_ids, logprobs=logprobs, num_prompt_tokens=len(req.prompt_ids),
+                           num_output_tokens=len(req.output_ids))
+
+    def _emit(self, req: _Request, text: str, token_ids: list[int]) -> None:
+        req.queue.put_nowait(self._delta(req, text, token_ids))
+
+    def _finish(self, req: _Request, delta: StreamDelta) -> None:
+        req.done = True
+        req.queue.put_nowait(delta)
+        if req in self._running:
+            self._running.remove(req)
+        elif req in self._waiting:
+            self._waiting.remove(req)
+
+    def _publish(self) -> None:
+        """Replace the stats snapshot (readers on other threads only ever see whole snapshots)."""
+        now = time.perf_counter()
+        requests = tuple(RequestStats(
+            r.request_id, "decode" if r.output_ids else ("prefill" if r in self._running else "waiting"),
+            len(r.prompt_ids), len(r.output_ids), self._blocks(len(r.prompt_ids) + len(r.output_ids)), 0,
+            None if r.first_token_time is None else r.first_token_time - r.arrival,
+            self._last_step_s if len(r.output_ids) > 1 else None,
+            len(r.output_ids) / (now - r.arrival) if r.output_ids else None,
+        ) for r in [*self._running, *self._waiting])
+        self._snapshot = EngineStats(
+            num_running=len(self._running), num_waiting=len(self._waiting), num_blocks_total=self.num_blocks,
+            num_blocks_used=sum(self._blocks(len(r.prompt_ids) + len(r.output_ids)) for r in self._running),
+            block_size=self.block_size, kv_bytes_per_token=64,
+            decode_tokens_per_s=len(self._running) / self._last_step_s if self._running and self._last_step_s else 0.0,
+            last_batch_size=self.batch_sizes[-1] if self.batch_sizes else 0,
+            last_num_tokens=self.batch_sizes[-1] if self.batch_sizes else 0, last_step_time_s=self._last_step_s,
+            num_steps=self._totals["steps"], total_prompt_tokens=self._totals["prompt"],
+            total_output_tokens=self._totals["output"], requests=requests)
+
+
+class ServerThread:
+    """The HTTP server (`ApiServer`) on a loopback port, in a background thread with its own loop,
+    for tests that drive it with blocking clients. Use as a context manager; `url` is the base URL."""
+
+    def __init__(self, engine: Any, **server_kwargs: Any) -> None:
+        self.engine = engine
+        self.server_kwargs = server_kwargs
+        self.port = 0
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True, name="api-server")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _main(self) -> None:
+        from app.server import ApiServer
+
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        try:
+            server = ApiServer(self.engine, "127.0.0.1", 0, **self.server_kwargs)
+            await server.start()
+        except BaseException as exc:  # handed to the test thread
+            self._error = exc
+            self._ready.set()
+            return
+        self.port = server.port
+        self._ready.set()
+        await self._stop.wait()
+        await server.stop()
+
+    def __enter__(self) -> ServerThread:
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the test server did not start within 10 s")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
