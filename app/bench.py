@@ -92,8 +92,8 @@ def run_requests(engine: LLMEngine, requests: list[tuple[list[int], int]], concu
         t0 = time.perf_counter()
         deltas = engine.step()
         t1 = time.perf_counter()
-        stats = engine.metrics.last
-        if deltas and all(d.num_output_tokens > 1 for d in deltas) and stats[1] == stats[0]:
+        last = engine.metrics.last
+        if deltas and all(d.num_output_tokens > 1 for d in deltas) and last.num_tokens == last.batch_size:
             decode_time += t1 - t0
             decode_tokens += len(deltas)
         for d in deltas:

@@ -91,7 +91,7 @@ def decode_step_time(engine: LLMEngine, batch: int, context: int, steps: int, se
     for _ in range(steps):
         engine.step()  # returns after the sampled ids reached the host: the step is complete
     elapsed = time.perf_counter() - t
-    if engine.metrics.last[0] != batch:
+    if engine.metrics.last.batch_size != batch:
         raise RuntimeError(f"expected decode steps of {batch} sequences, got {engine.metrics.last}")
     for s in seqs:
         engine.abort(s.request_id)

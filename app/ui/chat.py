@@ -23,6 +23,7 @@ from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
 from app.engine.api.engine_client import EngineClient
 from app.engine.core.outputs import StreamDelta
+from app.engine.core.timing import ReplyTiming, reply_timing
 from app.ui.format import fmt_rate, fmt_seconds
 from app.ui.loading import first_line
 from app.ui.store import ChatRecord, ChatStore, MessageRecord
@@ -49,14 +50,14 @@ class ReplyMetrics:
 
     @property
     def ttft_s(self) -> float | None:
-        return None if self.first_token_at is None else self.first_token_at - self.started
+        return self._timing().ttft_s
 
     @property
     def tokens_per_s(self) -> float | None:
-        if self.first_token_at is None or self.last_token_at is None or self.num_tokens < 2:
-            return None
-        span = self.last_token_at - self.first_token_at
-        return (self.num_tokens - 1) / span if span > 0 else None
+        return self._timing().tokens_per_s
+
+    def _timing(self) -> ReplyTiming:
+        return reply_timing(self.started, self.first_token_at, self.last_token_at, self.num_tokens)
 
     def summary(self, finish_reason: str | None) -> str:
         return meta_line(self.num_tokens, self.tokens_per_s, self.ttft_s, finish_reason)

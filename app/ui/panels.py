@@ -4,7 +4,7 @@ snapshot per poll; the rendering is plain functions of that snapshot so tests ca
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from rich.text import Text
@@ -50,16 +50,15 @@ class TabRate:
 
 def kv_segments(stats: EngineStats, owners: dict[str, Owner]) -> list[KVSegment]:
     """Blocks held per tab (in order of appearance), then one segment for all API requests."""
-    held: dict[Owner, list[int]] = {}
-    api = [0, 0]
+    blocks: Counter[Owner | None] = Counter()
+    requests: Counter[Owner | None] = Counter()
     for req in stats.requests:
-        owner = owners.get(req.request_id)
-        acc = api if owner is None else held.setdefault(owner, [0, 0])
-        acc[0] += req.num_blocks
-        acc[1] += 1
-    segments = [KVSegment(owner.label, owner.color, b, n) for owner, (b, n) in held.items()]
-    if api[1]:
-        segments.append(KVSegment("API", API_COLOR, api[0], api[1]))
+        owner = owners.get(req.request_id)  # None: an API request
+        blocks[owner] += req.num_blocks
+        requests[owner] += 1
+    segments = [KVSegment(o.label, o.color, blocks[o], n) for o, n in requests.items() if o is not None]
+    if requests[None]:
+        segments.append(KVSegment("API", API_COLOR, blocks[None], requests[None]))
     return segments
 
 
