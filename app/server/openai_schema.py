@@ -94,7 +94,7 @@ class ChatMessage(_Body):
         return {"role": role, "content": self.content}
 
 
-class _SamplingBody(_Body):
+class SamplingRequest(_Body):
     """Fields shared by /v1/chat/completions and /v1/completions."""
 
     model: Text | None = None
@@ -139,6 +139,9 @@ class _SamplingBody(_Body):
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
+    def check_combinations(self) -> None:
+        """Cross-field rules (pydantic would report them without a `param`); each endpoint has its own."""
+
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """Engine sampling settings for one choice (n is fanned out by the caller). Raises
         `RequestError` naming the field that is out of range."""
@@ -148,7 +151,7 @@ class _SamplingBody(_Body):
         return SamplingParams(max_tokens=max_tokens, ignore_eos=self.ignore_eos, logprobs=logprobs, **given)
 
 
-class ChatCompletionRequest(_SamplingBody):
+class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
     logprobs: bool = False
@@ -195,7 +198,7 @@ class ChatCompletionRequest(_SamplingBody):
         return [m.to_engine() for m in self.messages]
 
 
-class CompletionRequest(_SamplingBody):
+class CompletionRequest(SamplingRequest):
     # A string, a list of strings, a list of token ids, or a list of token-id lists (a batch).
     prompt: Annotated[list[str] | list[list[int]], PromptSchema]
     echo: bool = False

@@ -1,5 +1,6 @@
 """What the chat and completions routes share: server state, model check, fanning a request out
-into engine requests, disconnect handling, and the SSE response."""
+into engine requests, disconnect handling, the SSE response, and `handle_generation`, the one
+handler both run, each with an `Endpoint` that says what differs."""
 
 from __future__ import annotations
 
@@ -7,24 +8,36 @@ import dataclasses
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from app.engine.api.engine_client import EngineClient, Prompt
 from app.engine.api.errors import LocalbatchError
 from app.engine.api.sampling_params import SamplingParams
-from app.server.http_errors import ApiError, engine_error
+from app.engine.core.outputs import StreamDelta
+from app.server.http_errors import ApiError, engine_error, failed_request
+from app.server.logprobs import TokenTexts
+from app.server.openai_schema import SamplingRequest
 from app.server.prometheus import ServerMetrics
-from app.server.streams import ClientGone, Job, MultiStream, until_disconnect
+from app.server.streams import (
+    Choice,
+    ClientGone,
+    Job,
+    MultiStream,
+    until_disconnect,
+    usage,
+)
 
 # nginx's "client closed request": logged, never seen by the client.
 CLIENT_CLOSED = 499
 _SEED_SPACE = 2**63
+Body = TypeVar("Body", bound=SamplingRequest)
 
 
 @dataclass
@@ -136,3 +149,96 @@ class EventStreamResponse(StreamingResponse):
             aclose = getattr(self._events, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+
+class Endpoint(ABC):
+    """What one request of a generation route asks the engine for, and how its choices look;
+    `handle_generation` does everything else, so chat and completions check, stream, collect and
+    fail alike."""
+
+    id_prefix: ClassVar[str]
+    response_object: ClassVar[str]
+    chunk_object: ClassVar[str]
+
+    def __init__(self, state: ServerState, prompts: list[Prompt], params: SamplingParams) -> None:
+        self.state = state
+        self.prompts = prompts
+        self.params = params
+        # Per request: a token the logprobs name again and again is decoded once.
+        self.texts = TokenTexts(state.engine)
+
+    def accepted(self) -> None:
+        """Called once the engine has accepted the prompts, before anything is formatted."""
+
+    def opening(self, choice: Choice) -> list[dict[str, Any]]:
+        """The `choices[]` entries a stream sends for `choice` before its first delta."""
+        return []
+
+    @abstractmethod
+    def streamed(self, choice: Choice, delta: StreamDelta) -> list[dict[str, Any]]:
+        """The `choices[]` entries, one chunk each, that `delta` (already added to `choice`) streams."""
+
+    @abstractmethod
+    def whole(self, choice: Choice) -> dict[str, Any]:
+        """The `choices[]` entry of a finished choice in the non-streaming response."""
+
+
+async def handle_generation(request: Request, body: Body,
+                            endpoint_for: Callable[[ServerState, Body], Endpoint]) -> Response:
+    """The handler of both generation routes: `endpoint_for(state, body)` turns the checked request into
+    prompts and sampling settings; the reply is an event stream or one JSON object."""
+    arrival = time.perf_counter()
+    state = server_state(request)
+    state.check_model(body.model)
+    body.check_combinations()
+    endpoint = endpoint_for(state, body)
+    jobs = fan_out(endpoint.prompts, endpoint.params, body.n)
+    streams = await start_streams(request, state, jobs, endpoint.id_prefix, arrival)
+    if streams is None:
+        return client_closed()
+    endpoint.accepted()
+    meta = ResponseMeta.new(endpoint.id_prefix, state.model_name, body.include_usage)
+    if body.stream:
+        return EventStreamResponse(_events(streams, meta, endpoint))
+    if await collect(request, streams) is None:
+        return client_closed()
+    return JSONResponse(_response(streams.choices, meta, endpoint))
+
+
+def _response(choices: list[Choice], meta: ResponseMeta, endpoint: Endpoint) -> dict[str, Any]:
+    for choice in choices:
+        if choice.failed:
+            raise failed_request(choice.finish_reason, choice.error)
+    out = meta.header(endpoint.response_object)
+    out["choices"] = [endpoint.whole(c) for c in choices]
+    out["usage"] = usage(choices)
+    return out
+
+
+def _chunk(meta: ResponseMeta, obj: str, entry: dict[str, Any]) -> dict[str, Any]:
+    out = meta.header(obj)
+    out["choices"] = [entry]
+    if meta.include_usage:
+        out["usage"] = None  # OpenAI sends an explicit null on every chunk but the last
+    return out
+
+
+async def _events(streams: MultiStream, meta: ResponseMeta, endpoint: Endpoint) -> AsyncIterator[bytes]:
+    obj = endpoint.chunk_object
+    try:
+        for choice in streams.choices:
+            for entry in endpoint.opening(choice):
+                yield sse(_chunk(meta, obj, entry))
+        async for choice, delta in streams.events():
+            if choice.failed:
+                # The 200 has been sent: the error can only be one more event.
+                yield sse(failed_request(choice.finish_reason, choice.error).body())
+                yield SSE_DONE
+                return
+            for entry in endpoint.streamed(choice, delta):
+                yield sse(_chunk(meta, obj, entry))
+        if meta.include_usage:
+            yield sse({**meta.header(obj), "choices": [], "usage": usage(streams.choices)})
+        yield SSE_DONE
+    finally:
+        streams.close()

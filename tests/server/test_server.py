@@ -202,8 +202,8 @@ def test_n_choices_use_distinct_requests_and_seeds(oai: openai.OpenAI, engine: F
     out = oai.chat.completions.create(model="fake-model", messages=USER, max_tokens=12, n=3, seed=11)
     assert [c.index for c in out.choices] == [0, 1, 2]
     submitted = engine.submitted[before:]
-    assert len({rid for rid, _ in submitted}) == 3
-    assert sorted(p.seed for _, p in submitted) == [11, 12, 13]
+    assert len({s.request_id for s in submitted}) == 3
+    assert sorted(s.params.seed for s in submitted) == [11, 12, 13]
     assert out.usage.prompt_tokens == prompt_tokens(USER)  # the prompt is counted once
     assert out.usage.completion_tokens == 36
     assert len({c.message.content for c in out.choices}) > 1
@@ -245,6 +245,40 @@ def test_logprobs_shapes(client: httpx.Client) -> None:
     assert all(len(top) == 1 for top in lp["top_logprobs"])
     plain = client.post(CHAT, json={"messages": USER, "max_tokens": 2}).json()
     assert plain["choices"][0]["logprobs"] is None
+
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+def test_streamed_logprobs_add_up_to_the_whole_response(client: httpx.Client, path: str) -> None:
+    body: dict[str, Any] = {"max_tokens": 6, "temperature": 0}
+    body |= {"messages": USER, "logprobs": True, "top_logprobs": 2} if path == CHAT else {"prompt": "Hi", "logprobs": 2}
+    whole = client.post(path, json=body).json()["choices"][0]["logprobs"]
+    events = sse_events(client.post(path, json={**body, "stream": True}).text)[:-1]
+    parts = [e["choices"][0]["logprobs"] for e in events if e["choices"][0]["logprobs"]]
+    assert len(parts) > 1
+    # Completions: text_offset goes on counting from chunk to chunk.
+    assert {key: [item for part in parts for item in part[key]] for key in whole} == whole
+
+
+def test_completions_stream_batch_with_echo_and_usage(client: httpx.Client) -> None:
+    body: dict[str, Any] = {"prompt": ["a", "bb"], "n": 2, "max_tokens": 3, "echo": True, "temperature": 0}
+    whole = client.post(COMPLETIONS, json=body).json()
+    events = sse_events(client.post(COMPLETIONS, json={**body, "stream": True,
+                                                       "stream_options": {"include_usage": True}}).text)
+    assert events[-1] == "[DONE]" and events[-2]["choices"] == [] and events[-2]["usage"] == whole["usage"]
+    assert all(e["object"] == "text_completion" and e["id"] == events[0]["id"] for e in events[:-1])
+    texts = ["", "", "", ""]
+    finishes: dict[int, str] = {}
+    for event in events[:-2]:
+        (choice,) = event["choices"]
+        assert event["usage"] is None
+        texts[choice["index"]] += choice["text"]
+        if choice["finish_reason"]:
+            finishes[choice["index"]] = choice["finish_reason"]
+    assert texts == [c["text"] for c in whole["choices"]]
+    # Every choice's echoed prompt comes first, before any generated text.
+    assert [e["choices"][0]["text"] for e in events[:4]] == ["a", "a", "bb", "bb"]
+    assert finishes == {c["index"]: c["finish_reason"] for c in whole["choices"]}
 
 
 # --- concurrency and disconnects ------------------------------------------------------------------
@@ -322,6 +356,18 @@ def test_engine_error_becomes_error_event_and_503() -> None:
         oai = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
         with pytest.raises(openai.APIError):
             list(oai.chat.completions.create(model="fake-model", messages=USER, max_tokens=10, stream=True))
+
+
+def test_engine_error_on_either_route_streamed_or_not() -> None:
+    with ServerThread(FakeEngine(error_after=3)) as srv, httpx.Client(base_url=srv.url, timeout=10) as c:
+        for path, body in ((CHAT, {"messages": USER}), (COMPLETIONS, {"prompt": "x", "n": 2, "echo": True})):
+            body = {**body, "max_tokens": 10, "temperature": 0}
+            r = c.post(path, json=body)
+            assert r.status_code == 503 and r.json()["error"]["code"] == "engine_error"
+            events = sse_events(c.post(path, json={**body, "stream": True}).text)
+            # The stream stops at the first failed choice: one error event, then [DONE].
+            assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "engine_error"
+            assert all("error" not in e for e in events[:-2])
 
 
 class LazyEngine(FakeEngine):
