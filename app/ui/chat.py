@@ -1,8 +1,9 @@
 """One chat tab: its messages, prompt input, settings, and the task that streams a reply.
 
 The reply is consumed by an asyncio task in the app's own loop (a Textual worker): the engine's
-`stream()` yields one delta per engine step, and `Markdown.get_stream` coalesces appends when the
-widget falls behind, so there is never a cross-thread call per token."""
+`stream()` yields one delta per engine step into a buffer, and a timer paints it at most
+`FLUSH_HZ` times a second while the tab is shown (`reply_stream`), so neither a cross-thread call
+nor a repaint happens per token."""
 
 from __future__ import annotations
 
@@ -17,8 +18,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.message import Message
-from textual.widgets import Markdown, TabPane
-from textual.widgets.markdown import MarkdownStream
+from textual.widgets import TabPane
 from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
 from app.engine.api.engine_client import EngineClient
@@ -26,6 +26,7 @@ from app.engine.core.outputs import StreamDelta
 from app.engine.core.timing import ReplyTiming, reply_timing
 from app.ui.format import fmt_rate, fmt_seconds
 from app.ui.loading import first_line
+from app.ui.reply_stream import FLUSH_HZ, ReplyWriter
 from app.ui.store import ChatRecord, ChatStore, MessageRecord
 from app.ui.widgets import MessageView, PromptInput, SettingsForm, SettingsTitle
 
@@ -102,6 +103,7 @@ class ChatPane(TabPane):
         self._stop_requested = False
         self.request_id: str | None = None
         self.metrics: ReplyMetrics | None = None
+        self._writer: ReplyWriter | None = None
         # The engine's (tok/s, TTFT) for the current reply, last seen while it ran: the panel keeps
         # showing the engine's measure after the reply ends instead of switching to the client's.
         self.engine_figures: tuple[float | None, float | None] | None = None
@@ -141,6 +143,14 @@ class ChatPane(TabPane):
     def on_mount(self) -> None:
         # Anchored: follows new output only while the view is at the bottom.
         self.query_one(".messages", VerticalScroll).anchor()
+        self._flush_timer = self.set_interval(1 / FLUSH_HZ, self._paint_reply, pause=True)
+
+    async def on_show(self) -> None:
+        await self._paint_reply()  # a tab shown mid-reply paints what it buffered while hidden
+
+    async def _paint_reply(self) -> None:
+        if self._writer is not None and self.display:
+            await self._writer.flush()
 
     def _settings_title(self) -> Text:
         prompt = "system prompt · " if self.chat.system_prompt.strip() else ""
@@ -254,13 +264,18 @@ class ChatPane(TabPane):
     async def _generate(self, request_id: str) -> None:
         view = MessageView("assistant")
         await self.query_one(".messages", VerticalScroll).mount(view)
-        writer = _ReplyWriter(view.markdown)
-        finish, error = await self._consume(request_id, writer)
+        writer = self._writer = ReplyWriter(view.markdown, view.tail)
+        self._flush_timer.resume()
+        try:
+            finish, error = await self._consume(request_id, writer)
+        finally:
+            self._flush_timer.pause()
+            self._writer = None
         await writer.close()
         self._finish(view, writer.text, finish, error)
 
-    async def _consume(self, request_id: str, writer: _ReplyWriter) -> tuple[str, str | None]:
-        """Feed the reply into the Markdown stream; returns (finish_reason, error)."""
+    async def _consume(self, request_id: str, writer: ReplyWriter) -> tuple[str, str | None]:
+        """Buffer the reply for the painter; returns (finish_reason, error)."""
         metrics = self.metrics
         self._streaming = True
         deltas = None
@@ -272,7 +287,7 @@ class ChatPane(TabPane):
                 if self._stop_requested:
                     return "abort", None
                 metrics.observe(delta, time.monotonic())
-                await writer.write(delta.text)
+                writer.write(delta.text)
                 if delta.finish_reason:
                     return delta.finish_reason, delta.error
             return "stop", None
@@ -308,32 +323,6 @@ class ChatPane(TabPane):
         self.request_id = None
         self._worker = None
         self.post_message(self.Changed(self))
-
-
-class _ReplyWriter:
-    """Collects the reply text and streams it into the Markdown widget. The MarkdownStream is
-    created on the first text: stopping one whose task has not run yet would cancel the caller."""
-
-    def __init__(self, markdown: Markdown) -> None:
-        self._markdown = markdown
-        self._stream: MarkdownStream | None = None
-        self._parts: list[str] = []
-
-    @property
-    def text(self) -> str:
-        return "".join(self._parts)
-
-    async def write(self, text: str) -> None:
-        if not text:
-            return
-        self._parts.append(text)
-        if self._stream is None:
-            self._stream = Markdown.get_stream(self._markdown)
-        await self._stream.write(text)
-
-    async def close(self) -> None:
-        if self._stream is not None:
-            await self._stream.stop()
 
 
 def _title_from(text: str, limit: int = 28) -> str:

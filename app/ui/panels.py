@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass
+from typing import Any
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -185,17 +186,31 @@ def render_rates(rows: list[TabRate], width: int) -> Text:
     return text
 
 
+class PanelText(Static):
+    """A panel body of fixed size (set in the CSS): its text changes many times a second, its size
+    never, so an update repaints it without a layout pass, and an unchanged text costs nothing."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__("", markup=False, **kwargs)
+        self._shown: Text | str = ""
+
+    def show(self, content: Text | str) -> None:
+        if content != self._shown:
+            self._shown = content
+            self.update(content, layout=False)
+
+
 class KVBudgetPanel(Vertical):
     BAR_WIDTH = 36
 
     def compose(self) -> ComposeResult:
-        yield Static("", id="kv-body")
+        yield PanelText(id="kv-body")
 
     def on_mount(self) -> None:
         self.border_title = "KV cache"
 
     def show(self, stats: EngineStats, owners: dict[str, Owner], source: str = "") -> None:
-        self.query_one("#kv-body", Static).update(render_kv(stats, owners, self.BAR_WIDTH, source))
+        self.query_one("#kv-body", PanelText).show(render_kv(stats, owners, self.BAR_WIDTH, source))
 
 
 class ThroughputPanel(Vertical):
@@ -211,16 +226,24 @@ class ThroughputPanel(Vertical):
                 yield Digits("0.0", id="tp-prefill")
         yield Label("decode tok/s, last minute", classes="tp-label")
         yield Sparkline([0.0], id="tp-history")
-        yield Static("", id="tp-steps")
-        yield Static("", id="tp-rates")
+        yield PanelText(id="tp-steps")
+        yield PanelText(id="tp-rates")
 
     def on_mount(self) -> None:
         self.border_title = "Throughput"
 
     def show(self, stats: EngineStats, rows: list[TabRate], history: ThroughputHistory | None) -> None:
-        self.query_one("#tp-decode", Digits).update(fmt_rate(stats.decode_tokens_per_s))
-        self.query_one("#tp-prefill", Digits).update(fmt_rate(stats.prefill_tokens_per_s))
+        _show_digits(self.query_one("#tp-decode", Digits), fmt_rate(stats.decode_tokens_per_s))
+        _show_digits(self.query_one("#tp-prefill", Digits), fmt_rate(stats.prefill_tokens_per_s))
         if history is not None:
-            self.query_one("#tp-history", Sparkline).data = list(history.samples)
-        self.query_one("#tp-steps", Static).update(render_step_line(stats))
-        self.query_one("#tp-rates", Static).update(render_rates(rows, self.RATES_WIDTH))
+            sparkline = self.query_one("#tp-history", Sparkline)
+            if list(sparkline.data or ()) != list(history.samples):
+                sparkline.data = list(history.samples)
+        self.query_one("#tp-steps", PanelText).show(render_step_line(stats))
+        self.query_one("#tp-rates", PanelText).show(render_rates(rows, self.RATES_WIDTH))
+
+
+def _show_digits(digits: Digits, value: str) -> None:
+    # Digits relayouts only when the width changes; the CSS gives it a fixed width anyway.
+    if digits.value != value:
+        digits.update(value)

@@ -82,6 +82,9 @@ class MessageView(Vertical):
         yield Label("You" if self.role == "user" else "Assistant", classes="role")
         if self.role == "assistant":
             yield Markdown(self._content, classes="body", parser_factory=_chat_markdown_parser)
+            tail = Static("", markup=False, classes="tail")  # a streaming reply's unfinished block
+            tail.display = False
+            yield tail
         else:
             yield Static(self._content, markup=False, classes="body")
         meta = Label(self._meta, markup=False, classes="meta")
@@ -91,6 +94,10 @@ class MessageView(Vertical):
     @property
     def markdown(self) -> Markdown:
         return self.query_one(Markdown)
+
+    @property
+    def tail(self) -> Static:
+        return self.query_one(".tail", Static)
 
     def set_meta(self, text: str, *, error: bool = False) -> None:
         label = self.query_one(".meta", Label)

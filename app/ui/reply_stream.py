@@ -1,0 +1,77 @@
+"""Painting a streaming reply within a frame budget.
+
+Re-parsing Markdown on every engine step held the UI thread (and so the GIL) long enough to halve
+the engine's speed inside the app. Here the deltas only land in a buffer; a flush, at most
+`FLUSH_HZ` times a second and only while the tab is shown, moves finished Markdown blocks into the
+Markdown widget (each block parsed once) and shows the unfinished tail as plain text, which costs
+no parse. A hidden tab keeps buffering and paints once when it is shown again."""
+
+from __future__ import annotations
+
+import re
+
+from textual.widgets import Markdown, Static
+
+FLUSH_HZ = 12
+_FENCE = re.compile(r"^ {0,3}(```|~~~)", re.MULTILINE)
+
+
+def split_finished_blocks(text: str) -> tuple[str, str]:
+    """Split `text` into (finished blocks, unfinished tail) at the last blank line that is not
+    inside a code fence: Markdown can no longer change how anything before that line renders,
+    except a list or quote continued after the blank line, which the next append re-parses."""
+    end = len(text)
+    while (cut := text.rfind("\n\n", 0, end)) >= 0:
+        head = text[: cut + 2]
+        if len(_FENCE.findall(head)) % 2 == 0:
+            return head, text[cut + 2 :]
+        end = cut
+    return "", text
+
+
+class ReplyWriter:
+    """Buffers one reply's deltas for a Markdown body plus a plain-text tail (see the module doc)."""
+
+    def __init__(self, markdown: Markdown, tail: Static) -> None:
+        self._markdown = markdown
+        self._tail = tail
+        self._parts: list[str] = []
+        self._painted = 0  # characters of the reply already handed to the Markdown widget
+        self._dirty = False
+
+    @property
+    def text(self) -> str:
+        return "".join(self._parts)
+
+    def write(self, text: str) -> None:
+        if text:
+            self._parts.append(text)
+            self._dirty = True
+
+    async def flush(self) -> None:
+        """Paint what arrived since the last flush."""
+        if not self._dirty:
+            return
+        self._dirty = False
+        text = self.text
+        self._parts = [text]
+        blocks, tail = split_finished_blocks(text[self._painted :])
+        if blocks:
+            self._painted += len(blocks)
+            await self._markdown.append(blocks)
+        self._show_tail(tail)
+
+    async def close(self) -> None:
+        """The reply ended: the rest goes to the Markdown widget, so the final rendering is the
+        same Markdown a finished message gets."""
+        rest = self.text[self._painted :]
+        self._painted += len(rest)
+        self._dirty = False
+        self._show_tail("")
+        if rest:
+            await self._markdown.append(rest)
+
+    def _show_tail(self, tail: str) -> None:
+        # The tail's height changes as it wraps, so this update needs a layout pass; panels don't.
+        self._tail.update(tail)
+        self._tail.display = bool(tail)

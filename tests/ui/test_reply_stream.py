@@ -1,0 +1,129 @@
+"""A streamed reply is painted within a frame budget (finished Markdown blocks + a plain tail) and
+ends rendered exactly as the same text rendered at once (a message reopened from the store)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.app import App, ComposeResult
+from textual.containers import VerticalScroll
+
+from app import ASSETS_DIR
+from app.ui.reply_stream import ReplyWriter, split_finished_blocks
+from app.ui.widgets import MessageView
+
+REPLY = """Here is a plan:
+
+1. Parse the header
+2. Map the tensors
+   - dequantize Q4_K
+   - keep Q8_0
+3. Build the model
+
+```python
+def load(path):
+
+    return GGUFFile(path)
+```
+
+| type | bits |
+|------|------|
+| Q4_K | 4.5 |
+| Q8_0 | 8.5 |
+
+> A quote that
+> spans lines.
+
+Done: **bold**, `code` and a [link](https://example.org).
+"""
+
+SIZE = (80, 48)
+
+
+def pieces(text: str, size: int = 3) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+class OneMessage(App):
+    CSS_PATH = str(Path(ASSETS_DIR) / "localbatch.tcss")
+
+    def __init__(self, content: str = "") -> None:
+        super().__init__()
+        self.view = MessageView("assistant", content)
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(classes="messages"):
+            yield self.view
+
+
+async def stream_reply(app: OneMessage, pilot: Any, text: str, flush_every: int = 5) -> ReplyWriter:
+    writer = ReplyWriter(app.view.markdown, app.view.tail)
+    for i, piece in enumerate(pieces(text)):
+        writer.write(piece)
+        if i % flush_every == 0:
+            await writer.flush()
+            await pilot.pause()
+    await writer.close()
+    await pilot.pause()
+    return writer
+
+
+def test_split_keeps_open_code_fence_in_the_tail() -> None:
+    assert split_finished_blocks("a\n\nb") == ("a\n\n", "b")
+    assert split_finished_blocks("no blank line yet") == ("", "no blank line yet")
+    text = "intro\n\n```\ncode\n\nmore code"
+    assert split_finished_blocks(text) == ("intro\n\n", "```\ncode\n\nmore code")
+    closed = text + "\n```\n\nafter"
+    assert split_finished_blocks(closed) == (closed[: -len("after")], "after")
+
+
+async def test_tail_shows_the_unfinished_block_as_plain_text() -> None:
+    app = OneMessage()
+    async with app.run_test(size=SIZE) as pilot:
+        writer = ReplyWriter(app.view.markdown, app.view.tail)
+        writer.write("First paragraph.\n\nSecond **unfinished")
+        await writer.flush()
+        await pilot.pause()
+        assert app.view.markdown.source == "First paragraph.\n\n"
+        assert app.view.tail.display and "Second **unfinished" in str(app.view.tail.render())
+        await writer.close()
+        await pilot.pause()
+        assert not app.view.tail.display
+        assert app.view.markdown.source == "First paragraph.\n\nSecond **unfinished"
+
+
+async def test_flush_without_new_text_does_not_touch_the_widgets() -> None:
+    app = OneMessage()
+    async with app.run_test(size=SIZE) as pilot:
+        writer = ReplyWriter(app.view.markdown, app.view.tail)
+        writer.write("a\n\nb")
+        await writer.flush()
+        await pilot.pause()
+        blocks = list(app.view.markdown.children)
+        await writer.flush()
+        assert list(app.view.markdown.children) == blocks
+
+
+@pytest.mark.parametrize("flush_every", [1, 7, 1000])
+async def test_streamed_reply_ends_rendered_like_the_whole_text(flush_every: int) -> None:
+    static = OneMessage(REPLY)
+    async with static.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        expected = static.export_screenshot()
+    streamed = OneMessage()
+    async with streamed.run_test(size=SIZE) as pilot:
+        writer = await stream_reply(streamed, pilot, REPLY, flush_every)
+        assert writer.text == REPLY
+        assert streamed.export_screenshot() == expected
+
+
+def test_streamed_reply_snapshot(snap_compare: Any) -> None:
+    """The final rendering of a streamed reply with a list, code block, table and quote."""
+    app = OneMessage()
+
+    async def run(pilot: Any) -> None:
+        await stream_reply(app, pilot, REPLY)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run)
