@@ -30,6 +30,7 @@ _RATE_WINDOW_S = 2.0
 # Fractional KV usage without block figures is shown in per-mille "blocks" (block_size 0 says so).
 _USAGE_RESOLUTION = 1000
 
+
 class RemoteError(LocalbatchError):
     """The remote backend cannot be reached or answered something unusable."""
 
@@ -56,8 +57,11 @@ class RemoteEngine:
     """`EngineClient` over HTTP. Build it with `RemoteEngine.connect(url)` (blocking: run it in a
     thread), then use it from one event loop."""
 
+    model_name: str
+    max_model_len: int
+    device: str
     is_remote = True
-    dtype = ""
+    dtype = ""  # OpenAI-compatible servers do not say
 
     def __init__(
         self,
@@ -212,6 +216,7 @@ class RemoteEngine:
         raise RequestError("a remote backend applies its chat template itself: send the messages instead")
 
     async def aclose(self) -> None:
+        """Stop polling /metrics and close the connection pool; the server is left running."""
         if self._metrics_task is not None:
             self._metrics_task.cancel()
             await asyncio.wait({self._metrics_task})

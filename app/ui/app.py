@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -16,12 +15,12 @@ from textual.screen import Screen
 
 from app import ASSETS_DIR
 from app.engine.api.engine_client import EngineClient
+from app.engine.api.progress import ProgressFn
 from app.ui.endpoint import EmbeddedEndpoint, ServeFn
 from app.ui.keys import CHAT_ACTIONS, effective_keys
 from app.ui.loading import (
     EngineFactory,
     LoadingScreen,
-    ProgressFn,
     default_engine_factory,
     engine_info,
 )
@@ -105,7 +104,7 @@ class LocalbatchApp(App):
     def _engine_loaded(self, engine: EngineClient, elapsed_s: float) -> None:
         self.engine = engine
         info = engine_info(engine)
-        if not getattr(engine, "is_remote", False):
+        if not engine.is_remote:
             self.endpoint = EmbeddedEndpoint(
                 engine,
                 self.options.host or self.config.server_host,
@@ -147,15 +146,8 @@ class LocalbatchApp(App):
         if self.endpoint is not None:
             await self.endpoint.stop()
         engine, self.engine = self.engine, None
-        if engine is None:
-            return
-        close = getattr(engine, "aclose", None) or getattr(engine, "shutdown", None) or getattr(engine, "close", None)
-        if close is None:
-            return
-        if inspect.iscoroutinefunction(close):
-            await close()
-        else:
-            await asyncio.to_thread(close)  # joining the engine's step thread may take a moment
+        if engine is not None:
+            await engine.aclose()
 
 
 def run_tui(engine_factory: EngineFactory | None = None, options: TuiOptions | None = None, **overrides: Any) -> None:
@@ -174,7 +166,8 @@ def run_tui(engine_factory: EngineFactory | None = None, options: TuiOptions | N
 
 
 def _close_left_over(engine: EngineClient | None) -> None:
-    """The app closes the engine on quit; this covers exits that skipped that (a crash)."""
-    close = getattr(engine, "shutdown", None) or getattr(engine, "close", None)
-    if close is not None and not inspect.iscoroutinefunction(close):
-        close()
+    """The app closes the engine on quit; this covers exits that skipped that (a crash). The app's
+    event loop is gone by now, so this runs on a fresh one."""
+    # A remote engine's client belongs to the dead loop and holds only sockets: leave it be.
+    if engine is not None and not engine.is_remote:
+        asyncio.run(engine.aclose())

@@ -7,7 +7,6 @@ blocks on the UI."""
 
 from __future__ import annotations
 
-import inspect
 import threading
 import time
 from collections.abc import Callable
@@ -24,9 +23,8 @@ from textual.worker import Worker, WorkerState
 
 from app.engine.api.engine_client import EngineClient
 from app.engine.api.errors import LocalbatchError
+from app.engine.api.progress import ProgressFn
 from app.ui.format import fmt_bytes, fmt_int
-
-ProgressFn = Callable[[str, "float | None"], None]
 
 
 class EngineFactory(Protocol):
@@ -39,11 +37,9 @@ def default_engine_factory(progress: ProgressFn, model: str | None, device: str 
         AsyncEngine,  # heavy (torch): imported in the loader thread, not at start
     )
 
-    kwargs: dict[str, Any] = {"model": model}
+    kwargs: dict[str, Any] = {"model": model, "progress": progress}
     if device:
         kwargs["device"] = device
-    if "progress" in inspect.signature(AsyncEngine).parameters:
-        kwargs["progress"] = progress
     return AsyncEngine(**kwargs)
 
 
@@ -86,14 +82,14 @@ class EngineInfo:
 
 
 def engine_info(engine: EngineClient) -> EngineInfo:
-    """What the status line shows. `device`, `dtype` and the KV figures are optional on an engine."""
+    """What the status line shows; empty figures (a remote server's dtype, KV budget) are left out."""
     stats = engine.stats()
     kv_tokens = stats.num_blocks_total * stats.block_size
     return EngineInfo(
-        model_name=str(getattr(engine, "model_name", "") or "model"),
-        device=str(getattr(engine, "device", "") or ""),
-        dtype=str(getattr(engine, "dtype", "") or "").removeprefix("torch."),
-        max_model_len=int(getattr(engine, "max_model_len", 0) or 0),
+        model_name=engine.model_name or "model",
+        device=engine.device,
+        dtype=engine.dtype,
+        max_model_len=engine.max_model_len,
         kv_tokens=kv_tokens,
         kv_bytes=kv_tokens * stats.kv_bytes_per_token,
     )

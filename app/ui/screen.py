@@ -287,8 +287,7 @@ class ChatScreen(Screen):
             return
         panes = self.panes()
         owners = {p.request_id: Owner(p.id, p.chat.title, p.color) for p in panes if p.request_id}
-        source = str(getattr(self.engine, "stats_source", "") or "")
-        self.query_one(KVBudgetPanel).show(stats, owners, source)
+        self.query_one(KVBudgetPanel).show(stats, owners, self.engine.stats_source)
         self.history.observe(time.monotonic() if now is None else now, stats.decode_tokens_per_s)
         self.query_one(ThroughputPanel).show(stats, self._rate_rows(stats, panes, owners), self.history)
         self.query_one("#endpoint-status", Static).update(self._endpoint_text())

@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from app.engine.api.async_engine import AsyncEngine
+from app.engine.api.engine_client import EngineClient
 from app.engine.api.errors import RequestError
 from app.engine.api.sampling_params import SamplingParams
 from tests.support.fake_engine import ServerThread
@@ -20,7 +21,7 @@ def engine(tiny_gguf_factory):
     eng = AsyncEngine(str(tiny_gguf_factory("llama", context_length=512)), device="cpu", dtype="float32",
                       kv_cache_blocks=256)
     yield eng
-    eng.close()
+    asyncio.run(eng.aclose())
 
 
 def wait_idle(engine: AsyncEngine, timeout: float = 10.0) -> None:
@@ -71,6 +72,12 @@ async def test_breaking_out_aborts_and_frees_blocks(engine):
             break
     await asyncio.sleep(0)
     wait_idle(engine)
+
+
+def test_is_an_engine_client(engine):
+    assert isinstance(engine, EngineClient)
+    assert (engine.device, engine.dtype, engine.is_remote, engine.stats_source) == ("cpu", "float32", False, "")
+    assert engine.max_model_len == 512
 
 
 def test_stats_snapshot_fields(engine):

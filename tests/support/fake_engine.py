@@ -1,19 +1,25 @@
-"""A deterministic fake `EngineClient` for server and TUI tests, and a helper that runs the HTTP
-server in a background thread.
+"""The one fake `EngineClient` of the test suite (server and TUI tests), and a helper that runs
+the HTTP server in a background thread.
 
 `FakeEngine` behaves like the real engine as its clients see it: requests queue, are admitted into
 a running batch (`max_num_seqs`, KV blocks reserved for prompt + max_tokens), and advance one token
 per step in a step loop on the caller's event loop; stop strings are held back and never emitted;
 `max_tokens`, the context length, `seed`, `ignore_eos`, `stop_token_ids` and logprobs are honoured;
-aborts free blocks at once. Generated text is words from a fixed list, chosen by an RNG seeded from
-the prompt (greedy), from seed + prompt (seeded), or at random.
+aborts free blocks at once.
+
+Generated text is, by default, words from a fixed list spelled out one byte-token at a time, chosen
+by an RNG seeded from the prompt (greedy), from seed + prompt (seeded), or at random. With
+`script=echo_reply` a reply is instead a known list of pieces, one token each, ending as if on EOS
+(the TUI tests check replies word for word).
 
 The tokenizer is byte-level: token id = UTF-8 byte + 3 (0 pad, 1 BOS, 2 EOS), so token counts are
 easy to compute in tests: `len(FakeTokenizer().encode(text))`.
 
-For tests: `submitted` (request id, params), `aborted` (ids aborted before finishing),
-`batch_sizes` (running-batch size of every step). These and `stats()` may be read from any thread;
-everything else is called from the event loop that streams.
+For tests: `submitted` (`Submitted(prompt, params, request_id)` per accepted request), `aborted`
+(ids aborted before finishing), `batch_sizes` (running-batch size of every step), `max_concurrent`,
+`closed`. These and `stats()` may be read from any thread; everything else, including the controls
+(`paused`, `hold_after`, `fail_next`, `frozen_stats`, `kill()`), belongs to the event loop that
+streams.
 """
 
 from __future__ import annotations
@@ -26,14 +32,17 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from app.engine.api.engine_client import Prompt
 from app.engine.api.errors import EngineDeadError, QueueFullError, RequestError
 from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.outputs import EngineStats, RequestStats, StreamDelta, TopLogprobs
+
+# A reply's pieces for a prompt, one token each (see `echo_reply`).
+Script = Callable[[Prompt], list[str]]
 
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliett",
          "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango")
@@ -65,6 +74,22 @@ class FakeTokenizer:
         return "".join(parts) + ("<assistant>" if add_generation_prompt else "")
 
 
+def echo_reply(prompt: Prompt) -> list[str]:
+    """'Reply to:' and the words of the last user message (or of a text prompt), one per token."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+        users = [str(m.get("content", "")) for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        text = users[-1] if users else ""
+    else:
+        text = str(prompt)
+    return ["Reply", " to:"] + [f" {w}" for w in text.split()]
+
+
+class Submitted(NamedTuple):
+    prompt: Prompt
+    params: SamplingParams
+    request_id: str
+
+
 @dataclass
 class _Request:
     request_id: str
@@ -77,6 +102,7 @@ class _Request:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[TopLogprobs] = field(default_factory=list)
     pending: deque[int] = field(default_factory=deque)  # bytes of the word being spelled out
+    script: deque[str] | None = None  # the pieces still to come, when the reply is scripted
     text: str = ""  # generated text (stop strings not yet cut)
     emitted: int = 0  # characters of `text` already sent
     done: bool = False
@@ -90,24 +116,48 @@ class _Request:
 class FakeEngine:
     """See the module docstring. `eos_after`: every request samples EOS after that many tokens
     (unless `ignore_eos`); `error_after`: every request fails with finish_reason "error" after that
-    many tokens (to test error reporting)."""
+    many tokens (to test error reporting); `script`: scripted replies instead of random words.
+
+    Controls: `paused` holds every running request before its next token and `hold_after` holds
+    those that have that many tokens (they stay in the batch, as a stalled step would leave them);
+    `fail_next` is raised by the next `stream()` before anything is queued; `frozen_stats`, when
+    set, is what `stats()` returns (deterministic panels)."""
+
+    model_name: str
+    max_model_len: int
+    device: str
+    dtype: str
+    is_remote = False
+    stats_source = ""
 
     def __init__(self, *, model_name: str = "fake-model", max_model_len: int = 512, step_delay: float = 0.002,
                  max_num_seqs: int = 16, max_waiting: int = 64, num_blocks: int = 512, block_size: int = 16,
-                 eos_after: int | None = None, error_after: int | None = None) -> None:
+                 kv_bytes_per_token: int = 18432, device: str = "cpu", dtype: str = "bfloat16",
+                 eos_after: int | None = None, error_after: int | None = None, script: Script | None = None,
+                 frozen_stats: EngineStats | None = None) -> None:
         self.model_name = model_name
         self.max_model_len = max_model_len
+        self.device = device
+        self.dtype = dtype
         self.tokenizer = FakeTokenizer()
         self.step_delay = step_delay
         self.max_num_seqs = max_num_seqs
         self.max_waiting = max_waiting
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.kv_bytes_per_token = kv_bytes_per_token
         self.eos_after = eos_after
         self.error_after = error_after
-        self.submitted: list[tuple[str, SamplingParams]] = []
+        self.script = script
+        self.frozen_stats = frozen_stats
+        self.paused = False
+        self.hold_after: int | None = None
+        self.fail_next: Exception | None = None
+        self.submitted: list[Submitted] = []
         self.aborted: list[str] = []
         self.batch_sizes: list[int] = []
+        self.max_concurrent = 0
+        self.closed = False
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
         self._loop_task: asyncio.Task[None] | None = None
@@ -115,7 +165,7 @@ class FakeEngine:
         self._counter = 0
         self._totals = {"prompt": 0, "output": 0, "steps": 0}
         self._last_step_s = 0.0
-        self._snapshot = EngineStats(num_blocks_total=num_blocks, block_size=block_size)
+        self._publish()
 
     # --- EngineClient ------------------------------------------------------------------------
 
@@ -131,20 +181,26 @@ class FakeEngine:
     def stats(self) -> EngineStats:
         if self._dead:
             raise EngineDeadError("the fake engine was killed")
-        return self._snapshot
+        return self.frozen_stats if self.frozen_stats is not None else self._snapshot
 
     def stream(self, prompt: Prompt, params: SamplingParams,
                request_id: str | None = None) -> AsyncIterator[StreamDelta]:
         """Validates and queues at once (errors are raised here, before any delta)."""
-        if self._dead:
-            raise EngineDeadError("the fake engine was killed")
+        if self._dead or self.closed:
+            raise EngineDeadError("the fake engine was killed" if self._dead else "the fake engine was closed")
+        if self.fail_next is not None:
+            error, self.fail_next = self.fail_next, None
+            raise error
         self._counter += 1
         request_id = request_id or f"fake-{self._counter}"
         ids = self._prompt_ids(prompt)
         max_tokens = self._check(request_id, ids, params)
         req = _Request(request_id, ids, params, max_tokens, self._rng(ids, params), time.perf_counter())
+        if self.script is not None:
+            req.script = deque(self.script(prompt))
         self._waiting.append(req)
-        self.submitted.append((request_id, params))
+        self.submitted.append(Submitted(prompt, params, request_id))
+        self.max_concurrent = max(self.max_concurrent, len(self._waiting) + len(self._running))
         self._publish()
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.get_running_loop().create_task(self._step_loop())
@@ -159,7 +215,13 @@ class FakeEngine:
         self.aborted.append(request_id)
         self._publish()
 
+    async def aclose(self) -> None:
+        self.closed = True
+
     # --- test controls -----------------------------------------------------------------------
+
+    def live_request_ids(self) -> list[str]:
+        return [r.request_id for r in [*self._waiting, *self._running]]
 
     def kill(self) -> None:
         """Stop the engine: live requests end with an error, later calls raise EngineDeadError."""
@@ -235,7 +297,7 @@ class FakeEngine:
                 if self._running:
                     self.batch_sizes.append(len(self._running))
                     self._totals["steps"] += 1
-                    for req in list(self._running):
+                    for req in [r for r in self._running if not self._holding(r)]:
                         self._advance(req)
                 self._last_step_s = time.perf_counter() - start
                 self._publish()
@@ -255,24 +317,35 @@ class FakeEngine:
             self._running.append(req)
             self._totals["prompt"] += len(req.prompt_ids)
 
-    def _sample(self, req: _Request) -> int:
+    def _holding(self, req: _Request) -> bool:
+        return self.paused or (self.hold_after is not None and len(req.output_ids) >= self.hold_after)
+
+    def _sample(self, req: _Request) -> tuple[int, str]:
+        """The next token and its text."""
         n = len(req.output_ids)
         if self.eos_after is not None and n >= self.eos_after and not req.params.ignore_eos:
-            return FakeTokenizer.EOS
+            return FakeTokenizer.EOS, ""
+        if req.script is not None:
+            if not req.script:
+                return FakeTokenizer.EOS, ""
+            piece = req.script.popleft()
+            # One token stands for the whole piece; its id (the first byte's) only has to be valid.
+            return (self.encode(piece, add_bos=False) or [FakeTokenizer.PAD])[0], piece
         if not req.pending:
             word = req.rng.choice(WORDS)
             req.pending.extend(self.encode(word if n == 0 else " " + word, add_bos=False))
-        return req.pending.popleft()
+        token = req.pending.popleft()
+        return token, self.decode([token])
 
     def _advance(self, req: _Request) -> None:
-        token = self._sample(req)
+        token, piece = self._sample(req)
         req.output_ids.append(token)
         self._totals["output"] += 1
         if req.params.logprobs is not None:
             req.logprobs.append(self._logprobs(token, req.params.logprobs))
         if req.first_token_time is None:
             req.first_token_time = time.perf_counter()
-        req.text = self.decode(req.output_ids)
+        req.text += piece
         finish, error = self._finish_reason(req, token)
         if finish is None:
             safe = len(req.text) - self._held_back(req)
@@ -290,6 +363,8 @@ class FakeEngine:
             return "error", "fake engine failure"
         if (token == FakeTokenizer.EOS and not p.ignore_eos) or token in p.stop_token_ids:
             return "stop", None
+        if req.script is not None and not req.script and not p.ignore_eos:
+            return "stop", None  # a script's last piece ends the reply, as EOS would right after it
         if any(s in req.text for s in p.stop or []):
             return "stop", None
         if n >= req.max_tokens or len(req.prompt_ids) + n >= self.max_model_len:
@@ -334,6 +409,7 @@ class FakeEngine:
     def _publish(self) -> None:
         """Replace the stats snapshot (readers on other threads only ever see whole snapshots)."""
         now = time.perf_counter()
+        decoding = sum(not self._holding(r) for r in self._running)
         requests = tuple(RequestStats(
             r.request_id, "decode" if r.output_ids else ("prefill" if r in self._running else "waiting"),
             len(r.prompt_ids), len(r.output_ids), self._blocks(len(r.prompt_ids) + len(r.output_ids)), 0,
@@ -344,8 +420,8 @@ class FakeEngine:
         self._snapshot = EngineStats(
             num_running=len(self._running), num_waiting=len(self._waiting), num_blocks_total=self.num_blocks,
             num_blocks_used=sum(self._blocks(len(r.prompt_ids) + len(r.output_ids)) for r in self._running),
-            block_size=self.block_size, kv_bytes_per_token=64,
-            decode_tokens_per_s=len(self._running) / self._last_step_s if self._running and self._last_step_s else 0.0,
+            block_size=self.block_size, kv_bytes_per_token=self.kv_bytes_per_token,
+            decode_tokens_per_s=decoding / self._last_step_s if decoding and self._last_step_s else 0.0,
             last_batch_size=self.batch_sizes[-1] if self.batch_sizes else 0,
             last_num_tokens=self.batch_sizes[-1] if self.batch_sizes else 0, last_step_time_s=self._last_step_s,
             num_steps=self._totals["steps"], total_prompt_tokens=self._totals["prompt"],

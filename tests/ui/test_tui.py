@@ -32,7 +32,7 @@ from app.ui.screen import ChatScreen
 from app.ui.store import SCHEMA_VERSION, ChatStore, StoreError
 from app.ui.user_config import ChatSettings, ConfigError, load_config
 from app.ui.widgets import PromptInput
-from tests.support.tui_fake_engine import FakeEngine
+from tests.support.fake_engine import FakeEngine, ServerThread, echo_reply
 
 SIZE = (120, 40)
 
@@ -40,9 +40,14 @@ SIZE = (120, 40)
 # --- helpers ------------------------------------------------------------------------------------
 
 
+def chat_engine(**settings: Any) -> FakeEngine:
+    """The fake engine as these tests know it: a quantized model's figures, echoed replies."""
+    return FakeEngine(**{"model_name": "fake-model-q4", "max_model_len": 4096, "script": echo_reply, **settings})
+
+
 def make_app(tmp_path: Path, engine: Any = None, config: str = "", **options: Any) -> tuple[LocalbatchApp, Any]:
     """An app on a fake engine with its own data dir and config file (never the user's)."""
-    engine = engine if engine is not None else FakeEngine()
+    engine = engine if engine is not None else chat_engine()
     config_path = tmp_path / "config.toml"
     config_path.write_text(config)
     options.setdefault("poll_interval", 0)
@@ -130,7 +135,7 @@ def _empty_config(tmp_path: Path) -> Path:
 
 
 async def test_send_streams_reply_into_markdown_and_commits_it(tmp_path: Path) -> None:
-    app, engine = make_app(tmp_path, FakeEngine(token_delay=0.01))
+    app, engine = make_app(tmp_path, chat_engine(step_delay=0.01))
     async with app.run_test(size=SIZE) as pilot:
         screen = await chat_screen(pilot)
         pane = screen.active_pane()
@@ -149,7 +154,7 @@ async def test_send_streams_reply_into_markdown_and_commits_it(tmp_path: Path) -
         assert stored[1].finish_reason == "stop" and stored[1].num_tokens == 7
         assert stored[1].ttft_s is not None and stored[1].tokens_per_s > 0
         assert pane.chat.title == "tell me about paged attenti…"  # the first prompt names the chat
-        prompt, params, request_id = engine.calls[0]
+        prompt, params, request_id = engine.submitted[0]
         assert prompt == [{"role": "user", "content": "tell me about paged attention"}]
         assert params.temperature == 0.7 and params.max_tokens == 512
         assert request_id.startswith(f"chat{pane.chat.id}-")
@@ -161,14 +166,14 @@ async def test_ctrl_j_inserts_newline_instead_of_sending(tmp_path: Path) -> None
         screen = await chat_screen(pilot)
         await pilot.press("a", "ctrl+j", "b")
         assert screen.active_pane().input_text() == "a\nb"
-        assert not engine.calls
+        assert not engine.submitted
         await pilot.press("enter")
         await idle(pilot, screen)
-        assert engine.calls[0][0] == [{"role": "user", "content": "a\nb"}]
+        assert engine.submitted[0].prompt == [{"role": "user", "content": "a\nb"}]
 
 
 async def test_escape_stops_generation_and_commits_partial_reply(tmp_path: Path) -> None:
-    app, engine = make_app(tmp_path, FakeEngine(token_delay=0.005))
+    app, engine = make_app(tmp_path, chat_engine(step_delay=0.005))
     async with app.run_test(size=SIZE) as pilot:
         screen = await chat_screen(pilot)
         pane = screen.active_pane()
@@ -189,7 +194,7 @@ async def test_escape_stops_generation_and_commits_partial_reply(tmp_path: Path)
         messages = app.store.messages(pane.chat.id)
         assert [m.role for m in messages] == ["user", "assistant"]
         assert messages[-1].content == "Reply to: one two three four five six"
-        assert engine.calls[1][0] == engine.calls[0][0]
+        assert engine.submitted[1].prompt == engine.submitted[0].prompt
 
 
 async def test_rejected_request_shows_error_and_regenerate_retries(tmp_path: Path) -> None:
@@ -244,7 +249,7 @@ async def test_tabs_open_switch_and_close_with_confirm(tmp_path: Path) -> None:
 
 
 async def test_broadcast_decodes_in_every_tab_at_once(tmp_path: Path) -> None:
-    app, engine = make_app(tmp_path, FakeEngine(token_delay=0.01), poll_interval=0.05)
+    app, engine = make_app(tmp_path, chat_engine(step_delay=0.01), poll_interval=0.05)
     async with app.run_test(size=SIZE) as pilot:
         screen = await chat_screen(pilot)
         for _ in range(3):
@@ -299,12 +304,16 @@ async def test_restart_restores_tabs_messages_settings_and_active_tab(tmp_path: 
         assert [m.content for m in panes[0].messages] == ["first question", "Reply to: first question"]
         assert screen.active_pane() is panes[1]
         assert panes[1].chat.settings == ChatSettings(temperature=0.2, top_p=0.95, max_tokens=512, seed=7)
-        assert len(panes[0].query(Markdown)) == 1  # restored reply rendered
+        assert len(panes[0].query(Markdown)) == 0  # a hidden tab mounts its history when shown
+        screen.query_one(TabbedContent).active = panes[0].id
+        await until(pilot, lambda: len(panes[0].query(Markdown)) == 1)  # restored reply rendered
+        screen.query_one(TabbedContent).active = panes[1].id
+        await pilot.pause()
         await type_and_send(pilot, "and again")
         await idle(pilot, screen)
-        params = engine2.calls[0][1]
+        params = engine2.submitted[0].params
         assert (params.temperature, params.seed) == (0.2, 7)
-        assert [m["content"] for m in engine2.calls[0][0]] == ["second question", "Reply to: second question", "and again"]
+        assert [m["content"] for m in engine2.submitted[0].prompt] == ["second question", "Reply to: second question", "and again"]
 
 
 async def test_settings_form_rejects_invalid_values_and_system_prompt_is_sent(tmp_path: Path) -> None:
@@ -330,8 +339,8 @@ async def test_settings_form_rejects_invalid_values_and_system_prompt_is_sent(tm
         await pilot.press("f3")
         await type_and_send(pilot, "hi")
         await idle(pilot, screen)
-        assert engine.calls[0][0][0] == {"role": "system", "content": "Be terse."}
-        assert engine.calls[0][1].top_p == 0.5
+        assert engine.submitted[0].prompt[0] == {"role": "system", "content": "Be terse."}
+        assert engine.submitted[0].params.top_p == 0.5
 
 
 async def test_export_writes_markdown(tmp_path: Path) -> None:
@@ -367,7 +376,7 @@ async def test_keymap_from_config_remaps_bindings_and_palette_lists_actions(tmp_
 
 
 async def test_panels_show_tabs_api_requests_cached_blocks_and_waiting_queue(tmp_path: Path) -> None:
-    engine = FakeEngine(token_delay=0.005)
+    engine = chat_engine(step_delay=0.005)
     app, _ = make_app(tmp_path, engine)
     async with app.run_test(size=SIZE) as pilot:
         screen = await chat_screen(pilot)
@@ -432,7 +441,7 @@ async def test_endpoint_degrades_with_a_clear_message_without_app_server(tmp_pat
 
 
 async def test_quit_while_generating_commits_partial_and_closes_engine(tmp_path: Path) -> None:
-    app, engine = make_app(tmp_path, FakeEngine(token_delay=0.005))
+    app, engine = make_app(tmp_path, chat_engine(step_delay=0.005))
     async with app.run_test(size=SIZE) as pilot:
         screen = await chat_screen(pilot)
         engine.hold_after = 2
@@ -465,7 +474,7 @@ def test_main_screen_snapshot(tmp_path: Path, snap_compare: Any) -> None:
         requests=(RequestStats("chatcmpl-a", "decode", 40, 80, 60, 0, 0.2, 0.03, 30.1),
                   RequestStats("chatcmpl-b", "decode", 20, 30, 36, 0, 0.3, 0.03, 27.3)),
     )
-    app, _ = make_app(tmp_path, FakeEngine(frozen_stats=stats))
+    app, _ = make_app(tmp_path, chat_engine(frozen_stats=stats))
 
     async def settle(pilot: Any) -> None:
         screen = await chat_screen(pilot)
@@ -649,10 +658,7 @@ localbatch:generation_tokens_total{model_name="m"} 1200
 
 
 async def test_remote_engine_against_localbatch_server_reads_its_metrics() -> None:
-    from tests.support.fake_engine import FakeEngine as ServerFakeEngine
-    from tests.support.fake_engine import ServerThread
-
-    with ServerThread(ServerFakeEngine(model_name="served", step_delay=0.002)) as server:
+    with ServerThread(FakeEngine(model_name="served", step_delay=0.002)) as server:
         engine = await asyncio.to_thread(RemoteEngine.connect, server.url + "/v1")
         engine._metrics_interval = 0.05
         assert engine.model_name == "served"
@@ -669,10 +675,7 @@ async def test_remote_engine_against_localbatch_server_reads_its_metrics() -> No
 
 
 async def test_app_on_a_remote_backend_chats_and_shows_remote_figures(tmp_path: Path) -> None:
-    from tests.support.fake_engine import FakeEngine as ServerFakeEngine
-    from tests.support.fake_engine import ServerThread
-
-    with ServerThread(ServerFakeEngine(model_name="served", max_model_len=2048, step_delay=0.002)) as server:
+    with ServerThread(FakeEngine(model_name="served", max_model_len=2048, step_delay=0.002)) as server:
         app, _ = make_app(tmp_path, backend_url=server.url + "/v1")
         async with app.run_test(size=SIZE) as pilot:
             screen = await chat_screen(pilot)

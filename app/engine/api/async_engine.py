@@ -18,11 +18,11 @@ from typing import Any
 
 from app.engine.api.engine_client import Prompt
 from app.engine.api.errors import EngineDeadError
+from app.engine.api.progress import ProgressFn
 from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.llm_engine import LLMEngine
 from app.engine.core.outputs import EngineStats, StreamDelta
 from app.engine.core.sequence import Sequence
-from app.engine.gguf.loader import Progress
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +32,16 @@ _IDLE_WAIT_S = 0.05
 class AsyncEngine:
     """Implements `EngineClient` in-process. Settings are `LLMEngine`'s keyword arguments."""
 
+    model_name: str
+    max_model_len: int
+    device: str
+    dtype: str
+    is_remote = False
+    stats_source = ""  # the engine's own figures: nothing to qualify them with
+
     def __init__(
         self, model: str | None = None, device: str = "auto", dtype: str = "auto",
-        progress: Progress | None = None, **engine_kwargs: Any,
+        progress: ProgressFn | None = None, **engine_kwargs: Any,
     ) -> None:
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -99,7 +106,12 @@ class AsyncEngine:
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         return self.engine.require_tokenizer().apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
 
+    async def aclose(self) -> None:
+        # The join takes up to a step; off the loop, so the UI keeps drawing meanwhile.
+        await asyncio.to_thread(self.close)
+
     def close(self) -> None:
+        """`aclose` for callers without an event loop (`with AsyncEngine(...)`, scripts)."""
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=10)
@@ -109,7 +121,7 @@ class AsyncEngine:
         self._inbox.put((kind, payload))
         self._wake.set()
 
-    def _main(self, model: str | None, device: str, dtype: str, progress: Progress | None, kwargs: dict) -> None:
+    def _main(self, model: str | None, device: str, dtype: str, progress: ProgressFn | None, kwargs: dict) -> None:
         try:
             self.engine = LLMEngine(model, device=device, dtype=dtype, progress=progress, **kwargs)
             self._stats = self.engine.stats()

@@ -1,5 +1,8 @@
-"""The engine as its clients (HTTP server, TUI) see it. `AsyncEngine` implements it in-process; the
-TUI's remote backend implements it over HTTP; tests implement it with fakes."""
+"""The engine as its clients (HTTP server, TUI) see it. `AsyncEngine` implements it in-process,
+`app.clients.remote.RemoteEngine` over HTTP, `tests.support.fake_engine.FakeEngine` in tests.
+
+Clients use only what is declared here, so every implementation declares every member. Kept
+torch-free: the TUI and the server name it before (or without) loading the engine."""
 
 from __future__ import annotations
 
@@ -17,7 +20,18 @@ Prompt = str | list[int] | list[dict[str, Any]]
 @runtime_checkable
 class EngineClient(Protocol):
     model_name: str
-    max_model_len: int
+    max_model_len: int  # context length in tokens; 0 when a remote server does not say
+    device: str  # where it runs, for people: "cuda:0", "cpu", "remote host:8000"
+    dtype: str  # compute dtype without the "torch." prefix; "" when unknown (a remote server)
+    # True when the engine runs elsewhere: the TUI offers no embedded endpoint then (it would only
+    # proxy that server), and one left unclosed after a crash holds only sockets that die with us.
+    is_remote: bool
+
+    @property
+    def stats_source(self) -> str:
+        """Where `stats()` figures come from, shown under the KV panel: "" for the engine's own
+        figures, otherwise a short note (a remote server's /metrics, or client-side estimates)."""
+        ...
 
     def stream(
         self, prompt: Prompt, params: SamplingParams, request_id: str | None = None
@@ -42,3 +56,8 @@ class EngineClient(Protocol):
     def decode(self, token_ids: list[int]) -> str: ...
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str: ...
+
+    async def aclose(self) -> None:
+        """Stop the engine (or drop the connection) and release what it holds; call it from the
+        event loop that streamed. Calling it again does nothing; streaming afterwards is an error."""
+        ...

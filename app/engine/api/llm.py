@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.engine.api.progress import ProgressFn
 from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.llm_engine import LLMEngine
 from app.engine.core.outputs import RequestOutput
-from app.engine.gguf.loader import Progress
 
 PromptInput = str | list[int]
 
@@ -17,7 +17,7 @@ class LLM:
 
     def __init__(
         self, model: str | None = None, device: str = "auto", dtype: str = "auto",
-        progress: Progress | None = None, **engine_kwargs: Any,
+        progress: ProgressFn | None = None, **engine_kwargs: Any,
     ) -> None:
         self.engine = LLMEngine(model, device=device, dtype=dtype, progress=progress, **engine_kwargs)
         self.tokenizer = self.engine.tokenizer

