@@ -28,9 +28,10 @@ from app.ui.format import fmt_rate, fmt_seconds
 from app.ui.loading import first_line
 from app.ui.reply_stream import FLUSH_HZ, ReplyWriter
 from app.ui.store import ChatRecord, ChatStore, MessageRecord
-from app.ui.widgets import MessageView, PromptInput, SettingsForm, SettingsTitle
+from app.ui.widgets import EarlierMessages, MessageView, PromptInput, SettingsForm, SettingsTitle
 
 _DEFAULT_TITLE = re.compile(r"^Chat \d+$")
+HISTORY_PAGE = 30  # messages mounted when a tab is first shown, and per "earlier messages" click
 
 
 @dataclass
@@ -104,6 +105,7 @@ class ChatPane(TabPane):
         self.request_id: str | None = None
         self.metrics: ReplyMetrics | None = None
         self._writer: ReplyWriter | None = None
+        self._first_mounted: int | None = None  # index of the oldest mounted message; None: none yet
         # The engine's (tok/s, TTFT) for the current reply, last seen while it ran: the panel keeps
         # showing the engine's measure after the reply ends instead of switching to the client's.
         self.engine_figures: tuple[float | None, float | None] | None = None
@@ -135,9 +137,8 @@ class ChatPane(TabPane):
     def compose(self) -> ComposeResult:
         # The form itself is mounted on first use: a dozen widgets per tab slow tab creation down.
         yield SettingsTitle(self._settings_title(), classes="settings-title")
-        with VerticalScroll(classes="messages"):
-            for m in self._messages:
-                yield MessageView(m.role, m.content, reply_meta(m))
+        # The history is mounted when the tab is first shown, newest page first (see _show_older).
+        yield VerticalScroll(classes="messages")
         yield PromptInput(classes="prompt")
 
     def on_mount(self) -> None:
@@ -146,7 +147,31 @@ class ChatPane(TabPane):
         self._flush_timer = self.set_interval(1 / FLUSH_HZ, self._paint_reply, pause=True)
 
     async def on_show(self) -> None:
+        self._ensure_history()
         await self._paint_reply()  # a tab shown mid-reply paints what it buffered while hidden
+
+    def _ensure_history(self) -> None:
+        if self._first_mounted is None:
+            self._first_mounted = len(self._messages)
+            self._show_older(HISTORY_PAGE)
+
+    def _show_older(self, count: int) -> None:
+        """Mount up to `count` more of the oldest unmounted messages above the mounted ones: a
+        Markdown view per message costs a parse and a layout, too much for hundreds at once."""
+        scroll = self.query_one(".messages", VerticalScroll)
+        end = self._first_mounted
+        self._first_mounted = start = max(end - count, 0)
+        views = [MessageView(m.role, m.content, reply_meta(m)) for m in self._messages[start:end]]
+        for old in scroll.query(EarlierMessages):
+            old.remove()
+        if start:
+            views.insert(0, EarlierMessages(start))
+        if views:
+            scroll.mount_all(views, before=0 if scroll.children else None)
+
+    def on_earlier_messages_pressed(self, event: EarlierMessages.Pressed) -> None:
+        event.stop()
+        self._show_older(HISTORY_PAGE)
 
     async def _paint_reply(self) -> None:
         if self._writer is not None and self.display:
@@ -210,6 +235,7 @@ class ChatPane(TabPane):
         text = text.strip()
         if not text or self.generating:
             return False
+        self._ensure_history()  # a broadcast may reach a tab that was never shown
         message = self._store.add_message(self.chat.id, "user", text)
         self._messages.append(message)
         self.query_one(".messages", VerticalScroll).mount(MessageView("user", text))
@@ -222,6 +248,7 @@ class ChatPane(TabPane):
         """Drop the last reply (if any) and generate it again from the same history."""
         if self.generating or not self._messages:
             return False
+        self._ensure_history()
         if self._messages[-1].role == "assistant":
             last = self._messages.pop()
             self._store.delete_message(last.id)

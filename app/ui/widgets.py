@@ -106,6 +106,26 @@ class MessageView(Vertical):
         label.display = bool(text)
 
 
+class EarlierMessages(Static):
+    """A line above a long chat's mounted messages: how many older ones there are; a click (or
+    enter, when focused) mounts another page of them."""
+
+    can_focus = True
+
+    class Pressed(Message):
+        pass
+
+    def __init__(self, count: int) -> None:
+        noun = "message" if count == 1 else "messages"
+        super().__init__(f"▲ {count} earlier {noun} · click to show", markup=False, classes="earlier")
+
+    def on_click(self) -> None:
+        self.post_message(self.Pressed())
+
+    def key_enter(self) -> None:
+        self.post_message(self.Pressed())
+
+
 class SettingsTitle(Static):
     """The one-line summary of a chat's settings; a click opens the form."""
 
