@@ -24,6 +24,7 @@ from app.engine.api.engine_client import Prompt
 from app.engine.api.errors import LocalbatchError, QueueFullError, RequestError
 from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.outputs import EngineStats, RequestStats, StreamDelta
+from app.engine.core.timing import reply_timing
 
 _TIMEOUT = httpx.Timeout(10.0, read=600.0)  # a queued request may wait long for its first token
 _RATE_WINDOW_S = 2.0
@@ -82,12 +83,13 @@ class RemoteEngine:
         self._client: httpx.AsyncClient | None = None
         self._live: dict[str, _Live] = {}
         self._aborted: set[str] = set()
-        self._tokens: deque[tuple[float, int]] = deque()
+        self._token_times: deque[float] = deque()  # arrival of each token in the rate window
         self._ttfts: deque[float] = deque(maxlen=32)
         self._metrics = _MetricsState()
         self._metrics_interval = metrics_interval
         self._metrics_task: asyncio.Task | None = None
-        self._totals = [0, 0]  # prompt, output tokens seen by this client
+        self._prompt_tokens_seen = 0  # totals for servers without /metrics
+        self._output_tokens_seen = 0
 
     @classmethod
     def connect(
@@ -157,7 +159,7 @@ class RemoteEngine:
                 raise RemoteError(f"remote backend {self.base_url}: {e}") from None
             yield self._final(request_id, live, "error", f"connection to {self.base_url} lost: {e}")
             return
-        self._totals[0] += live.num_prompt_tokens
+        self._prompt_tokens_seen += live.num_prompt_tokens
         yield self._final(request_id, live, finish or "stop", None)
 
     def _final(self, request_id: str, live: _Live, reason: str, error: str | None) -> StreamDelta:
@@ -173,9 +175,9 @@ class RemoteEngine:
     def stats(self) -> EngineStats:
         self._ensure_metrics_task()
         now = time.monotonic()
-        while self._tokens and now - self._tokens[0][0] > _RATE_WINDOW_S:
-            self._tokens.popleft()
-        client_rate = sum(n for _, n in self._tokens) / _RATE_WINDOW_S
+        while self._token_times and now - self._token_times[0] > _RATE_WINDOW_S:
+            self._token_times.popleft()
+        client_rate = len(self._token_times) / _RATE_WINDOW_S
         m = self._metrics.values if self._metrics.available else {}
         return EngineStats(
             num_running=int(m.get("running", len(self._live))),
@@ -187,9 +189,9 @@ class RemoteEngine:
             last_batch_size=int(m.get("running", len(self._live))),
             num_steps=int(m.get("steps", 0)),
             num_preemptions=int(m.get("preemptions", 0)),
-            total_prompt_tokens=int(m.get("prompt_total", self._totals[0])),
-            total_output_tokens=int(m.get("generation_total", self._totals[1])),
-            requests=tuple(self._request_stats(rid, live, now) for rid, live in self._live.items()),
+            total_prompt_tokens=int(m.get("prompt_total", self._prompt_tokens_seen)),
+            total_output_tokens=int(m.get("generation_total", self._output_tokens_seen)),
+            requests=tuple(_request_stats(rid, live) for rid, live in self._live.items()),
         )
 
     @property
@@ -265,8 +267,8 @@ class RemoteEngine:
             self._ttfts.append(now - live.started)
         live.last_token_at = now
         live.num_output_tokens += 1
-        self._totals[1] += 1
-        self._tokens.append((now, 1))
+        self._output_tokens_seen += 1
+        self._token_times.append(now)
 
     @staticmethod
     def _observe_usage(chunk: dict[str, Any], live: _Live) -> None:
@@ -276,14 +278,6 @@ class RemoteEngine:
         if usage.get("completion_tokens"):
             live.num_output_tokens = int(usage["completion_tokens"])
 
-    def _request_stats(self, request_id: str, live: _Live, now: float) -> RequestStats:
-        ttft = None if live.first_token_at is None else live.first_token_at - live.started
-        rate = None
-        if live.first_token_at is not None and live.num_output_tokens > 1:
-            span = (live.last_token_at or now) - live.first_token_at
-            rate = (live.num_output_tokens - 1) / span if span > 0 else None
-        status = "decode" if live.first_token_at is not None else "prefill"
-        return RequestStats(request_id, status, live.num_prompt_tokens, live.num_output_tokens, 0, 0, ttft, None, rate)
 
     @staticmethod
     def _kv_fields(m: dict[str, float]) -> dict[str, int]:
@@ -415,3 +409,18 @@ def _http_error(status: int, content: bytes, url: str) -> LocalbatchError:
     if status in (401, 403):
         return RemoteError(f"{url} refused the request (HTTP {status}): check --api-key")
     return RemoteError(f"{url} answered HTTP {status}: {message}")
+
+
+def _request_stats(request_id: str, live: _Live) -> RequestStats:
+    timing = reply_timing(live.started, live.first_token_at, live.last_token_at, live.num_output_tokens)
+    return RequestStats(
+        request_id=request_id,
+        status="decode" if live.first_token_at is not None else "prefill",
+        num_prompt_tokens=live.num_prompt_tokens,
+        num_output_tokens=live.num_output_tokens,
+        num_blocks=0,  # a remote server does not say which blocks a request holds
+        num_cached_tokens=0,
+        ttft_s=timing.ttft_s,
+        itl_s=timing.itl_s,
+        tokens_per_s=timing.tokens_per_s,
+    )
