@@ -411,11 +411,15 @@ class FakeEngine:
         now = time.perf_counter()
         decoding = sum(not self._holding(r) for r in self._running)
         requests = tuple(RequestStats(
-            r.request_id, "decode" if r.output_ids else ("prefill" if r in self._running else "waiting"),
-            len(r.prompt_ids), len(r.output_ids), self._blocks(len(r.prompt_ids) + len(r.output_ids)), 0,
-            None if r.first_token_time is None else r.first_token_time - r.arrival,
-            self._last_step_s if len(r.output_ids) > 1 else None,
-            len(r.output_ids) / (now - r.arrival) if r.output_ids else None,
+            request_id=r.request_id,
+            status="decode" if r.output_ids else ("prefill" if r in self._running else "waiting"),
+            num_prompt_tokens=len(r.prompt_ids),
+            num_output_tokens=len(r.output_ids),
+            num_blocks=self._blocks(len(r.prompt_ids) + len(r.output_ids)),
+            num_cached_tokens=0,
+            ttft_s=None if r.first_token_time is None else r.first_token_time - r.arrival,
+            itl_s=self._last_step_s if len(r.output_ids) > 1 else None,
+            tokens_per_s=len(r.output_ids) / (now - r.arrival) if r.output_ids else None,
         ) for r in [*self._running, *self._waiting])
         self._snapshot = EngineStats(
             num_running=len(self._running), num_waiting=len(self._waiting), num_blocks_total=self.num_blocks,

@@ -40,6 +40,13 @@ SIZE = (120, 40)
 # --- helpers ------------------------------------------------------------------------------------
 
 
+def decoding(request_id: str, *, prompt: int, output: int, blocks: int, ttft: float | None = None,
+             itl: float | None = None, rate: float | None = None) -> RequestStats:
+    """A decoding request's stats row, as the engine reports it."""
+    return RequestStats(request_id=request_id, status="decode", num_prompt_tokens=prompt, num_output_tokens=output,
+                        num_blocks=blocks, num_cached_tokens=0, ttft_s=ttft, itl_s=itl, tokens_per_s=rate)
+
+
 def chat_engine(**settings: Any) -> FakeEngine:
     """The fake engine as these tests know it: a quantized model's figures, echoed replies."""
     return FakeEngine(**{"model_name": "fake-model-q4", "max_model_len": 4096, "script": echo_reply, **settings})
@@ -305,15 +312,13 @@ async def test_restart_restores_tabs_messages_settings_and_active_tab(tmp_path: 
         assert screen.active_pane() is panes[1]
         assert panes[1].chat.settings == ChatSettings(temperature=0.2, top_p=0.95, max_tokens=512, seed=7)
         assert len(panes[0].query(Markdown)) == 0  # a hidden tab mounts its history when shown
-        screen.query_one(TabbedContent).active = panes[0].id
-        await until(pilot, lambda: len(panes[0].query(Markdown)) == 1)  # restored reply rendered
-        screen.query_one(TabbedContent).active = panes[1].id
-        await pilot.pause()
         await type_and_send(pilot, "and again")
         await idle(pilot, screen)
         params = engine2.submitted[0].params
         assert (params.temperature, params.seed) == (0.2, 7)
         assert [m["content"] for m in engine2.submitted[0].prompt] == ["second question", "Reply to: second question", "and again"]
+        screen.query_one(TabbedContent).active = panes[0].id
+        await until(pilot, lambda: len(panes[0].query(Markdown)) == 1)  # restored reply rendered
 
 
 async def test_settings_form_rejects_invalid_values_and_system_prompt_is_sent(tmp_path: Path) -> None:
@@ -384,8 +389,8 @@ async def test_panels_show_tabs_api_requests_cached_blocks_and_waiting_queue(tmp
         await type_and_send(pilot, "hold on")
         await until(pilot, lambda: bool(engine.live_request_ids()))
         pane = screen.active_pane()
-        live = RequestStats(pane.request_id, "decode", 10, 20, 2, 0, 0.05, 0.01, 31.5)
-        api = RequestStats("chatcmpl-1", "decode", 100, 50, 10, 0, 0.2, 0.02, 12.0)
+        live = decoding(pane.request_id, prompt=10, output=20, blocks=2, ttft=0.05, itl=0.01, rate=31.5)
+        api = decoding("chatcmpl-1", prompt=100, output=50, blocks=10, ttft=0.2, itl=0.02, rate=12.0)
         engine.frozen_stats = EngineStats(
             num_running=2, num_waiting=3, num_blocks_total=100, num_blocks_used=12, num_blocks_cached_free=5,
             block_size=16, kv_bytes_per_token=18432, decode_tokens_per_s=43.5, prefill_tokens_per_s=1250.0,
@@ -471,8 +476,8 @@ def test_main_screen_snapshot(tmp_path: Path, snap_compare: Any) -> None:
         num_running=2, num_waiting=1, num_blocks_total=512, num_blocks_used=96, num_blocks_cached_free=40,
         block_size=16, kv_bytes_per_token=18432, prefix_cache_hit_rate=0.25, prefill_tokens_per_s=812.0,
         decode_tokens_per_s=57.4, last_batch_size=2, last_num_tokens=2, last_step_time_s=0.035, num_steps=1234,
-        requests=(RequestStats("chatcmpl-a", "decode", 40, 80, 60, 0, 0.2, 0.03, 30.1),
-                  RequestStats("chatcmpl-b", "decode", 20, 30, 36, 0, 0.3, 0.03, 27.3)),
+        requests=(decoding("chatcmpl-a", prompt=40, output=80, blocks=60, ttft=0.2, itl=0.03, rate=30.1),
+                  decoding("chatcmpl-b", prompt=20, output=30, blocks=36, ttft=0.3, itl=0.03, rate=27.3)),
     )
     app, _ = make_app(tmp_path, chat_engine(frozen_stats=stats))
 
@@ -502,7 +507,7 @@ def test_bar_cells_are_proportional_and_show_small_holders() -> None:
 
 
 def test_kv_segments_group_by_tab_and_api() -> None:
-    reqs = tuple(RequestStats(rid, "decode", 1, 1, n, 0, None, None, None) for rid, n in
+    reqs = tuple(decoding(rid, prompt=1, output=1, blocks=n) for rid, n in
                  [("t1", 3), ("x", 2), ("t2", 4), ("y", 1)])
     stats = EngineStats(num_blocks_total=20, num_blocks_used=10, requests=reqs)
     owners = {"t1": Owner("a", "A", "red"), "t2": Owner("b", "B", "blue")}

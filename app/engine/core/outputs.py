@@ -37,7 +37,7 @@ class StreamDelta:
     error: str | None = None  # set with finish_reason="error"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # nine fields: positional calls were unreadable
 class RequestStats:
     request_id: str
     status: str  # "waiting" | "prefill" | "decode"
