@@ -11,7 +11,9 @@ import pytest
 
 from app.engine.api.errors import RequestError
 from app.engine.gguf.reader import GGUFFile
-from app.engine.text.tokenizer import CHAT_TEMPLATE_DIR, Tokenizer, TokenType
+from app.engine.text.chat_template import CHAT_TEMPLATE_DIR
+from app.engine.text.tokenizer import Tokenizer
+from app.engine.text.vocab import TokenType
 
 ORACLE = Path(__file__).resolve().parents[3] / "shared" / "oracle" / "gemma3_270m.json"
 

@@ -21,7 +21,9 @@ from hypothesis import strategies as st
 import app.engine.text.tokenizer as tokenizer_module
 from app.engine.api.errors import GGUFError, RequestError
 from app.engine.gguf.reader import GGUFFile
-from app.engine.text.tokenizer import IncrementalDetokenizer, Tokenizer, TokenType
+from app.engine.text.detokenizer import IncrementalDetokenizer
+from app.engine.text.tokenizer import Tokenizer
+from app.engine.text.vocab import TokenType
 
 try:  # \p{L}-style classes for the byte-level BPE reference pre-tokenizer
     import regex

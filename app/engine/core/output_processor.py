@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from app.engine.core.outputs import StreamDelta
 from app.engine.core.sequence import Sequence
-from app.engine.text.tokenizer import IncrementalDetokenizer, Tokenizer
+from app.engine.text.detokenizer import IncrementalDetokenizer
+from app.engine.text.tokenizer import Tokenizer
 
 
 @dataclass

@@ -1,71 +1,41 @@
-"""Tokenizer, incremental detokenizer and chat templates, all built from a GGUF file's metadata.
+"""The GGUF tokenizer: llama.cpp-exact encode and decode, built from a GGUF file's metadata.
 
-Why this design. llama.cpp's SentencePiece ("llama") tokenizer is BPE in disguise: it keeps
-merging the adjacent pair of symbols whose concatenation is the vocabulary piece with the highest
-score (leftmost first on ties) and spells characters that are no piece as `<0xXX>` byte tokens.
-Hugging Face `tokenizers`' Rust BPE, given one merge rule per (left, right) split of every piece
-ranked by the merged piece's score, plus byte fallback, performs the same merges: it matches
-llama.cpp on the oracle and a plain-Python transliteration of llama.cpp's algorithm in the tests,
-and encodes 100 KB in ~30 ms of CPU where that transliteration needs ~0.5 s. Byte-level BPE
-("gpt2") files carry their own merges; the pre-tokenizer regexes are llama.cpp's, chosen by
-`tokenizer.ggml.pre`. Special tokens written in the text are cut out in Python first, in
-llama.cpp's order (longest first), because HF's added-token matcher is leftmost-longest and can
-disagree. Decoding bypasses HF: it joins per-token byte pieces exactly as llama.cpp's
-`token_to_piece` writes them, so incremental detokenization is exact and O(1) per token with an
-incremental UTF-8 decoder, without a re-decoding window. The price is construction: deriving the
-~515k merges of a 262k vocabulary takes ~1 s of Python, so they are cached under a hash of the
-vocabulary; a cached build still takes ~1 s, mostly HF building its BPE.
+Why this design. Encoding runs on Hugging Face `tokenizers`' Rust BPE: for SentencePiece
+("llama") vocabularies with merges derived from the scores (see `spm_merges`), plus byte fallback;
+byte-level BPE ("gpt2") files carry their own merges, and the pre-tokenizer regexes are
+llama.cpp's, chosen by `tokenizer.ggml.pre`. It matches llama.cpp on the oracle and a plain-Python
+transliteration of llama.cpp's algorithm in the tests, and encodes 100 KB in ~30 ms of CPU where
+that transliteration needs ~0.5 s. Special tokens written in the text are cut out first
+(`special_tokens`). Decoding bypasses HF and joins per-token byte pieces (`vocab`), so incremental
+detokenization (`detokenizer`) is exact. The price is construction: even with cached merges,
+building a 262k vocabulary still takes ~1 s, mostly HF building its BPE.
 """
 
 from __future__ import annotations
 
-import codecs
-import datetime
 import functools
-import hashlib
-import json
 import logging
-import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from enum import IntEnum
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import jinja2
-import jinja2.ext
-import jinja2.sandbox
 import numpy as np
 import platformdirs
 from tokenizers import Regex, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from app import ASSETS_DIR
 from app.engine.api.errors import GGUFError, RequestError
+from app.engine.text.chat_template import ChatTemplate
+from app.engine.text.special_tokens import SpecialSplitter
+from app.engine.text.spm_merges import cache_file, merge_pairs
+from app.engine.text.vocab import TokenType, build_pieces, utf8
 
 logger = logging.getLogger(__name__)
 
-CHAT_TEMPLATE_DIR = ASSETS_DIR / "chat_templates"
-
-# Bump when the merge derivation changes, so that old cache files are not reused.
-_MERGES_CACHE_VERSION = 2
-# Small vocabularies build in milliseconds; caching them would only litter the cache directory.
+# Small vocabularies build in milliseconds; caching their merges would only litter the cache directory.
 _MIN_VOCAB_TO_CACHE = 32768
-
-
-class TokenType(IntEnum):
-    """`tokenizer.ggml.token_type` values (llama.cpp's llama_token_type)."""
-
-    UNDEFINED = 0
-    NORMAL = 1
-    UNKNOWN = 2
-    CONTROL = 3
-    USER_DEFINED = 4
-    UNUSED = 5
-    BYTE = 6
-
 
 # Pre-tokenizer splits for byte-level BPE, by `tokenizer.ggml.pre` (llama.cpp's regexes). Each
 # entry is applied in turn, every match and every gap between matches becoming its own word.
@@ -102,79 +72,6 @@ _END_OF_GENERATION_TEXTS = frozenset({
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-# ----------------------------------------------------------------------------------------------
-# Vocabulary helpers
-# ----------------------------------------------------------------------------------------------
-
-def _gpt2_byte_chars() -> list[str]:
-    """Byte -> character table of byte-level BPE: printable Latin-1 bytes stand for themselves,
-    the rest are moved to U+0100.. so that every token text is printable."""
-    keep = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
-    chars, moved = [], 0
-    for b in range(256):
-        if b in keep:
-            chars.append(chr(b))
-        else:
-            chars.append(chr(0x100 + moved))
-            moved += 1
-    return chars
-
-
-def _utf8(text: str) -> bytes:
-    # Token texts that were not valid UTF-8 in the file come back as surrogate escapes.
-    try:
-        return text.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "replace")
-
-
-def _byte_piece(text: str) -> bytes:
-    # `<0xXX>`; anything else marked BYTE is rendered as its text.
-    if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
-        try:
-            return bytes([int(text[3:5], 16)])
-        except ValueError:
-            pass
-    return _utf8(text)
-
-
-def _spm_normal_pieces(tokens: Sequence[str]) -> list[bytes]:
-    """Every token read as an SPM piece (`▁` is a space); one join/split instead of 262k calls."""
-    joined = "\x00".join(tokens).replace("\u2581", " ")
-    try:
-        pieces = joined.encode("utf-8", "surrogateescape").split(b"\x00")
-    except UnicodeEncodeError:
-        pieces = []
-    if len(pieces) != len(tokens):  # a token holds NUL or an unencodable character
-        pieces = [_utf8(t.replace("\u2581", " ")) for t in tokens]
-    return pieces
-
-
-def _bpe_normal_pieces(tokens: Sequence[str]) -> list[bytes]:
-    """Every token read as byte-level BPE text: each character stands for one byte."""
-    chars = _gpt2_byte_chars()
-    byte_of = {c: b for b, c in enumerate(chars)}
-    if set("".join(tokens)) <= byte_of.keys():
-        table = str.maketrans({c: chr(b) for b, c in enumerate(chars)})
-        return [t.translate(table).encode("latin-1") for t in tokens]
-    # Some text is not byte-level (added tokens): keep such characters as UTF-8.
-    return [b"".join(bytes([byte_of[c]]) if c in byte_of else _utf8(c) for c in t) for t in tokens]
-
-
-def _build_pieces(tokens: Sequence[str], types: np.ndarray, byte_level: bool) -> list[bytes]:
-    """What each token decodes to (llama.cpp token_to_piece with special=True)."""
-    pieces = _bpe_normal_pieces(tokens) if byte_level else _spm_normal_pieces(tokens)
-    others = np.nonzero((types != TokenType.NORMAL) & (types != TokenType.UNDEFINED))[0]
-    for i, kind in zip(others.tolist(), types[others].tolist()):
-        if kind == TokenType.BYTE:
-            pieces[i] = _byte_piece(tokens[i])
-        elif kind == TokenType.UNUSED:
-            pieces[i] = b""
-        else:  # control, unknown and user-defined tokens are written as their text
-            pieces[i] = _utf8(tokens[i])
-    return pieces
-
-
 def _token_id(metadata: Mapping[str, Any], key: str, n_vocab: int) -> int | None:
     value = metadata.get(f"tokenizer.ggml.{key}")
     if value is None:
@@ -203,89 +100,13 @@ def _hf_vocab(id_of: dict[str, int]) -> dict[str, int]:
     return id_of
 
 
-def _spm_merge_pairs(tokens: Sequence[str], scores: np.ndarray, vocab: Mapping[str, int]) -> np.ndarray:
-    """[n, 2] ids of (left, right) for every split of every piece into two pieces, ordered by
-    the score of the merged piece, highest first.
-
-    HF ranks merges one by one, so between two different pieces of exactly equal score the lower
-    id merges first where llama.cpp takes the leftmost pair; real SPM vocabularies (Gemma's,
-    Llama 2's) give their pieces distinct scores."""
-    owner: list[int] = []
-    left: list[int] = []
-    right: list[int] = []
-    get = vocab.get
-    for i, text in enumerate(tokens):
-        if get(text) != i:  # a duplicate text (llama.cpp keeps the last id) or not in the HF vocab
-            continue
-        for k in range(1, len(text)):
-            a = get(text[:k])
-            if a is not None:
-                b = get(text[k:])
-                if b is not None:
-                    owner.append(i)
-                    left.append(a)
-                    right.append(b)
-    ids = np.arange(len(tokens))
-    rank_of = np.empty(len(tokens), dtype=np.int64)
-    rank_of[np.lexsort((ids, -scores.astype(np.float64)))] = ids
-    order = np.argsort(rank_of[np.asarray(owner, dtype=np.int64)], kind="stable")
-    return np.stack([np.asarray(left, dtype=np.int32), np.asarray(right, dtype=np.int32)], axis=1)[order]
-
-
-def _vocab_digest(tokens: Sequence[str], scores: np.ndarray) -> str:
-    h = hashlib.sha256(f"v{_MERGES_CACHE_VERSION}:{len(tokens)}:".encode())
-    h.update(_utf8("\x00".join(tokens)))
-    h.update(np.ascontiguousarray(scores, dtype="<f4").tobytes())
-    return h.hexdigest()[:32]
-
-
-def _pairs_digest(pairs: np.ndarray) -> np.ndarray:
-    return np.frombuffer(hashlib.sha256(np.ascontiguousarray(pairs).tobytes()).digest(), np.uint8)
-
-
-def _load_cached_pairs(path: Path, n_vocab: int) -> np.ndarray | None:
-    """The cached merge pairs, or None when the file is missing or damaged in any way."""
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            pairs, digest = f["pairs"], f["digest"]
-    except FileNotFoundError:
-        return None
-    except Exception as e:  # truncated, not a zip, missing arrays...
-        logger.warning("tokenizer cache %s is unreadable (%s): rebuilding it", path, _one_line(e))
-        return None
-    # The checksum matters: HF's BPE panics (not raises) on merges outside the vocabulary.
-    if (pairs.ndim != 2 or pairs.shape[1] != 2 or pairs.dtype != np.int32
-            or not np.array_equal(digest, _pairs_digest(pairs))
-            or (pairs.size and (pairs.min() < 0 or pairs.max() >= n_vocab))):
-        logger.warning("tokenizer cache %s is damaged: rebuilding it", path)
-        return None
-    return pairs
-
-
-def _store_cached_pairs(path: Path, pairs: np.ndarray) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, pairs=pairs, digest=_pairs_digest(pairs))
-        os.replace(tmp, path)  # atomic: readers never see half a file
-    except OSError as e:
-        logger.warning("cannot write tokenizer cache %s: %s", path, e)
-
-
 def _spm_backend(tokens: Sequence[str], id_of: dict[str, int], scores: np.ndarray, unk: str | None,
                  cache_dir: Path | None) -> HFTokenizer:
     vocab = _hf_vocab(id_of)
     path = None
     if cache_dir is not None and len(tokens) >= _MIN_VOCAB_TO_CACHE:
-        path = cache_dir / f"spm-merges-{_vocab_digest(tokens, scores)}.npz"
-    pairs = _load_cached_pairs(path, len(tokens)) if path is not None else None
-    if pairs is not None:
-        return _spm_hf_model(tokens, pairs, vocab, unk)
-    pairs = _spm_merge_pairs(tokens, scores, vocab)
-    if path is not None:
-        _store_cached_pairs(path, pairs)
-    return _spm_hf_model(tokens, pairs, vocab, unk)
+        path = cache_file(cache_dir, tokens, scores)
+    return _spm_hf_model(tokens, merge_pairs(tokens, scores, vocab, path), vocab, unk)
 
 
 def _spm_hf_model(tokens: Sequence[str], pairs: np.ndarray, vocab: dict[str, int],
@@ -316,155 +137,6 @@ def _bpe_backend(id_of: dict[str, int], merges: Sequence[str], pre: str) -> HFTo
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
     )
     return tok
-
-
-# ----------------------------------------------------------------------------------------------
-# Special tokens written in the text
-# ----------------------------------------------------------------------------------------------
-
-def _trie_pattern(words: Iterable[str]) -> str:
-    """A regex matching the longest of `words` that starts at the current position."""
-    trie: dict[str, Any] = {}
-    for word in words:
-        node = trie
-        for ch in word:
-            node = node.setdefault(ch, {})
-        node[""] = {}  # end of a word
-
-    def emit(node: dict[str, Any]) -> str:
-        branches = [re.escape(ch) + emit(child) for ch, child in sorted(node.items()) if ch]
-        if not branches:
-            return ""
-        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
-        # Greedy optional tail: a longer word is preferred, a shorter one is the fallback.
-        return f"(?:{body})?" if "" in node else body
-
-    return emit(trie)
-
-
-class _SpecialSplitter:
-    """Cuts special tokens out of text exactly as llama.cpp's `tokenizer_st_partition`: each
-    token in turn, longest (in UTF-8 bytes) first, is split out of the text that is still raw,
-    leftmost occurrences first. That order can differ from a leftmost-longest scan (with tokens
-    "ab" and "bcd", "abcd" splits as "a" + "bcd").
-
-    Searching for thousands of tokens (Gemma has 6,414) in long text would be slow, so a trie
-    regex over the tokens' first `_PREFIX` characters first finds, at every position, the longest
-    such prefix starting there; only tokens whose prefix is a prefix of one of those can occur.
-    """
-
-    _PREFIX = 32  # bounds the trie's depth (and the regex's nesting) for very long tokens
-
-    def __init__(self, specials: Sequence[tuple[int, str]]) -> None:
-        self._rank: dict[str, tuple[int, int]] = {}  # text -> (order, id); the first id wins
-        for order, (token_id, text) in enumerate(specials):
-            self._rank.setdefault(text, (order, token_id))
-        self._by_prefix: dict[str, list[str]] = {}
-        for text in self._rank:
-            self._by_prefix.setdefault(text[:self._PREFIX], []).append(text)
-        self._regex: re.Pattern[str] | None = None
-        self._candidates: dict[str, tuple[str, ...]] = {}
-
-    def split(self, text: str) -> list[str | int]:
-        tokens = self._tokens_in(text)
-        if not tokens:
-            return [text] if text else []
-        claimed = bytearray(len(text))
-        spans: list[tuple[int, int, int]] = []
-        for token in sorted(tokens, key=self._rank.__getitem__):
-            self._claim(text, token, claimed, spans)
-        spans.sort()
-        parts: list[str | int] = []
-        pos = 0
-        for start, end, token_id in spans:
-            if start > pos:
-                parts.append(text[pos:start])
-            parts.append(token_id)
-            pos = end
-        if pos < len(text):
-            parts.append(text[pos:])
-        return parts
-
-    def _claim(self, text: str, token: str, claimed: bytearray, spans: list[tuple[int, int, int]]) -> None:
-        token_id, n = self._rank[token][1], len(token)
-        pos = text.find(token)
-        while pos != -1:
-            hit = claimed.find(1, pos, pos + n)
-            if hit == -1:
-                spans.append((pos, pos + n, token_id))
-                claimed[pos:pos + n] = b"\x01" * n
-                pos = text.find(token, pos + n)
-                continue
-            # Overlaps text already split out: the next chance starts past that stretch.
-            free = claimed.find(0, hit)
-            pos = -1 if free == -1 else text.find(token, free)
-
-    def _tokens_in(self, text: str) -> set[str]:
-        """The special tokens that may occur in `text` (a small superset of those that do)."""
-        if not self._rank:
-            return set()
-        if self._regex is None:
-            self._regex = re.compile(f"(?=({_trie_pattern(self._by_prefix)}))")
-        found: set[str] = set()
-        for longest in set(self._regex.findall(text)):
-            found.update(self._starting_with_prefix_of(longest))
-        return found
-
-    def _starting_with_prefix_of(self, head: str) -> tuple[str, ...]:
-        tokens = self._candidates.get(head)
-        if tokens is None:
-            tokens = tuple(t for k in range(1, len(head) + 1) for t in self._by_prefix.get(head[:k], ()))
-            self._candidates[head] = tokens
-        return tokens
-
-
-# ----------------------------------------------------------------------------------------------
-# Chat templates
-# ----------------------------------------------------------------------------------------------
-
-def _raise_exception(message: str) -> None:
-    raise jinja2.TemplateError(str(message))
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.datetime.now().strftime(fmt)
-
-
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    # Jinja's own tojson HTML-escapes; chat templates want plain JSON (as transformers renders it).
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-class _ChatSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
-    """Sandboxed and immutable: a chat template comes from the model file, which is untrusted."""
-
-    def unsafe_undefined(self, obj: Any, attribute: str) -> jinja2.Undefined:
-        # Jinja's default renders a blocked attribute as empty; failing loudly is clearer.
-        raise jinja2.sandbox.SecurityError(
-            f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is unsafe")
-
-
-def _chat_environment() -> _ChatSandbox:
-    env = _ChatSandbox(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    return env
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
-
-
-def _check_messages(messages: Any) -> None:
-    if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)) or not messages:
-        raise RequestError("messages must be a non-empty list of {role, content} objects", param="messages")
-    for i, m in enumerate(messages):
-        if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
-            raise RequestError(f"messages[{i}] must be an object with a string 'role'", param="messages")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -499,12 +171,12 @@ class Tokenizer:
             raise GGUFError(f"tokenizer.ggml.token_type has {len(self._types)} entries for {n} tokens")
         self._init_special_ids(metadata, n)
         self._init_backend(metadata, cache_dir)
-        self._pieces = _build_pieces(self._tokens, self._types, byte_level=(model == "gpt2"))
+        self._pieces = build_pieces(self._tokens, self._types, byte_level=(model == "gpt2"))
         hidden = (self._types == TokenType.CONTROL) | (self._types == TokenType.UNKNOWN)
         self._pieces_skip = [b"" if h else p for p, h in zip(self._pieces, hidden.tolist())]
         self._special_ids = frozenset(np.nonzero(hidden)[0].tolist())
         self._init_special_matching()
-        self._init_chat_template(metadata)
+        self._chat = ChatTemplate.for_model(metadata, self.architecture, self._id_of)
 
     @classmethod
     def from_gguf_metadata(cls, metadata: Mapping[str, Any], *,
@@ -562,26 +234,9 @@ class Tokenizer:
         kinds = (TokenType.CONTROL, TokenType.UNKNOWN, TokenType.USER_DEFINED)
         ids = np.nonzero(np.isin(self._types, kinds))[0].tolist()
         special = [(i, self._tokens[i]) for i in ids if self._tokens[i]]
-        special.sort(key=lambda it: (-len(_utf8(it[1])), it[0]))
-        self._split_all = _SpecialSplitter(special)
-        self._split_user = _SpecialSplitter([(i, t) for i, t in special if self._types[i] == TokenType.USER_DEFINED])
-
-    def _init_chat_template(self, metadata: Mapping[str, Any]) -> None:
-        template = metadata.get("tokenizer.chat_template")
-        if isinstance(template, str) and template.strip():
-            self.chat_template: str = template
-            self.chat_template_name: str = "gguf"
-        else:
-            self.chat_template_name = self._fallback_template_name()
-            self.chat_template = (CHAT_TEMPLATE_DIR / f"{self.chat_template_name}.jinja").read_text("utf-8")
-        self._compiled_template: jinja2.Template | None = None
-
-    def _fallback_template_name(self) -> str:
-        for marker, name in (("<start_of_turn>", "gemma3"), ("<|start_header_id|>", "llama3"),
-                             ("<|im_start|>", "chatml")):
-            if self.token_to_id(marker) is not None:
-                return name
-        return "gemma3" if self.architecture.startswith("gemma") else "chatml"
+        special.sort(key=lambda it: (-len(utf8(it[1])), it[0]))
+        self._split_all = SpecialSplitter(special)
+        self._split_user = SpecialSplitter([(i, t) for i, t in special if self._types[i] == TokenType.USER_DEFINED])
 
     # -- vocabulary --------------------------------------------------------------------------
 
@@ -681,33 +336,24 @@ class Tokenizer:
 
     # -- chat --------------------------------------------------------------------------------
 
+    @property
+    def chat_template(self) -> str:
+        """The Jinja2 source in use: the file's, else the shipped fallback's."""
+        return self._chat.source
+
+    @property
+    def chat_template_name(self) -> str:
+        """"gguf" for the file's own template, else the shipped fallback's name."""
+        return self._chat.name
+
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
         """Render the conversation with the model's chat template (the file's, else the one
         shipped for its architecture) in a sandboxed Jinja2 environment."""
-        _check_messages(messages)
-        template = self._template()
-        context: dict[str, Any] = {"messages": messages, "add_generation_prompt": add_generation_prompt}
+        special_tokens: dict[str, str] = {}
         for name in ("bos", "eos", "unk", "pad"):
             token_id = getattr(self, f"{name}_token_id")
-            context[f"{name}_token"] = self._tokens[token_id] if token_id is not None else ""
-        try:
-            return template.render(context)
-        except RequestError:
-            raise
-        except jinja2.TemplateError as e:
-            raise RequestError(f"chat template error: {_one_line(e)}", param="messages") from None
-        except Exception as e:  # TypeError, KeyError ... raised by a template's own operations
-            raise RequestError(f"chat template failed: {type(e).__name__}: {_one_line(e)}",
-                               param="messages") from None
-
-    def _template(self) -> jinja2.Template:
-        if self._compiled_template is None:
-            try:
-                self._compiled_template = _chat_environment().from_string(self.chat_template)
-            except jinja2.TemplateSyntaxError as e:
-                raise RequestError(f"the model's chat template is invalid: {_one_line(e)} (line {e.lineno})",
-                                   param="messages") from None
-        return self._compiled_template
+            special_tokens[f"{name}_token"] = self._tokens[token_id] if token_id is not None else ""
+        return self._chat.render(messages, add_generation_prompt, special_tokens)
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of the rendered conversation, with exactly one BOS whether or not the
@@ -717,53 +363,3 @@ class Tokenizer:
         if self.add_bos and bos is not None and (not ids or ids[0] != bos):
             ids.insert(0, bos)
         return ids
-
-
-class IncrementalDetokenizer:
-    """Streaming decode of generated ids: `add()` returns only the text completed by the new ids.
-
-    Pieces are bytes, so the state is just an incremental UTF-8 decoder holding at most the
-    first 3 bytes of a character whose byte-fallback tokens have not all arrived: O(1) per token.
-    The concatenation of every `add()` result and a final `flush()` equals `decode(output_ids)`
-    (without `prompt_ids`), or the text that `output_ids` add to `decode(prompt_ids)` (with them:
-    the first output token is not at the start of the text, so its leading space is kept).
-    """
-
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] | None = None,
-                 skip_special_tokens: bool = False) -> None:
-        self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens
-        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-        self._num_tokens = 0
-        # llama.cpp strips one leading space off the first token of a text (SPM space prefix).
-        self._strip_space = tokenizer.add_space_prefix and not prompt_ids
-
-    @property
-    def num_tokens(self) -> int:
-        return self._num_tokens
-
-    def add(self, token_ids: Iterable[int]) -> str:
-        """Text completed by `token_ids`; a partial UTF-8 character waits for its next bytes."""
-        tok = self.tokenizer
-        parts = []
-        for token_id in token_ids:
-            piece = tok.token_to_bytes(token_id, self.skip_special_tokens)
-            if self._strip_space:
-                piece = self._strip_first(token_id, piece)
-            self._num_tokens += 1
-            if piece:
-                parts.append(piece)
-        return self._utf8.decode(b"".join(parts)) if parts else ""
-
-    def _strip_first(self, token_id: int, piece: bytes) -> bytes:
-        tok = self.tokenizer
-        skipped_bos = (self._num_tokens == 0 and self.skip_special_tokens and tok.add_bos
-                       and token_id == tok.bos_token_id)
-        if skipped_bos:
-            return piece
-        self._strip_space = False
-        return piece[1:] if piece.startswith(b" ") else piece
-
-    def flush(self) -> str:
-        """At the end of the stream: U+FFFD for a UTF-8 character that never completed."""
-        return self._utf8.decode(b"", final=True)
