@@ -10,9 +10,12 @@ import functools
 
 import torch
 
+from app.kernels.metadata import AttentionMetadata
 from app.kernels.reference import store_kv_ref, unified_attention_ref
 
-__all__ = ["store_kv", "store_kv_ref", "triton_available", "unified_attention", "unified_attention_ref"]
+__all__ = [
+    "AttentionMetadata", "store_kv", "store_kv_ref", "triton_available", "unified_attention", "unified_attention_ref"
+]
 
 
 @functools.lru_cache(maxsize=1)
@@ -28,34 +31,20 @@ def triton_available() -> bool:
 
 
 def unified_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    out: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_table: torch.Tensor,
-    scale: float,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, meta: AttentionMetadata,
+    scale: float, sliding_window: int | None = None, softcap: float | None = None,
 ) -> torch.Tensor:
     """Paged causal attention for a step mixing prefill chunks and decodes; writes and returns `out`.
 
     Shapes: q/out `[num_tokens, num_heads, head_dim]`; caches `[num_blocks, block_size, num_kv_heads,
-    head_dim]`; `cu_seqlens_q` `[num_seqs + 1]`, `seq_lens` `[num_seqs]` (context length including
-    the step's tokens), `block_table` `[num_seqs, max_blocks]`, all integer. Runs the Triton kernel
-    on CUDA tensors when Triton is available, else `unified_attention_ref`.
+    head_dim]`; `meta` as `AttentionMetadata` describes (its `slot_mapping` is not read). Runs the
+    Triton kernel on CUDA tensors when Triton is available, else `unified_attention_ref`.
     """
-    _check_attention_args(q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, sliding_window, softcap)
+    _check_attention_args(q, k_cache, v_cache, out, meta, sliding_window, softcap)
+    attention = unified_attention_ref
     if q.is_cuda and triton_available():
-        from app.kernels.triton_attention import triton_unified_attention
-
-        return triton_unified_attention(
-            q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, scale, sliding_window, softcap
-        )
-    return unified_attention_ref(
-        q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, scale, sliding_window, softcap
-    )
+        from app.kernels.triton_attention import triton_unified_attention as attention
+    return attention(q, k_cache, v_cache, out, meta, scale, sliding_window, softcap)
 
 
 def store_kv(
@@ -73,15 +62,8 @@ def store_kv(
 
 
 def _check_attention_args(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    out: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_table: torch.Tensor,
-    sliding_window: int | None,
-    softcap: float | None,
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, meta: AttentionMetadata,
+    sliding_window: int | None, softcap: float | None,
 ) -> None:
     # Shape/dtype checks only: nothing here reads tensor values, so no device sync.
     if q.dim() != 3 or out.shape != q.shape:
@@ -97,17 +79,20 @@ def _check_attention_args(
         raise ValueError(f"head_dim of q ({q.shape[2]}) and of the KV cache ({k_cache.shape[3]}) differ")
     if q.shape[1] % k_cache.shape[2]:
         raise ValueError(f"num_heads ({q.shape[1]}) must be a multiple of num_kv_heads ({k_cache.shape[2]})")
-    num_seqs = seq_lens.shape[0]
-    if seq_lens.dim() != 1 or cu_seqlens_q.shape != (num_seqs + 1,):
+    num_seqs = meta.num_seqs
+    if meta.seq_lens.dim() != 1 or meta.cu_seqlens_q.shape != (num_seqs + 1,):
         raise ValueError(
-            f"cu_seqlens_q must have num_seqs + 1 = {num_seqs + 1} entries, got {tuple(cu_seqlens_q.shape)}"
+            f"cu_seqlens_q must have num_seqs + 1 = {num_seqs + 1} entries, got {tuple(meta.cu_seqlens_q.shape)}"
         )
-    if block_table.dim() != 2 or block_table.shape[0] != num_seqs:
-        raise ValueError(f"block_table must be [num_seqs={num_seqs}, max_blocks], got {tuple(block_table.shape)}")
-    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("seq_lens", seq_lens), ("block_table", block_table)):
+    if meta.block_table.dim() != 2 or meta.block_table.shape[0] != num_seqs:
+        raise ValueError(
+            f"block_table must be [num_seqs={num_seqs}, max_blocks], got {tuple(meta.block_table.shape)}"
+        )
+    tables = {"cu_seqlens_q": meta.cu_seqlens_q, "seq_lens": meta.seq_lens, "block_table": meta.block_table}
+    for name, t in tables.items():
         if t.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"{name} must be int32 or int64, got {t.dtype}")
-    devices = {t.device for t in (q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table)}
+    devices = {t.device for t in (q, k_cache, v_cache, out, *tables.values())}
     if len(devices) > 1:
         raise ValueError(f"all attention tensors must be on one device, got {sorted(map(str, devices))}")
     if sliding_window is not None and sliding_window < 1:

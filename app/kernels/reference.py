@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from app.kernels.metadata import AttentionMetadata
+
 
 def store_kv_ref(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
@@ -24,16 +26,8 @@ def store_kv_ref(
 
 
 def unified_attention_ref(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    out: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_table: torch.Tensor,
-    scale: float,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, meta: AttentionMetadata,
+    scale: float, sliding_window: int | None = None, softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention over a packed batch that mixes prefill chunks and decodes.
 
@@ -42,39 +36,42 @@ def unified_attention_ref(
     cache. With a sliding window W the query at position p sees keys p-W < k <= p.
     """
     block_size = k_cache.shape[1]
-    cu = cu_seqlens_q.tolist()
-    lens = seq_lens.tolist()
+    cu = meta.cu_seqlens_q.tolist()
+    lens = meta.seq_lens.tolist()
     decodes = [i for i in range(len(lens)) if cu[i + 1] - cu[i] == 1]
     if len(decodes) == len(lens):  # a decode-only step: no row selection needed
-        out.copy_(_decode_attention(q, k_cache, v_cache, block_table, seq_lens, scale, sliding_window, softcap))
+        plan = _decode_plan(meta, None, block_size, sliding_window)
+        out.copy_(_decode_attention(q, k_cache, v_cache, plan, scale, softcap))
         return out
     if decodes:
         rows = torch.tensor([cu[i] for i in decodes], device=q.device)
-        which = torch.tensor(decodes, device=q.device)
-        out[rows] = _decode_attention(
-            q[rows], k_cache, v_cache, block_table[which], seq_lens[which], scale, sliding_window, softcap
-        ).to(out.dtype)
+        plan = _decode_plan(meta, decodes, block_size, sliding_window)
+        out[rows] = _decode_attention(q[rows], k_cache, v_cache, plan, scale, softcap).to(out.dtype)
     batched = set(decodes)
     for i, seq_len in enumerate(lens):
         start, end = cu[i], cu[i + 1]
         if end == start or i in batched:
             continue
-        k, v = _gather_context(k_cache, v_cache, block_table[i], seq_len, block_size)
+        k, v = _gather_context(k_cache, v_cache, meta.block_table[i], seq_len, block_size)
         out[start:end] = _attend(q[start:end], k, v, seq_len, scale, sliding_window, softcap).to(out.dtype)
     return out
 
 
 def _decode_plan(
-    block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int, sliding_window: int | None
+    meta: AttentionMetadata, decodes: list[int] | None, block_size: int, sliding_window: int | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pool rows to gather (each sequence's blocks, from the window start) and the key mask.
+    """Pool rows to gather for the single-query sequences `decodes` (None: all of them), each from
+    its window start, and the key mask.
 
-    Every layer of a step sees the same block table, so the plan is kept on the table tensor itself
-    (it lives exactly as long as the step's metadata) instead of ~15 small ops in every layer."""
-    plans = block_table.__dict__.setdefault("_decode_plans", {})
-    key = (block_size, sliding_window)
-    if key in plans and plans[key][0] is seq_lens:
-        return plans[key][1:]
+    Which sequences decode depends on `meta` alone, so every layer of a step shares one plan, kept
+    on `meta`, instead of making it with ~15 small ops in every layer."""
+    key = ("decode_plan", block_size, sliding_window)
+    if key in meta.derived:
+        return meta.derived[key]
+    block_table, seq_lens = meta.block_table, meta.seq_lens
+    if decodes is not None:
+        which = torch.tensor(decodes, device=seq_lens.device)
+        block_table, seq_lens = block_table[which], seq_lens[which]
     lens = seq_lens.long()
     last_block = (lens - 1) // block_size
     first_block = torch.zeros_like(lens)
@@ -90,7 +87,7 @@ def _decode_plan(
     mask = in_range.repeat_interleave(block_size, 1) & (k_pos <= q_pos)
     if sliding_window is not None:
         mask &= k_pos > q_pos - sliding_window
-    plans[key] = (seq_lens, ids, mask)
+    meta.derived[key] = ids, mask
     return ids, mask
 
 
@@ -98,23 +95,21 @@ def _decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
+    plan: tuple[torch.Tensor, torch.Tensor],
     scale: float,
-    sliding_window: int | None,
     softcap: float | None,
 ) -> torch.Tensor:
     """All single-query sequences in one batched attention: one gather of their (windowed) blocks
-    and one masked SDPA, instead of a gather and a kernel call per sequence."""
-    block_size, kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    ids, mask = _decode_plan(block_table, seq_lens, block_size, sliding_window)
+    and one masked SDPA, instead of a gather and a kernel call per sequence. `plan`: `_decode_plan`."""
+    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    ids, mask = plan
+    num_seqs, heads = q.shape[0], q.shape[1]
     # index_select over 2-D block rows: ~10x faster than advanced indexing of the 4-D pool on CPU.
     k = k_cache.view(k_cache.shape[0], -1).index_select(0, ids)
     v = v_cache.view(v_cache.shape[0], -1).index_select(0, ids)
-    k = k.view(seq_lens.shape[0], -1, kv_heads, head_dim).transpose(1, 2)  # [S, KVH, L, D]
-    v = v.view(seq_lens.shape[0], -1, kv_heads, head_dim).transpose(1, 2)
+    k = k.view(num_seqs, -1, kv_heads, head_dim).transpose(1, 2)  # [S, KVH, L, D]
+    v = v.view(num_seqs, -1, kv_heads, head_dim).transpose(1, 2)
     # Plain batched matmuls in fp32: SDPA with a mask falls back to a slow path for one query row.
-    num_seqs, heads = q.shape[0], q.shape[1]
     groups = heads // kv_heads
     qh = q.float().reshape(num_seqs, kv_heads, groups, head_dim)
     scores = torch.matmul(qh, k.float().transpose(2, 3)) * scale  # [S, KVH, G, L]

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from app.kernels.metadata import AttentionMetadata
+
 # Two pipeline stages of K and V tiles must fit beside the Q tile in the ~100 KB of shared memory
 # that consumer GPUs (sm_86/sm_89) give one block.
 _KV_STAGE_BYTES = 16 * 1024
@@ -302,26 +304,15 @@ class KernelLaunch:
 
 
 def plan_unified_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    out: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_table: torch.Tensor,
-    scale: float,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    *,
-    num_splits: int | None = None,
-    block_m: int | None = None,
-    block_n: int | None = None,
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, meta: AttentionMetadata,
+    scale: float, sliding_window: int | None = None, softcap: float | None = None,
+    *, num_splits: int | None = None, block_m: int | None = None, block_n: int | None = None,
 ) -> list[KernelLaunch]:
     """The launches `triton_unified_attention` makes (none for an empty batch); allocates the split-KV
-    partials. Reads only shapes, dtypes and strides, so it works on "meta" tensors."""
+    partials. Reads only shapes, dtypes and strides, so it works on tensors of device "meta"."""
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    num_seqs = seq_lens.shape[0]
+    num_seqs = meta.num_seqs
     if num_tokens == 0 or num_seqs == 0:
         return []
     qpk = num_heads // num_kv_heads
@@ -330,7 +321,7 @@ def plan_unified_attention(
     block_m = block_m or default_m
     block_n = block_n or default_n
     if num_splits is None:
-        num_splits = _default_num_splits(q, num_seqs, num_kv_heads, block_table.shape[1] * block_size, block_n)
+        num_splits = _default_num_splits(q, num_seqs, num_kv_heads, meta.block_table.shape[1] * block_size, block_n)
     if block_m < qpk or block_m & (block_m - 1) or num_splits & (num_splits - 1) or block_n & (block_n - 1):
         raise ValueError(f"block_m ({block_m}, >= {qpk}), block_n ({block_n}) and num_splits must be powers of 2")
     block_q = block_m // qpk
@@ -355,9 +346,9 @@ def plan_unified_attention(
             part_acc,
             part_max,
             part_sum,
-            cu_seqlens_q,
-            seq_lens,
-            block_table,
+            meta.cu_seqlens_q,
+            meta.seq_lens,
+            meta.block_table,
             float(scale),
             float(softcap or 0.0),
             int(sliding_window or 0),
@@ -367,7 +358,7 @@ def plan_unified_attention(
             *out.stride(),
             *k_cache.stride(),
             *v_cache.stride(),
-            block_table.stride(0),
+            meta.block_table.stride(0),
         ),
         {
             "QPK": qpk,
@@ -391,27 +382,16 @@ def plan_unified_attention(
     reduce = KernelLaunch(
         _reduce_splits_kernel,
         (num_tokens, num_heads),
-        (out, part_acc, part_max, part_sum, cu_seqlens_q, num_seqs, num_heads, *out.stride()),
+        (out, part_acc, part_max, part_sum, meta.cu_seqlens_q, num_seqs, num_heads, *out.stride()),
         {"HEAD_DIM": head_dim, "HEAD_DIM_PAD": head_dim_pad, "NUM_SPLITS": num_splits},
     )
     return [attention, reduce]
 
 
 def triton_unified_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    out: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_table: torch.Tensor,
-    scale: float,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    *,
-    num_splits: int | None = None,
-    block_m: int | None = None,
-    block_n: int | None = None,
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, meta: AttentionMetadata,
+    scale: float, sliding_window: int | None = None, softcap: float | None = None,
+    *, num_splits: int | None = None, block_m: int | None = None, block_n: int | None = None,
 ) -> torch.Tensor:
     """Run the Triton kernel(s); same contract as `unified_attention_ref`: writes and returns `out`.
 
@@ -419,7 +399,7 @@ def triton_unified_attention(
     >= 16) override the launch heuristics; tests use them to reach every code path with tiny shapes.
     """
     plan = plan_unified_attention(
-        q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_table, scale, sliding_window, softcap,
+        q, k_cache, v_cache, out, meta, scale, sliding_window, softcap,
         num_splits=num_splits, block_m=block_m, block_n=block_n,
     )
     for launch in plan:

@@ -13,6 +13,7 @@ import torch
 
 from app.engine.api.sampling_params import SamplingParams
 from app.engine.runtime.cuda_graphs import DecodeGraphs, _Captured, graph_batch_sizes
+from app.kernels import AttentionMetadata
 from tests.engine.test_engine import GREEDY, make_engine, prompts, run_all
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -34,12 +35,17 @@ class _EagerReplay:
 
 class EagerGraphs(DecodeGraphs):
     def _capture(self, size: int) -> _Captured:
-        self.slot_mapping.fill_(-1)
+        self.meta.slot_mapping.fill_(-1)
         replay = _EagerReplay(self, size)
         return _Captured(replay, replay.hidden)
 
     def replays(self) -> dict[int, int]:
         return {size: c.graph.replays for size, c in self.graphs.items() if c.graph.replays}
+
+
+def decode_meta(slots: torch.Tensor, seq_lens: torch.Tensor, table: torch.Tensor) -> AttentionMetadata:
+    cu_seqlens_q = torch.arange(len(slots) + 1, dtype=torch.int32)  # one query per sequence
+    return AttentionMetadata(cu_seqlens_q, seq_lens, table, slots)
 
 
 def with_eager_graphs(engine, max_num_seqs: int = 8):
@@ -112,12 +118,13 @@ def test_padding_rows_write_no_kv(model_path):
     graphs = with_eager_graphs(engine)
     # A step of 8 leaves real rows behind; then a step of 3 (bucket 4) must store exactly 3 slots.
     table = torch.arange(8, dtype=torch.int32).view(8, 1)
-    graphs.run(torch.arange(8) + 5, torch.full((8,), 2), torch.arange(8) * 4 + 2,
-               torch.full((8,), 3, dtype=torch.int32), table)
+    graphs.run(torch.arange(8) + 5, torch.full((8,), 2),
+               decode_meta(torch.arange(8) * 4 + 2, torch.full((8,), 3, dtype=torch.int32), table))
     before = [k.clone() for k, _ in engine.runner.kv_caches]
     slots = torch.tensor([40, 44, 48])
-    hidden = graphs.run(torch.tensor([7, 8, 9]), torch.tensor([0, 0, 0]), slots,
-                        torch.ones(3, dtype=torch.int32), torch.tensor([[10], [11], [12]], dtype=torch.int32))
+    table = torch.tensor([[10], [11], [12]], dtype=torch.int32)
+    hidden = graphs.run(torch.tensor([7, 8, 9]), torch.tensor([0, 0, 0]),
+                        decode_meta(slots, torch.ones(3, dtype=torch.int32), table))
     assert hidden.shape == (3, engine.model_config.hidden_size)
     for (k, _), old in zip(engine.runner.kv_caches, before):
         changed = (k.flatten(0, 1) != old.flatten(0, 1)).flatten(1).any(1).nonzero().flatten()
@@ -167,7 +174,7 @@ def test_cuda_graph_replay_is_bitwise_eager(tiny_gguf_factory):
     slots = torch.arange(n) * 16 + pos
     seq_lens = (pos + 1).to(torch.int32)
     table = torch.arange(n, dtype=torch.int32).view(n, 1)
-    replayed = graphs.run(ids, pos, slots, seq_lens, table).clone()
+    replayed = graphs.run(ids, pos, decode_meta(slots, seq_lens, table)).clone()
     eager = graphs._forward(8)[:n]  # the same static inputs, launched op by op
     assert torch.equal(replayed, eager)
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from app.engine.gguf.loader import load_gguf
-from app.engine.runtime.attention import AttentionMetadata
 from app.engine.runtime.decoder import DecoderLM
+from app.kernels import AttentionMetadata
 from tests.support.reference_model import ReferenceModel
 from tests.support.tiny_gguf import ARCHITECTURES
 
@@ -49,7 +49,8 @@ class PagedRun:
             block_table=torch.tensor([s["table"] + [0] * (width - len(s["table"])) for s in seqs], dtype=torch.int32),
             slot_mapping=torch.tensor(slots, dtype=torch.int64),
         )
-        logits = self.model(torch.tensor(ids), torch.tensor(pos), meta, self.kv, torch.arange(len(ids)))
+        hidden = self.model.hidden_states(torch.tensor(ids), torch.tensor(pos), meta, self.kv, torch.arange(len(ids)))
+        logits = self.model.compute_logits(hidden)
         return [logits[cu[i] : cu[i + 1]] for i in range(len(seqs))]
 
 

@@ -138,22 +138,26 @@ def make_attention_inputs(case: AttnCase, device: str = "cpu", seed: int = 0) ->
     return {name: x.to(device) for name, x in t.items()}
 
 
+def attention_metadata(inputs: dict) -> kernels.AttentionMetadata:
+    return kernels.AttentionMetadata(inputs["cu_seqlens_q"], inputs["seq_lens"], inputs["block_table"])
+
+
 def attention_error(case: AttnCase, inputs: dict, attention) -> tuple[float, bool]:
     """(‖out−ref‖/‖ref‖ over the sequences' rows, whether rows outside every sequence kept SENTINEL).
 
     The reference runs on CPU (it builds its masks there)."""
     scale = case.head_dim**-0.5
     args = [inputs[n] for n in ("q", "k_cache", "v_cache")]
-    meta = [inputs[n] for n in ("cu_seqlens_q", "seq_lens", "block_table")]
+    meta = attention_metadata(inputs)
     out = torch.full_like(inputs["q"], SENTINEL)
     ref = torch.full_like(inputs["q"], SENTINEL)
-    attention(*args, out, *meta, scale, case.window, case.softcap)
+    attention(*args, out, meta, scale, case.window, case.softcap)
     # The reference evaluated in fp32 on the inputs the kernel sees (caches cast to the query dtype,
     # as the reference itself does), so low-precision rounding is counted once, in the kernel. Its
     # caches get zeros for the NaN poison: only the kernel is under test for never touching it.
     q, k_cache, v_cache = (a.cpu().to(inputs["q"].dtype).float().nan_to_num(nan=0.0) for a in args)
     ref = ref.cpu().float()
-    kernels.unified_attention_ref(q, k_cache, v_cache, ref, *[m.cpu() for m in meta], scale, case.window, case.softcap)
+    kernels.unified_attention_ref(q, k_cache, v_cache, ref, meta.to("cpu"), scale, case.window, case.softcap)
     out = out.cpu().float()
     used = sum(case.q_lens)
     err = ((out[:used] - ref[:used]).norm() / ref[:used].norm()).item()
@@ -374,7 +378,10 @@ def test_attention_compiles_for_gpu_targets(compiled_kernels, name: str) -> None
     triton_attention, _ = compiled_kernels
     case, archs = COMPILE_CASES[name]
     t = meta_attention_inputs(case)
-    plan = triton_attention.plan_unified_attention(*t.values(), 0.1, case.window, case.softcap, **case.launch)
+    args = [t[n] for n in ("q", "k_cache", "v_cache", "out")]
+    plan = triton_attention.plan_unified_attention(
+        *args, attention_metadata(t), 0.1, case.window, case.softcap, **case.launch
+    )
     for launch in plan:
         for arch in archs:
             compiled = compile_launch(launch, arch)
@@ -404,10 +411,9 @@ def test_import_is_lazy() -> None:
 def test_cpu_dispatch_is_the_reference(name: str) -> None:
     case, inputs = ATTN_CASES[name], make_attention_inputs(ATTN_CASES[name])
     args = [inputs[n].nan_to_num(nan=0.0) for n in ("q", "k_cache", "v_cache")]
-    meta = [inputs[n] for n in ("cu_seqlens_q", "seq_lens", "block_table")]
     out, ref = torch.full_like(inputs["q"], SENTINEL), torch.full_like(inputs["q"], SENTINEL)
-    kernels.unified_attention(*args, out, *meta, 0.25, case.window, case.softcap)
-    kernels.unified_attention_ref(*args, ref, *meta, 0.25, case.window, case.softcap)
+    kernels.unified_attention(*args, out, attention_metadata(inputs), 0.25, case.window, case.softcap)
+    kernels.unified_attention_ref(*args, ref, attention_metadata(inputs), 0.25, case.window, case.softcap)
     assert torch.equal(out, ref)
 
 
@@ -426,7 +432,7 @@ def _attention_args(**overrides) -> list:
         "block_table": torch.zeros(2, 2, dtype=torch.int32),
     }
     t.update(overrides)
-    return list(t.values())
+    return [t["q"], t["k_cache"], t["v_cache"], t["out"], attention_metadata(t)]
 
 
 @pytest.mark.parametrize(

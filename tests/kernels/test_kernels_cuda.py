@@ -15,6 +15,7 @@ from tests.kernels.test_kernels import (
     TOLERANCE,
     AttnCase,
     attention_error,
+    attention_metadata,
     make_attention_inputs,
     store_error,
 )
@@ -101,10 +102,10 @@ def test_dispatch_uses_triton_on_cuda() -> None:
     case = CUDA_CASES["gqa4-d128-bs16"]
     inputs = make_attention_inputs(case, device="cuda")
     args = [inputs[n] for n in ("q", "k_cache", "v_cache")]
-    meta = [inputs[n] for n in ("cu_seqlens_q", "seq_lens", "block_table")]
+    meta = attention_metadata(inputs)
     out, direct = torch.zeros_like(inputs["q"]), torch.zeros_like(inputs["q"])
-    kernels.unified_attention(*args, out, *meta, 0.1, None, None)
-    triton_unified_attention(*args, direct, *meta, 0.1, None, None)
+    kernels.unified_attention(*args, out, meta, 0.1, None, None)
+    triton_unified_attention(*args, direct, meta, 0.1, None, None)
     assert torch.equal(out, direct)
 
 

@@ -26,8 +26,8 @@ from typing import Protocol
 
 import torch
 
-from app.engine.runtime.attention import AttentionMetadata
 from app.engine.runtime.decoder import DecoderLM, KVCache
+from app.kernels import AttentionMetadata
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +64,14 @@ class DecodeGraphs:
         n, dev = self.sizes[-1], model.device
         self.input_ids = torch.zeros(n, dtype=torch.long, device=dev)
         self.positions = torch.zeros(n, dtype=torch.long, device=dev)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.long, device=dev)
-        # One query per sequence in every bucket: cu_seqlens_q never changes.
-        self.cu_seqlens_q = torch.arange(n + 1, dtype=torch.int32, device=dev)
-        self.seq_lens = torch.ones(n, dtype=torch.int32, device=dev)
-        self.block_table = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=dev)
+        # The largest bucket's metadata; a bucket's forward reads a prefix of it.
+        self.meta = AttentionMetadata(
+            # One query per sequence in every bucket: cu_seqlens_q never changes.
+            cu_seqlens_q=torch.arange(n + 1, dtype=torch.int32, device=dev),
+            seq_lens=torch.ones(n, dtype=torch.int32, device=dev),
+            block_table=torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=dev),
+            slot_mapping=torch.full((n,), -1, dtype=torch.long, device=dev),
+        )
         self.graphs: dict[int, _Captured] = {}  # empty: every bucket runs eagerly
         self._stream: torch.cuda.Stream | None = None
         self._pool = None
@@ -91,25 +94,24 @@ class DecodeGraphs:
                 torch.cuda.set_stream(stream)
             raise
 
-    def fits(self, num_seqs: int, table_width: int) -> bool:
-        return num_seqs <= self.max_batch_size and table_width <= self.max_blocks_per_seq
+    def fits(self, meta: AttentionMetadata) -> bool:
+        return meta.num_seqs <= self.max_batch_size and meta.block_table.shape[1] <= self.max_blocks_per_seq
 
-    def run(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-        seq_lens: torch.Tensor, block_table: torch.Tensor,
-    ) -> torch.Tensor:
-        """One decode token per sequence (pinned host or device tensors) -> final hidden states
-        `[num_seqs, hidden_size]`, a view of the graph's output valid until the next replay."""
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """One decode token per sequence (pinned host or device tensors; `meta.cu_seqlens_q` is not
+        read) -> final hidden states `[num_seqs, hidden_size]`, a view of the graph's output valid
+        until the next replay."""
         n = input_ids.shape[0]
         size = self.sizes[bisect.bisect_left(self.sizes, n)]
+        static = self.meta
         # Columns past the step's widest table keep stale block ids: no sequence reads that far.
-        for static, value in ((self.input_ids, input_ids), (self.positions, positions),
-                              (self.slot_mapping, slot_mapping), (self.seq_lens, seq_lens)):
-            static[:n].copy_(value, non_blocking=True)
-        self.block_table[:n, : block_table.shape[1]].copy_(block_table, non_blocking=True)
+        for buffer, value in ((self.input_ids, input_ids), (self.positions, positions),
+                              (static.slot_mapping, meta.slot_mapping), (static.seq_lens, meta.seq_lens)):
+            buffer[:n].copy_(value, non_blocking=True)
+        static.block_table[:n, : meta.block_table.shape[1]].copy_(meta.block_table, non_blocking=True)
         # Padding rows: whatever an earlier, larger step left there must not store KV or read far.
-        self.slot_mapping[n:size].fill_(-1)
-        self.seq_lens[n:size].fill_(1)
+        static.slot_mapping[n:size].fill_(-1)
+        static.seq_lens[n:size].fill_(1)
         captured = self.graphs.get(size)
         if captured is None:  # eager: the same padded bucket, launched op by op
             return self._forward(size)[:n]
@@ -117,18 +119,20 @@ class DecodeGraphs:
         return captured.hidden[:n]
 
     def _forward(self, size: int) -> torch.Tensor:
+        static = self.meta
+        # Views of the static buffers: a graph records their addresses, not this object.
         meta = AttentionMetadata(
-            cu_seqlens_q=self.cu_seqlens_q[: size + 1],
-            seq_lens=self.seq_lens[:size],
-            block_table=self.block_table[:size],
-            slot_mapping=self.slot_mapping[:size],
+            cu_seqlens_q=static.cu_seqlens_q[: size + 1],
+            seq_lens=static.seq_lens[:size],
+            block_table=static.block_table[:size],
+            slot_mapping=static.slot_mapping[:size],
         )
         return self.model.hidden_states(self.input_ids[:size], self.positions[:size], meta, self.kv_caches)
 
     def _capture(self, size: int) -> _Captured:
         # Every slot is -1 here: neither the warm-up nor the capture writes into the KV cache.
-        self.slot_mapping.fill_(-1)
-        self.seq_lens.fill_(1)
+        self.meta.slot_mapping.fill_(-1)
+        self.meta.seq_lens.fill_(1)
         if self._stream is None:
             self._stream = torch.cuda.Stream()
             self._pool = torch.cuda.graph_pool_handle()

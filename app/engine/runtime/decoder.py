@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from app.engine.gguf.model_config import ModelConfig
-from app.engine.runtime.attention import AttentionMetadata, paged_attention
+from app.engine.runtime.attention import paged_attention
+from app.kernels import AttentionMetadata
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, sin at the step's positions
@@ -133,7 +134,8 @@ class Int8Head:
 
 
 class DecoderLM:
-    """forward(input_ids [N], positions [N], meta, kv_caches, logits_indices) -> logits [len(idx), vocab]."""
+    """`hidden_states(input_ids [N], positions [N], meta, kv_caches, logits_indices)` -> final hidden
+    states `[len(idx), hidden_size]`; `compute_logits` of those -> logits `[len(idx), vocab]`."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device) -> None:
         self.cfg = cfg
@@ -183,15 +185,3 @@ class DecoderLM:
         if self.int8_head is not None:
             return self.int8_head(hidden).float()
         return F.linear(hidden, self.lm_head).float()
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
-        kv_caches: list[KVCache],
-        logits_indices: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        return self.compute_logits(self.hidden_states(input_ids, positions, meta, kv_caches, logits_indices))
-
-    __call__ = forward

@@ -19,10 +19,10 @@ import torch
 from app.engine.core.outputs import TopLogprobs
 from app.engine.core.scheduler import ScheduledBatch
 from app.engine.core.sequence import Sequence
-from app.engine.runtime.attention import AttentionMetadata
 from app.engine.runtime.cuda_graphs import DecodeGraphs
 from app.engine.runtime.decoder import DecoderLM
 from app.engine.runtime.sampler import Sampler, top_logprobs_rows
+from app.kernels import AttentionMetadata
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +54,7 @@ class StepInputs:
         def up(t: torch.Tensor) -> torch.Tensor:
             return t.to(device, non_blocking=True)
 
-        m = self.meta
-        meta = AttentionMetadata(up(m.cu_seqlens_q), up(m.seq_lens), up(m.block_table), up(m.slot_mapping))
+        meta = self.meta.to(device, non_blocking=True)
         return StepInputs(up(self.input_ids), up(self.positions), meta, up(self.logits_indices),
                           self.sample_rows, self.sample_seqs, self.prompt_rows)
 
@@ -123,8 +122,8 @@ class ModelRunner:
         """Final hidden states at `inputs.logits_indices`: a graph replay for decode-only steps that
         fit one, else eager."""
         meta = inputs.meta
-        if self.graphs is not None and inputs.is_decode_only and self.graphs.fits(meta.num_seqs, meta.block_table.shape[1]):
-            return self.graphs.run(inputs.input_ids, inputs.positions, meta.slot_mapping, meta.seq_lens, meta.block_table)
+        if self.graphs is not None and inputs.is_decode_only and self.graphs.fits(meta):
+            return self.graphs.run(inputs.input_ids, inputs.positions, meta)
         dev = inputs.to(self.device)
         return self.model.hidden_states(dev.input_ids, dev.positions, dev.meta, self.kv_caches, dev.logits_indices)
 
