@@ -1,5 +1,9 @@
 """`localbatch bench`: offline throughput on synthetic requests (seeded random prompt ids,
-`ignore_eos`), reported in `vllm bench` vocabulary, plus a concurrency sweep of decode tok/s."""
+`ignore_eos`), reported in `vllm bench` vocabulary, plus a concurrency sweep of decode tok/s.
+
+The command line adds the arguments (`add_bench_args`) and hands `run_bench` the engine settings;
+this module does not import `app.cli`, and imports the engine (torch) only when a run starts, so
+building the parser stays cheap."""
 
 from __future__ import annotations
 
@@ -8,10 +12,14 @@ import json
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from app.engine.api.sampling_params import SamplingParams
-from app.engine.core.llm_engine import LLMEngine
+
+if TYPE_CHECKING:
+    from app.engine.core.llm_engine import LLMEngine
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -109,17 +117,20 @@ def run_requests(engine: LLMEngine, requests: list[tuple[list[int], int]], concu
                      time.perf_counter() - start, decode_tokens, decode_time, ttft, tpot)
 
 
-def build_engine(args: argparse.Namespace) -> LLMEngine:
-    from app.cli import engine_kwargs, stderr_progress
+def build_engine(args: argparse.Namespace, engine_kwargs: dict[str, Any],
+                 progress: Callable[[str, float | None], None] | None = None) -> LLMEngine:
+    from app.engine.core.llm_engine import LLMEngine
 
-    kw = engine_kwargs(args)
+    kw = dict(engine_kwargs)
     if args.random_weights:
         kw["random_weights"] = args.random_weights
-    return LLMEngine(progress=stderr_progress, **kw)
+    return LLMEngine(progress=progress, **kw)
 
 
-def run_bench(args: argparse.Namespace) -> int:
-    engine = build_engine(args)
+def run_bench(args: argparse.Namespace, engine_kwargs: dict[str, Any],
+              progress: Callable[[str, float | None], None] | None = None) -> int:
+    """`engine_kwargs`: the engine settings from the command line (`app.cli.engine_kwargs`)."""
+    engine = build_engine(args, engine_kwargs, progress)
     vocab = engine.model_config.vocab_size
     # Warm up so the first measured step does not pay one-time costs.
     run_requests(engine, make_requests(args, 2, vocab, args.seed + 999), 2)

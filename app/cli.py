@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from app.bench import add_bench_args, run_bench
 from app.engine.api.engine_config import EngineConfig
 from app.engine.api.errors import LocalbatchError
 
@@ -84,9 +85,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from app.bench import run_bench
-
-    return run_bench(args)
+    # app.bench imports the engine (torch) only here, when the run starts: `--help` stays cheap.
+    return run_bench(args, engine_kwargs(args), progress=stderr_progress)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -166,8 +166,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_serve)
 
     b = sub.add_parser("bench", help="offline throughput benchmark on synthetic requests")
-    from app.bench import add_bench_args
-
     add_bench_args(b)
     add_engine_args(b)
     b.set_defaults(func=cmd_bench)
