@@ -78,13 +78,14 @@ def bench_ms(fn: Callable[[], object]) -> float:
 
 
 def run_problem(p: Problem, model: str, dtype: torch.dtype, block_size: int) -> list[str]:
-    from app.kernels import unified_attention
+    from app.kernels import AttentionMetadata, unified_attention
     from app.kernels.triton_attention import triton_unified_attention
 
     heads, kv_heads, head_dim = MODELS[model]
     t = paged_inputs(p, heads, kv_heads, head_dim, dtype, block_size)
     scale = head_dim**-0.5
-    args = [t[n] for n in ("q", "k_cache", "v_cache", "out", "cu_seqlens_q", "seq_lens", "block_table")]
+    meta = AttentionMetadata(t["cu_seqlens_q"], t["seq_lens"], t["block_table"])
+    args = [t["q"], t["k_cache"], t["v_cache"], t["out"], meta]
     causal = p.q_len > 1  # the queries are the last q_len == context positions: plain causal
 
     def sdpa() -> torch.Tensor:

@@ -26,6 +26,7 @@ from app.ui.loading import EngineInfo, first_line
 from app.ui.panels import (
     KVBudgetPanel,
     Owner,
+    PanelText,
     TabRate,
     ThroughputHistory,
     ThroughputPanel,
@@ -84,7 +85,7 @@ class ChatScreen(Screen):
                 yield Static(self._model_text(), id="model-info")
                 yield KVBudgetPanel(id="kv-panel")
                 yield ThroughputPanel(id="tp-panel")
-                yield Static("", id="endpoint-status")
+                yield PanelText(id="endpoint-status")
         yield Footer()
 
     def _pane(self, chat: ChatRecord) -> ChatPane:
@@ -283,14 +284,14 @@ class ChatScreen(Screen):
         try:
             stats = self.engine.stats()
         except LocalbatchError as e:
-            self.query_one("#endpoint-status", Static).update(Text(f"engine: {first_line(e)}", style="bold red"))
+            self.query_one("#endpoint-status", PanelText).show(Text(f"engine: {first_line(e)}", style="bold red"))
             return
         panes = self.panes()
         owners = {p.request_id: Owner(p.id, p.chat.title, p.color) for p in panes if p.request_id}
         self.query_one(KVBudgetPanel).show(stats, owners, self.engine.stats_source)
         self.history.observe(time.monotonic() if now is None else now, stats.decode_tokens_per_s)
         self.query_one(ThroughputPanel).show(stats, self._rate_rows(stats, panes, owners), self.history)
-        self.query_one("#endpoint-status", Static).update(self._endpoint_text())
+        self.query_one("#endpoint-status", PanelText).show(self._endpoint_text())
 
     def _rate_rows(self, stats: EngineStats, panes: list[ChatPane], owners: dict[str, Owner]) -> list[TabRate]:
         by_id = {r.request_id: r for r in stats.requests}

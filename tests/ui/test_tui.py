@@ -27,7 +27,14 @@ from app.ui.app import LocalbatchApp, TuiOptions
 from app.ui.dialogs import ConfirmDialog, RenameDialog
 from app.ui.export import chat_to_markdown
 from app.ui.loading import LoadingScreen
-from app.ui.panels import Owner, ThroughputHistory, bar_cells, kv_segments, render_kv
+from app.ui.panels import (
+    Owner,
+    PanelText,
+    ThroughputHistory,
+    bar_cells,
+    kv_segments,
+    render_kv,
+)
 from app.ui.screen import ChatScreen
 from app.ui.store import SCHEMA_VERSION, ChatStore, StoreError
 from app.ui.user_config import ChatSettings, ConfigError, load_config
@@ -424,7 +431,7 @@ async def test_endpoint_toggle_serves_the_same_engine(tmp_path: Path) -> None:
         await pilot.press("f9")
         await until(pilot, lambda: screen.endpoint.running and "starting" not in screen._endpoint_note)
         screen.poll_stats()
-        assert f"http://127.0.0.1:{port}/v1" in str(screen.query_one("#endpoint-status", Static).render())
+        assert f"http://127.0.0.1:{port}/v1" in str(screen.query_one("#endpoint-status", PanelText).render())
         async with httpx.AsyncClient() as client:
             resp = await client.get(f"http://127.0.0.1:{port}/v1/models")
         assert resp.json()["data"][0]["id"] == "fake-model-q4"
@@ -441,7 +448,7 @@ async def test_endpoint_degrades_with_a_clear_message_without_app_server(tmp_pat
         screen = await chat_screen(pilot)
         await until(pilot, lambda: screen._endpoint_note.startswith("failed"))
         screen.poll_stats()
-        assert "embedded endpoint is unavailable" in str(screen.query_one("#endpoint-status", Static).render())
+        assert "embedded endpoint is unavailable" in str(screen.query_one("#endpoint-status", PanelText).render())
         assert not screen.endpoint.running
 
 
@@ -690,7 +697,7 @@ async def test_app_on_a_remote_backend_chats_and_shows_remote_figures(tmp_path: 
             reply = screen.active_pane().messages[-1]
             assert reply.role == "assistant" and reply.content and reply.finish_reason in ("stop", "length")
             screen.poll_stats()
-            assert "remote backend" in str(screen.query_one("#endpoint-status", Static).render())
+            assert "remote backend" in str(screen.query_one("#endpoint-status", PanelText).render())
             await pilot.press("ctrl+q")
         assert app.engine is None  # closed on quit
 

@@ -26,7 +26,7 @@ from app.engine.core.sequence import Sequence
 
 log = logging.getLogger(__name__)
 
-_IDLE_WAIT_S = 0.05
+_IDLE_WAIT_S = 0.5  # requests and aborts wake the loop at once; this only paces the idle rate decay
 
 
 class AsyncEngine:
@@ -149,13 +149,16 @@ class AsyncEngine:
         engine = self.engine
         while not self._stop.is_set():
             deltas = self._drain_inbox()
-            if engine.has_unfinished():
+            busy = engine.has_unfinished()
+            if busy:
                 deltas += engine.step()
             else:
                 self._wake.wait(_IDLE_WAIT_S)
                 self._wake.clear()
             self._publish(deltas)
-            self._stats = engine.stats()
+            # Idle, the snapshot only changes while the recent rates decay to zero.
+            if busy or deltas or engine.metrics.window:
+                self._stats = engine.stats()
 
     def _drain_inbox(self) -> list[StreamDelta | tuple[str, BaseException]]:
         out: list = []

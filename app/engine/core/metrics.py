@@ -44,18 +44,23 @@ class EngineMetrics:
         decode = sum(1 for s, n in zip(batch.seqs, batch.num_tokens) if n == 1 and s.num_output_tokens > 0)
         self.last = StepRecord(now, duration, len(batch), batch.total_tokens - decode, decode)
         self.window.append(self.last)
-        while self.window and now - self.window[0].end > WINDOW_S:
-            self.window.popleft()
+        self._prune(now)
         self.num_steps += 1
         self.total_prompt_tokens += self.last.prefill_tokens
         self.total_output_tokens += num_sampled
 
+    def _prune(self, now: float) -> None:
+        while self.window and now - self.window[0].end > WINDOW_S:
+            self.window.popleft()
+
     def rates(self) -> tuple[float, float]:
+        now = time.monotonic()
+        self._prune(now)  # idle too: the rates fall to zero once the last step is old
         if not self.window:
             return 0.0, 0.0
         # Span from the start of the oldest step in the window, so idle gaps lower the rate.
         oldest = self.window[0]
-        span = max(time.monotonic() - (oldest.end - oldest.duration_s), 1e-6)
+        span = max(now - (oldest.end - oldest.duration_s), 1e-6)
         prefill = sum(step.prefill_tokens for step in self.window)
         return prefill / span, sum(step.decode_tokens for step in self.window) / span
 
