@@ -24,7 +24,7 @@ from app.engine.api.engine_client import Prompt
 from app.engine.api.errors import LocalbatchError, QueueFullError, RequestError
 from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.outputs import EngineStats, RequestStats, StreamDelta
-from app.engine.core.timing import reply_timing
+from app.engine.core.timing import ReplyClock
 
 _TIMEOUT = httpx.Timeout(10.0, read=600.0)  # a queued request may wait long for its first token
 _RATE_WINDOW_S = 2.0
@@ -37,12 +37,8 @@ class RemoteError(LocalbatchError):
 
 
 @dataclass
-class _Live:
-    started: float
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    num_output_tokens: int = 0
-    num_prompt_tokens: int = 0
+class _Live(ReplyClock):
+    num_prompt_tokens: int = 0  # from the usage chunk, when the server sends one
 
 
 @dataclass
@@ -153,7 +149,7 @@ class RemoteEngine:
                     if text:
                         self._observe_token(live)
                         yield StreamDelta(request_id, text, [], None, num_prompt_tokens=live.num_prompt_tokens,
-                                          num_output_tokens=live.num_output_tokens)
+                                          num_output_tokens=live.num_tokens)
         except httpx.HTTPError as e:
             if live.first_token_at is None:
                 raise RemoteError(f"remote backend {self.base_url}: {e}") from None
@@ -164,7 +160,7 @@ class RemoteEngine:
 
     def _final(self, request_id: str, live: _Live, reason: str, error: str | None) -> StreamDelta:
         return StreamDelta(request_id, "", [], reason, num_prompt_tokens=live.num_prompt_tokens,
-                           num_output_tokens=live.num_output_tokens, error=error)
+                           num_output_tokens=live.num_tokens, error=error)
 
     def abort(self, request_id: str) -> None:
         # Takes effect at the next chunk; the caller cancelling its iteration closes the
@@ -263,10 +259,9 @@ class RemoteEngine:
     def _observe_token(self, live: _Live) -> None:
         now = time.monotonic()
         if live.first_token_at is None:
-            live.first_token_at = now
             self._ttfts.append(now - live.started)
-        live.last_token_at = now
-        live.num_output_tokens += 1
+        live.tick(now)
+        live.num_tokens += 1
         self._output_tokens_seen += 1
         self._token_times.append(now)
 
@@ -276,7 +271,7 @@ class RemoteEngine:
         if usage.get("prompt_tokens"):
             live.num_prompt_tokens = int(usage["prompt_tokens"])
         if usage.get("completion_tokens"):
-            live.num_output_tokens = int(usage["completion_tokens"])
+            live.num_tokens = int(usage["completion_tokens"])
 
 
     @staticmethod
@@ -412,12 +407,12 @@ def _http_error(status: int, content: bytes, url: str) -> LocalbatchError:
 
 
 def _request_stats(request_id: str, live: _Live) -> RequestStats:
-    timing = reply_timing(live.started, live.first_token_at, live.last_token_at, live.num_output_tokens)
+    timing = live.timing()
     return RequestStats(
         request_id=request_id,
         status="decode" if live.first_token_at is not None else "prefill",
         num_prompt_tokens=live.num_prompt_tokens,
-        num_output_tokens=live.num_output_tokens,
+        num_output_tokens=live.num_tokens,
         num_blocks=0,  # a remote server does not say which blocks a request holds
         num_cached_tokens=0,
         ttft_s=timing.ttft_s,

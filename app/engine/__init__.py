@@ -3,8 +3,7 @@
 Exports load lazily so that importing a light submodule (errors, outputs) does not pull in torch.
 """
 
-from importlib import import_module
-from typing import Any
+from app.lazy_exports import lazy_getattr
 
 _EXPORTS = {
     "AsyncEngine": "app.engine.api.async_engine",
@@ -26,9 +25,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'app.engine' has no attribute {name!r}")
-    return getattr(import_module(module), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

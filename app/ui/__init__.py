@@ -3,8 +3,7 @@ panels, SQLite persistence, an embedded OpenAI endpoint and a remote-backend cli
 
 Textual is imported lazily so that `from app.ui import run_tui` stays cheap for the CLI."""
 
-from importlib import import_module
-from typing import Any
+from app.lazy_exports import lazy_getattr
 
 _EXPORTS = {
     "LocalbatchApp": "app.ui.app",
@@ -21,9 +20,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'app.ui' has no attribute {name!r}")
-    return getattr(import_module(module), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

@@ -11,7 +11,7 @@ import asyncio
 import re
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from rich.text import Text
@@ -23,43 +23,39 @@ from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
 from app.engine.api.engine_client import EngineClient
 from app.engine.core.outputs import StreamDelta
-from app.engine.core.timing import ReplyTiming, reply_timing
+from app.engine.core.timing import ReplyClock
 from app.ui.format import fmt_rate, fmt_seconds
 from app.ui.loading import first_line
 from app.ui.reply_stream import FLUSH_HZ, ReplyWriter
 from app.ui.store import ChatRecord, ChatStore, MessageRecord
-from app.ui.widgets import EarlierMessages, MessageView, PromptInput, SettingsForm, SettingsTitle
+from app.ui.widgets import (
+    EarlierMessages,
+    MessageView,
+    PromptInput,
+    SettingsForm,
+    SettingsTitle,
+)
 
 _DEFAULT_TITLE = re.compile(r"^Chat \d+$")
 HISTORY_PAGE = 30  # messages mounted when a tab is first shown, and per "earlier messages" click
 
 
-@dataclass
-class ReplyMetrics:
+class ReplyMetrics(ReplyClock):
     """Client-side timing of one reply (what the panels show when the engine has no figure)."""
-
-    started: float
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-    num_tokens: int = 0
 
     def observe(self, delta: StreamDelta, now: float) -> None:
         if not delta.token_ids and not delta.text:
             return
-        self.first_token_at = self.first_token_at or now
-        self.last_token_at = now
+        self.tick(now)
         self.num_tokens = delta.num_output_tokens or self.num_tokens + max(len(delta.token_ids), 1)
 
     @property
     def ttft_s(self) -> float | None:
-        return self._timing().ttft_s
+        return self.timing().ttft_s
 
     @property
     def tokens_per_s(self) -> float | None:
-        return self._timing().tokens_per_s
-
-    def _timing(self) -> ReplyTiming:
-        return reply_timing(self.started, self.first_token_at, self.last_token_at, self.num_tokens)
+        return self.timing().tokens_per_s
 
     def summary(self, finish_reason: str | None) -> str:
         return meta_line(self.num_tokens, self.tokens_per_s, self.ttft_s, finish_reason)

@@ -25,3 +25,23 @@ def reply_timing(
         return ReplyTiming(ttft, None, None)
     itl = (last_token_at - first_token_at) / (num_tokens - 1)
     return ReplyTiming(ttft, itl, 1.0 / itl)
+
+
+@dataclass
+class ReplyClock:
+    """The clock readings of one reply, taken by a client as its deltas arrive (the TUI per tab,
+    the HTTP engine client per request)."""
+
+    started: float
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    num_tokens: int = 0
+
+    def tick(self, now: float) -> None:
+        """Output arrived at `now`; the caller counts the tokens."""
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.last_token_at = now
+
+    def timing(self) -> ReplyTiming:
+        return reply_timing(self.started, self.first_token_at, self.last_token_at, self.num_tokens)
