@@ -34,6 +34,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--random-weights", default=None, metavar="ARCH:SIZE",
                    help="real model shapes with random weights, no file (e.g. qwen3:0.6b, llama:8b)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tui", default=None, metavar="N[,N...]",
+                   help="drive the real terminal app with N tabs streaming and compare its decode tok/s "
+                        "with the headless engine at concurrency N (use a long --output-len, e.g. 256)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -130,6 +133,8 @@ def build_engine(args: argparse.Namespace, engine_kwargs: dict[str, Any],
 def run_bench(args: argparse.Namespace, engine_kwargs: dict[str, Any],
               progress: Callable[[str, float | None], None] | None = None) -> int:
     """`engine_kwargs`: the engine settings from the command line (`app.cli.engine_kwargs`)."""
+    if args.tui:
+        return _run_tui_bench(args, engine_kwargs, progress)
     engine = build_engine(args, engine_kwargs, progress)
     vocab = engine.model_config.vocab_size
     # Warm up so the first measured step does not pay one-time costs.
@@ -167,3 +172,17 @@ def _format(r: dict) -> str:
         lines.append(f"concurrency {s['concurrency']:>4}    decode {s['decode_tok_s']:8.1f} tok/s   "
                      f"output {s['output_tok_s']:8.1f} tok/s   TTFT p50 {s['ttft_ms_p50']:.0f} ms   TPOT p50 {s['tpot_ms_p50']:.1f} ms")
     return "\n".join(lines)
+
+
+def _run_tui_bench(args: argparse.Namespace, engine_kwargs: dict[str, Any],
+                   progress: Callable[[str, float | None], None] | None) -> int:
+    from dataclasses import asdict
+
+    from app.tui_bench import format_tui_runs, run_tui_bench
+
+    runs = run_tui_bench(args, engine_kwargs, progress)
+    if args.json:
+        print(json.dumps([{**asdict(r), "ratio": round(r.ratio, 3)} for r in runs]))
+    else:
+        print(format_tui_runs(runs))
+    return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from textual.content import Content
 from textual.widgets import Markdown, Static
 
 FLUSH_HZ = 12
@@ -72,6 +73,16 @@ class ReplyWriter:
             await self._markdown.append(rest)
 
     def _show_tail(self, tail: str) -> None:
-        # The tail's height changes as it wraps, so this update needs a layout pass; panels don't.
-        self._tail.update(tail)
-        self._tail.display = bool(tail)
+        widget = self._tail
+        if not tail:
+            widget.display = False
+            return
+        # A layout pass re-arranges the whole screen (the app's main cost while streaming): ask
+        # for one only when the tail wraps onto another line, not for every character it gains.
+        region = widget.content_region
+        if widget.display and region.width > 0:
+            layout = Content(tail).get_height(widget.styles, region.width) != region.height
+        else:
+            layout = True  # not laid out yet: its first showing needs a size
+        widget.update(tail, layout=layout)
+        widget.display = True

@@ -12,7 +12,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Static, TabbedContent, TabPane
+from textual.widgets import ContentSwitcher, Footer, Header, Static, TabbedContent, TabPane
 
 from app.engine.api.engine_client import EngineClient
 from app.engine.api.errors import LocalbatchError
@@ -58,7 +58,7 @@ class ChatScreen(Screen):
         info: EngineInfo,
         endpoint: EmbeddedEndpoint | None,
         export_dir: Callable[[], Path],
-        poll_interval: float = 0.1,
+        poll_interval: float = 0.25,
     ) -> None:
         super().__init__()
         self.engine = engine
@@ -117,7 +117,10 @@ class ChatScreen(Screen):
     # tabs
 
     def panes(self) -> list[ChatPane]:
-        return list(self.query(ChatPane))
+        # The switcher's children, not a DOM query: that would walk every message block of every
+        # tab, several times a second (the stats poll asks for the panes).
+        switcher = self.query_one(TabbedContent).query_one(ContentSwitcher)
+        return [pane for pane in switcher.children if isinstance(pane, ChatPane)]
 
     def active_pane(self) -> ChatPane | None:
         pane = self.query_one(TabbedContent).active_pane
