@@ -26,54 +26,13 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from app.engine.api.sampling_params import SamplingParams  # noqa: E402
 from app.engine.core.llm_engine import LLMEngine  # noqa: E402
-
-
-def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 10) -> float:
-    """Bytes/s of a device-to-device copy, counting the read and the write."""
-    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).fill_(1.0)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(repeats):
-        sync(device)
-        t = time.perf_counter()
-        dst.copy_(src)
-        sync(device)
-        best = min(best, time.perf_counter() - t)
-    return 2 * src.numel() * src.element_size() / best
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def weight_bytes(engine: LLMEngine) -> int:
-    """Bytes a decode step reads from the weights: every layer tensor and the output projection
-    (the embedding table only for the batch's rows, which is negligible unless it is the head)."""
-    model = engine.model
-    seen: dict[int, int] = {}
-    tensors = []
-    for layer in model.layers:
-        tensors += [t for t in vars(layer).values() if isinstance(t, torch.Tensor)]
-    tensors.append(model.final_norm)
-    if model.int8_head is not None:
-        tensors += [model.int8_head.q, model.int8_head.scale]
-    else:
-        tensors.append(model.lm_head)
-    for t in tensors:
-        seen[t.data_ptr()] = t.numel() * t.element_size()
-    return sum(seen.values())
+from app.engine.runtime.device import copy_bandwidth, synchronize  # noqa: E402
 
 
 def kv_bytes(engine: LLMEngine, batch: int, context: int) -> int:
     """Bytes of K and V that one decode step's attention reads: each layer sees its window."""
-    cfg = engine.model_config
-    per_token_layer = 2 * cfg.num_kv_heads * cfg.head_dim * (torch.finfo(engine.setup.dtype).bits // 8)
-    total = 0
-    for layer in range(cfg.num_layers):
-        window = cfg.layer_window(layer)
-        total += batch * min(context, window or context) * per_token_layer
-    return total
+    dtype_size = torch.finfo(engine.setup.dtype).bits // 8
+    return engine.model_config.kv_bytes_read([context] * batch, dtype_size)
 
 
 def decode_step_time(engine: LLMEngine, batch: int, context: int, steps: int, seed: int) -> float:
@@ -86,7 +45,7 @@ def decode_step_time(engine: LLMEngine, batch: int, context: int, steps: int, se
         engine.step()
     for _ in range(3):  # first decode steps: graph replays warm, allocator settled
         engine.step()
-    sync(engine.setup.device)
+    synchronize(engine.setup.device)
     t = time.perf_counter()
     for _ in range(steps):
         engine.step()  # returns after the sampled ids reached the host: the step is complete
@@ -118,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         engine = LLMEngine(random_weights=args.random_weights, **kw)
     device = engine.setup.device
-    bandwidth = copy_bandwidth(device)
-    wbytes = weight_bytes(engine)
+    bandwidth = copy_bandwidth(device, nbytes=1 << 30, repeats=10)
+    wbytes = engine.model.weight_bytes_per_step()
     rows = []
     for b in batches:
         step = decode_step_time(engine, b, args.context, args.steps, seed=b)

@@ -173,7 +173,24 @@ def render_step_line(stats: EngineStats) -> str:
         f"batch {stats.last_batch_size} seq · {stats.last_num_tokens} tok/step\n"
         f"step {fmt_seconds(stats.last_step_time_s) if stats.num_steps else '–'}"
         f" · {stats.num_running} running · {stats.num_waiting} waiting"
+        + render_traffic(stats)
     )
+
+
+def render_traffic(stats: EngineStats) -> str:
+    """Why batching is nearly free: a step reads all the weights once, so the bytes read per
+    generated token fall as sequences join, and the achieved bandwidth says how close the step
+    comes to the memory's limit. Empty when the backend gives no such figures."""
+    if not stats.weight_bytes_per_step:
+        return ""
+    step_bytes = stats.weight_bytes_per_step + stats.last_kv_bytes_read
+    lines = f"\nread/step {fmt_bytes(stats.weight_bytes_per_step)} + KV {fmt_bytes(stats.last_kv_bytes_read)}"
+    if stats.num_steps and stats.last_num_tokens and stats.last_step_time_s > 0:
+        achieved = f"{step_bytes / stats.last_step_time_s / 1e9:.1f}"
+        if stats.copy_bandwidth:
+            achieved += f" of {stats.copy_bandwidth / 1e9:.0f}"  # the measured copy bandwidth
+        lines += f"\n{fmt_bytes(step_bytes / stats.last_num_tokens)}/token · {achieved} GB/s"
+    return lines
 
 
 def render_rates(rows: list[TabRate], width: int) -> Text:
@@ -187,8 +204,9 @@ def render_rates(rows: list[TabRate], width: int) -> Text:
 
 
 class PanelText(Static):
-    """A panel body of fixed size (set in the CSS): its text changes many times a second, its size
-    never, so an update repaints it without a layout pass, and an unchanged text costs nothing."""
+    """A panel body whose text changes several times a second but whose lines (each shorter than
+    the panel is wide) rarely change in number: an update repaints it without a layout pass unless
+    the line count changed, and an unchanged text costs nothing."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__("", markup=False, **kwargs)
@@ -196,8 +214,9 @@ class PanelText(Static):
 
     def show(self, content: Text | str) -> None:
         if content != self._shown:
+            lines_changed = str(content).count("\n") != str(self._shown).count("\n")
             self._shown = content
-            self.update(content, layout=False)
+            self.update(content, layout=lines_changed)
 
 
 class KVBudgetPanel(Vertical):

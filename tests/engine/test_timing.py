@@ -24,3 +24,20 @@ def test_rate_counts_the_gaps_after_the_first_token() -> None:
 
 def test_tokens_in_one_instant_have_no_rate() -> None:
     assert reply_timing(0.0, 1.0, 1.0, 3).tokens_per_s is None
+
+
+
+def test_kv_bytes_read_caps_sliding_window_layers() -> None:
+    """Gemma 3's shape: 5 of every 6 layers read at most their 512-token window."""
+    from dataclasses import replace
+
+    from app.engine.gguf.model_config import ModelConfig
+
+    cfg = ModelConfig(arch="gemma3", name="t", vocab_size=32, hidden_size=640, num_layers=18, num_heads=4,
+                      num_kv_heads=1, head_dim=256, intermediate_size=64, rms_norm_eps=1e-6, rope_theta=1e6,
+                      rope_style="neox", max_position=8192, sliding_window=512, sliding_window_pattern=6)
+    per_layer_token = 2 * 1 * 256 * 2  # K and V, one KV head of 256, bf16
+    assert cfg.kv_bytes_read([3000], 2) == per_layer_token * (15 * 512 + 3 * 3000)
+    assert cfg.kv_bytes_read([100, 3000], 2) == per_layer_token * (18 * 100 + 15 * 512 + 3 * 3000)
+    full = replace(cfg, sliding_window=None)
+    assert full.kv_bytes_read([3000], 2) == per_layer_token * 18 * 3000

@@ -16,14 +16,14 @@ from app.engine.api.errors import LocalbatchError, RequestError
 from app.engine.api.progress import ProgressFn
 from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.block_manager import BlockManager
-from app.engine.core.metrics import EngineMetrics
+from app.engine.core.metrics import EngineMetrics, MemoryTraffic
 from app.engine.core.output_processor import OutputProcessor
 from app.engine.core.outputs import EngineStats, StreamDelta
 from app.engine.core.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from app.engine.core.sequence import Sequence
 from app.engine.gguf.loader import load_gguf
 from app.engine.runtime.decoder import DecoderLM
-from app.engine.runtime.device import DeviceSetup, kv_pool_blocks, resolve_device
+from app.engine.runtime.device import DeviceSetup, copy_bandwidth, kv_pool_blocks, resolve_device
 from app.engine.runtime.model_runner import ModelRunner, StepOutput
 from app.engine.text.tokenizer import Tokenizer
 
@@ -93,10 +93,18 @@ class LLMEngine:
             SchedulerConfig(cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_waiting), self.block_manager
         )
         self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, kv_dtype)
-        self.metrics = EngineMetrics(self.kv_bytes_per_token)
+        self.metrics = EngineMetrics(self.kv_bytes_per_token, self._memory_traffic(kv_dtype))
         self.outputs = OutputProcessor(self.tokenizer)
         self.seqs: dict[str, Sequence] = {}
         self._ids = itertools.count()
+
+    def _memory_traffic(self, kv_dtype: torch.dtype) -> MemoryTraffic:
+        dtype_size = torch.finfo(kv_dtype).bits // 8
+        return MemoryTraffic(
+            weight_bytes_per_step=self.model.weight_bytes_per_step(),
+            copy_bandwidth=copy_bandwidth(self.setup.device),
+            kv_bytes_read=lambda context_lens: self.model_config.kv_bytes_read(context_lens, dtype_size),
+        )
 
     def _warmup(self) -> None:
         """The CUDA memory probe: the biggest step the scheduler can make, on a throwaway pool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.engine.core.block_manager import BlockManager
@@ -24,15 +25,26 @@ class StepRecord:
     batch_size: int  # sequences in the step
     prefill_tokens: int
     decode_tokens: int
+    kv_bytes_read: int = 0
 
     @property
     def num_tokens(self) -> int:
         return self.prefill_tokens + self.decode_tokens
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryTraffic:
+    """What a step reads from memory: the weights once, and each sequence's K/V."""
+
+    weight_bytes_per_step: int
+    copy_bandwidth: float  # bytes/s, measured on the engine's device
+    kv_bytes_read: Callable[[list[int]], int]  # context lengths -> K/V bytes read
+
+
 class EngineMetrics:
-    def __init__(self, kv_bytes_per_token: int) -> None:
+    def __init__(self, kv_bytes_per_token: int, traffic: MemoryTraffic | None = None) -> None:
         self.kv_bytes_per_token = kv_bytes_per_token
+        self.traffic = traffic
         self.window: deque[StepRecord] = deque()
         self.num_steps = 0
         self.total_prompt_tokens = 0
@@ -42,7 +54,11 @@ class EngineMetrics:
     def record_step(self, batch: ScheduledBatch, num_sampled: int, duration: float) -> None:
         now = time.monotonic()
         decode = sum(1 for s, n in zip(batch.seqs, batch.num_tokens) if n == 1 and s.num_output_tokens > 0)
-        self.last = StepRecord(now, duration, len(batch), batch.total_tokens - decode, decode)
+        kv_read = 0
+        if self.traffic is not None:
+            # After postprocess: a sequence's computed tokens already include this step's.
+            kv_read = self.traffic.kv_bytes_read([s.num_computed_tokens for s in batch.seqs])
+        self.last = StepRecord(now, duration, len(batch), batch.total_tokens - decode, decode, kv_read)
         self.window.append(self.last)
         self._prune(now)
         self.num_steps += 1
@@ -85,6 +101,9 @@ class EngineMetrics:
             num_preemptions=sched.num_preemptions,
             total_prompt_tokens=self.total_prompt_tokens,
             total_output_tokens=self.total_output_tokens,
+            weight_bytes_per_step=self.traffic.weight_bytes_per_step if self.traffic else 0,
+            last_kv_bytes_read=self.last.kv_bytes_read,
+            copy_bandwidth=self.traffic.copy_bandwidth if self.traffic else 0.0,
             requests=tuple(request_stats(s) for s in seqs),
         )
 

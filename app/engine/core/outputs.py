@@ -71,4 +71,8 @@ class EngineStats:
     num_preemptions: int = 0
     total_prompt_tokens: int = 0
     total_output_tokens: int = 0
+    # Why N streams cost little more than one: a step reads every weight once, whatever its batch.
+    weight_bytes_per_step: int = 0  # 0: unknown (a remote backend)
+    last_kv_bytes_read: int = 0  # K/V bytes the last step's attention read
+    copy_bandwidth: float = 0.0  # bytes/s of a plain copy on the engine's device, measured at start
     requests: tuple[RequestStats, ...] = field(default_factory=tuple)

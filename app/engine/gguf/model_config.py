@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +53,15 @@ class ModelConfig:
 
     def kv_bytes_per_token(self, dtype_size: int) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_size
+
+    def kv_bytes_read(self, context_lens: Iterable[int], dtype_size: int) -> int:
+        """Bytes of K and V one step's attention reads for sequences of these context lengths:
+        each layer reads its window (sliding-window layers at most `sliding_window` tokens)."""
+        per_layer_token = 2 * self.num_kv_heads * self.head_dim * dtype_size
+        windows = Counter(self.layer_window(i) for i in range(self.num_layers))
+        return per_layer_token * sum(
+            layers * min(ctx, window or ctx) for ctx in context_lens for window, layers in windows.items()
+        )
 
     @classmethod
     def from_metadata(cls, md: dict[str, Any], vocab_size: int | None = None) -> "ModelConfig":

@@ -157,6 +157,18 @@ class DecoderLM:
             for i in range(cfg.num_layers)
         ]
 
+    def weight_bytes_per_step(self) -> int:
+        """Bytes a forward reads from the weights whatever its batch: every layer tensor and the
+        output projection (the embedding table only for the batch's rows: negligible)."""
+        tensors = [t for layer in self.layers for t in vars(layer).values() if isinstance(t, torch.Tensor)]
+        tensors.append(self.final_norm)
+        if self.int8_head is not None:
+            tensors += [self.int8_head.q, self.int8_head.scale]
+        else:
+            tensors.append(self.lm_head)
+        sizes = {t.data_ptr(): t.numel() * t.element_size() for t in tensors}  # shared tensors once
+        return sum(sizes.values())
+
     @torch.inference_mode()
     def hidden_states(
         self,

@@ -103,3 +103,23 @@ def kv_pool_blocks(cfg: EngineConfig, setup: DeviceSetup, bytes_per_token: int, 
             f"{block_bytes / 2**20:.2f} MiB); lower the model size or raise the KV budget"
         )
     return int(blocks)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 28, repeats: int = 5) -> float:
+    """Bytes/s of a plain copy on `device`, counting the read and the write: the memory speed a
+    decode step (which streams every weight once) can at best approach."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize(device)
+        t = time.perf_counter()
+        dst.copy_(src)
+        synchronize(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.numel() * src.element_size() / best
