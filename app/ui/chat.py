@@ -37,7 +37,7 @@ from app.ui.widgets import (
 )
 
 _DEFAULT_TITLE = re.compile(r"^Chat \d+$")
-HISTORY_PAGE = 30  # messages mounted when a tab is first shown, and per "earlier messages" click
+HISTORY_PAGE = 12  # messages mounted when a tab is first shown, and per "earlier messages" click
 
 
 class ReplyMetrics(ReplyClock):

@@ -1,0 +1,98 @@
+"""The app's frame budget (Pilot, fake engine): a long chat opens without mounting its whole history,
+a hidden tab buffers its stream and shows it complete once shown, switching tabs stays quick."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from textual.widgets import TabbedContent
+
+from app.ui.chat import HISTORY_PAGE
+from app.ui.store import ChatStore
+from app.ui.widgets import EarlierMessages, MessageView
+from tests.ui.test_tui import SIZE, chat_engine, chat_screen, idle, make_app, type_and_send, until
+
+
+def long_chat(tmp_path: Path, num_messages: int) -> None:
+    store = ChatStore.in_dir(tmp_path / "data")
+    chat = store.create_chat("Long chat")
+    for i in range(num_messages):
+        role = "user" if i % 2 == 0 else "assistant"
+        text = f"question {i}" if role == "user" else f"Answer {i}:\n\n- a **list**\n- of items\n\n```\ncode {i}\n```"
+        store.add_message(chat.id, role, text, finish_reason="stop" if role == "assistant" else None,
+                          num_tokens=20 if role == "assistant" else 0)
+    store.create_chat("Short chat")
+    store.close()
+
+
+async def test_a_200_message_chat_opens_with_one_page_mounted(tmp_path: Path) -> None:
+    long_chat(tmp_path, 200)
+    app, _ = make_app(tmp_path)
+    started = time.perf_counter()
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await chat_screen(pilot)
+        pane = screen.panes()[0]
+        await until(pilot, lambda: len(pane.query(MessageView)) == HISTORY_PAGE)
+        opened_s = time.perf_counter() - started
+        assert len(pane.messages) == 200
+        earlier = pane.query_one(EarlierMessages)
+        assert f"{200 - HISTORY_PAGE} earlier messages" in str(earlier.render())
+        assert not screen.panes()[1].query(MessageView)  # the other tab mounts nothing until shown
+        earlier.focus()  # the line sits above the visible bottom page: reach it by keyboard
+        await pilot.press("enter")
+        await until(pilot, lambda: len(pane.query(MessageView)) == 2 * HISTORY_PAGE)
+        views = pane.query(MessageView)
+        assert views.first()._content == pane.messages[200 - 2 * HISTORY_PAGE].content  # older page above
+        assert views.last()._content == pane.messages[-1].content
+    # A loose bound (CI machines are slow and shared); what it guards is "not seconds per 100 messages".
+    assert opened_s < 10
+
+
+async def test_switching_tabs_is_quick_with_long_chats(tmp_path: Path) -> None:
+    long_chat(tmp_path, 200)
+    app, _ = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await chat_screen(pilot)
+        app.animation_level = "none"  # time the switch, not the tab underline's animation
+        tabs = screen.query_one(TabbedContent)
+        first, second = screen.panes()
+        timings = []
+        for target in (second, first, second, first):
+            started = time.perf_counter()
+            tabs.active = target.id
+            await pilot.pause()
+            timings.append(time.perf_counter() - started)
+        # The first switch to a long tab mounts one page; later switches mount nothing. The bound
+        # is loose (Textual restyles and repaints the screen on a switch: ~0.1-0.3 s on a slow
+        # 2-core VM); it catches a switch that mounts or re-parses the history again.
+        assert len(first.query(MessageView)) == HISTORY_PAGE
+        assert max(timings[2:]) < 1.5, timings
+
+
+async def test_a_hidden_tab_buffers_its_stream_and_shows_it_complete(tmp_path: Path) -> None:
+    engine = chat_engine(step_delay=0.005)
+    app, _ = make_app(tmp_path, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await chat_screen(pilot)
+        await screen.action_new_tab()
+        await pilot.pause()
+        first, second = screen.panes()
+        tabs = screen.query_one(TabbedContent)
+        tabs.active = first.id
+        await pilot.pause()
+        words = " ".join(f"w{i}" for i in range(60))
+        engine.hold_after = 20
+        first.query_one("PromptInput").insert(words)
+        screen.action_broadcast()
+        await until(pilot, lambda: engine.live_request_ids() and len(engine.live_request_ids()) == 2)
+        await until(pilot, lambda: second.metrics is not None and second.metrics.num_tokens >= 20)
+        view = second.query(MessageView).last()
+        assert view.markdown.source == "" and not str(view.tail.render())  # hidden: nothing painted yet
+        tabs.active = second.id
+        await until(pilot, lambda: "w17" in str(view.tail.render()) + view.markdown.source)
+        engine.hold_after = None
+        await idle(pilot, screen)
+        expected = "Reply to: " + words
+        assert second.messages[-1].content == expected
+        assert view.markdown.source == expected and not view.tail.display
