@@ -1,0 +1,117 @@
+"""Regenerate `assets/screenshot.svg`, the README's picture of the app: the real `localbatch` app
+(Textual, headless, 160x48) on the embedded default model (CPU), four tabs streaming together
+mid-reply, with the KV and Throughput panels showing live figures.
+
+    python benchmarks/readme_screenshot.py [--output assets/screenshot.svg]
+
+Needs the embedded model, installed by the README's set-up (`pip install -e .`). Sampling is greedy
+(temperature 0, from a temporary config file) so the replies' text is the same from run to run;
+how far they have got, and the panel figures, are live measurements and vary. Chats go to a temporary data dir: the script
+writes nothing but the SVG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# Run from a checkout without installing it: the repository root holds the `app` package.
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(1, str(ROOT))
+
+TERMINAL_SIZE = (160, 48)
+# One per tab. The embedded model is small: under greedy sampling most short prompts come back
+# echoed and looping. The first tab's (the reply the picture shows) continues as prose for ~60
+# tokens; the others show only as tab titles and in the panels.
+PROMPTS = (
+    "The history of the lighthouse begins in ancient Egypt, where",
+    "A recipe for bread:",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""',
+    "Paged attention splits the KV cache into blocks, so that",
+)
+MIN_TOKENS = 40  # every tab has streamed at least this much before the picture is taken
+MAX_TOKENS = 400  # far more than the wait needs: no tab finishes before the picture
+SETTLE_S = 1.0  # lets the panels (4 Hz) and the reply painter (12 Hz) catch up
+TIMEOUT_S = 300.0
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--output", type=Path, default=ROOT / "assets" / "screenshot.svg", help="SVG to write")
+    p.add_argument("--min-tokens", type=int, default=MIN_TOKENS, help="tokens each tab streams first")
+    return p.parse_args()
+
+
+def build_engine(progress: Any, model: str | None, device: str | None) -> Any:
+    """The app's engine factory: the embedded default model on the CPU."""
+    from app.engine.api.async_engine import AsyncEngine
+
+    return AsyncEngine(device="cpu", progress=progress)
+
+
+async def wait_for(condition: Any, what: str, timeout_s: float = TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+async def take_screenshot(output: Path, min_tokens: int) -> str:
+    from app.ui.app import LocalbatchApp, TuiOptions
+    from app.ui.screen import ChatScreen
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "config.toml"
+        config.write_text(f"[sampling]\ntemperature = 0.0\nmax_tokens = {MAX_TOKENS}\n")
+        app = LocalbatchApp(build_engine, TuiOptions(config_path=config, data_dir=Path(tmp) / "data"))
+        async with app.run_test(size=TERMINAL_SIZE) as pilot:
+            await wait_for(lambda: isinstance(app.screen, ChatScreen) and app.screen.active_pane() is not None,
+                           "the model to load")
+            await pilot.pause()
+            screen: ChatScreen = app.screen
+            for i, prompt in enumerate(PROMPTS):  # a prompt typed into each tab...
+                if i:
+                    await screen.action_new_tab()
+                    await pilot.pause()
+                screen.active_pane().query_one("PromptInput").insert(prompt)
+            for pane in screen.panes():  # ...then all four sent at once (enter in each tab)
+                pane.send_input()
+            await pilot.pause()
+
+            def all_decoding() -> bool:
+                stats = screen.engine.stats()
+                if any(not p.generating for p in screen.panes()):
+                    raise SystemExit("a tab finished before the picture; raise MAX_TOKENS or lower --min-tokens")
+                return (stats.num_running == len(PROMPTS)
+                        and all(r.status == "decode" and r.num_output_tokens >= min_tokens for r in stats.requests))
+
+            await wait_for(all_decoding, f"all {len(PROMPTS)} tabs to decode {min_tokens}+ tokens")
+            tabs = screen.query_one("#chats")
+            tabs.active = screen.panes()[0].id
+            app.clear_notifications()  # the "Model loaded" toast would cover the panels' corner
+            await pilot.pause()
+            await asyncio.sleep(SETTLE_S)
+            await pilot.pause()
+            stats = screen.engine.stats()
+            svg = app.export_screenshot()
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(svg, encoding="utf-8")
+            await pilot.press("ctrl+q")
+    tokens = ", ".join(str(r.num_output_tokens) for r in stats.requests)
+    return (f"wrote {output}: {stats.num_running} tabs decoding, tokens so far {tokens}, "
+            f"decode {stats.decode_tokens_per_s:.1f} tok/s")
+
+
+def main() -> None:
+    args = parse_args()
+    print(asyncio.run(take_screenshot(args.output.resolve(), args.min_tokens)))
+
+
+if __name__ == "__main__":
+    main()
