@@ -48,7 +48,7 @@ class TuiOptions:
     port: int | None = None
     api_key: str | None = None  # the endpoint's key, or the remote backend's
     backend_url: str | None = None  # run the tabs against a remote OpenAI-compatible server
-    poll_interval: float = 0.25  # panel refresh period in seconds; 0 disables the timer (tests)
+    poll_interval: float = 0.3  # panel refresh period in seconds (rounded to frames); 0: no polling (tests)
     serve_fn: ServeFn | None = None  # replaces app.server.serve (tests)
 
 

@@ -1,9 +1,9 @@
 """One chat tab: its messages, prompt input, settings, and the task that streams a reply.
 
 The reply is consumed by an asyncio task in the app's own loop (a Textual worker): the engine's
-`stream()` yields one delta per engine step into a buffer, and a timer paints it at most
-`FLUSH_HZ` times a second while the tab is shown (`reply_stream`), so neither a cross-thread call
-nor a repaint happens per token."""
+`stream()` yields one delta per engine step into a buffer, and the screen's frame clock paints
+the shown tab's reply at most `FRAME_HZ` times a second (`reply_stream`), so neither a
+cross-thread call nor a repaint happens per token."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from app.engine.core.outputs import StreamDelta
 from app.engine.core.timing import ReplyClock
 from app.ui.format import fmt_rate, fmt_seconds
 from app.ui.loading import first_line
-from app.ui.reply_stream import FLUSH_HZ, ReplyWriter
+from app.ui.reply_stream import ReplyWriter
 from app.ui.store import ChatRecord, ChatStore, MessageRecord
 from app.ui.widgets import (
     EarlierMessages,
@@ -140,11 +140,10 @@ class ChatPane(TabPane):
     def on_mount(self) -> None:
         # Anchored: follows new output only while the view is at the bottom.
         self.query_one(".messages", VerticalScroll).anchor()
-        self._flush_timer = self.set_interval(1 / FLUSH_HZ, self._paint_reply, pause=True)
 
     async def on_show(self) -> None:
         self._ensure_history()
-        await self._paint_reply()  # a tab shown mid-reply paints what it buffered while hidden
+        await self.paint_reply()  # a tab shown mid-reply paints what it buffered while hidden
 
     def _ensure_history(self) -> None:
         if self._first_mounted is None:
@@ -169,7 +168,9 @@ class ChatPane(TabPane):
         event.stop()
         self._show_older(HISTORY_PAGE)
 
-    async def _paint_reply(self) -> None:
+    async def paint_reply(self) -> None:
+        """Paint what the reply buffered since the last paint; the screen's frame clock calls this
+        for the tab that is shown (a hidden tab keeps buffering)."""
         if self._writer is not None and self.display:
             await self._writer.flush()
 
@@ -288,11 +289,9 @@ class ChatPane(TabPane):
         view = MessageView("assistant")
         await self.query_one(".messages", VerticalScroll).mount(view)
         writer = self._writer = ReplyWriter(view.markdown, view.tail)
-        self._flush_timer.resume()
         try:
             finish, error = await self._consume(request_id, writer)
         finally:
-            self._flush_timer.pause()
             self._writer = None
         await writer.close()
         self._finish(view, writer.text, finish, error)

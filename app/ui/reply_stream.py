@@ -2,7 +2,7 @@
 
 Re-parsing Markdown on every engine step held the UI thread (and so the GIL) long enough to halve
 the engine's speed inside the app. Here the deltas only land in a buffer; a flush, at most
-`FLUSH_HZ` times a second and only while the tab is shown, moves finished Markdown blocks into the
+`FRAME_HZ` times a second and only while the tab is shown, moves finished Markdown blocks into the
 Markdown widget (each block parsed once) and shows the unfinished tail as plain text, which costs
 no parse. A hidden tab keeps buffering and paints once when it is shown again."""
 
@@ -13,7 +13,7 @@ import re
 from textual.content import Content
 from textual.widgets import Markdown, Static
 
-FLUSH_HZ = 12
+FRAME_HZ = 10  # repaints per second while replies stream (the shown tab's reply, then the panels)
 _FENCE = re.compile(r"^ {0,3}(```|~~~)", re.MULTILINE)
 
 

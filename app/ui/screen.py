@@ -12,7 +12,14 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import ContentSwitcher, Footer, Header, Static, TabbedContent, TabPane
+from textual.widgets import (
+    ContentSwitcher,
+    Footer,
+    Header,
+    Static,
+    TabbedContent,
+    TabPane,
+)
 
 from app.engine.api.engine_client import EngineClient
 from app.engine.api.errors import LocalbatchError
@@ -31,6 +38,7 @@ from app.ui.panels import (
     ThroughputHistory,
     ThroughputPanel,
 )
+from app.ui.reply_stream import FRAME_HZ
 from app.ui.store import ChatRecord, ChatStore
 
 TAB_COLORS = ("dodger_blue1", "green3", "orange1", "medium_purple1", "deep_pink2", "cyan3", "gold1", "salmon1")
@@ -58,7 +66,7 @@ class ChatScreen(Screen):
         info: EngineInfo,
         endpoint: EmbeddedEndpoint | None,
         export_dir: Callable[[], Path],
-        poll_interval: float = 0.25,
+        poll_interval: float = 0.3,
     ) -> None:
         super().__init__()
         self.engine = engine
@@ -105,9 +113,20 @@ class ChatScreen(Screen):
         for pane in self.panes():
             self.query_one(TabbedContent).get_tab(pane.id).label = pane.tab_label()
         self.poll_stats()
-        if self._poll_interval > 0:
-            self.set_interval(self._poll_interval, self.poll_stats)
+        # One clock for everything that repaints while replies stream, so the reply and the
+        # panels land in the same frame instead of costing a screen refresh each.
+        self._frames_per_poll = max(round(self._poll_interval * FRAME_HZ), 1) if self._poll_interval > 0 else 0
+        self._frame = 0
+        self.set_interval(1 / FRAME_HZ, self._on_frame)
         self.call_after_refresh(self._focus_active)
+
+    async def _on_frame(self) -> None:
+        self._frame += 1
+        pane = self.active_pane()
+        if pane is not None:
+            await pane.paint_reply()
+        if self._frames_per_poll and self._frame % self._frames_per_poll == 0:
+            self.poll_stats()
 
     def _focus_active(self) -> None:
         pane = self.active_pane()
