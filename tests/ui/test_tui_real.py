@@ -15,7 +15,8 @@ from app.ui.widgets import MessageView, PromptInput
 async def test_broadcast_on_a_real_engine(tmp_path: Path, tiny_gguf_factory) -> None:
     model = tiny_gguf_factory("llama", context_length=512)
     config = tmp_path / "config.toml"
-    config.write_text("[sampling]\ntemperature = 0.0\nmax_tokens = 24\n")
+    # Long enough that the second tab's request (a frame later) joins the first one's decode.
+    config.write_text("[sampling]\ntemperature = 0.0\nmax_tokens = 200\n")
     engines: list[AsyncEngine] = []
 
     def factory(progress, model_path, device):

@@ -27,7 +27,7 @@ from app.engine.core.sequence import Sequence
 
 log = logging.getLogger(__name__)
 
-_SWITCH_INTERVAL_S = 0.0005
+_SWITCH_INTERVAL_S = 0.002
 _IDLE_WAIT_S = 0.5  # requests and aborts wake the loop at once; this only paces the idle rate decay
 
 
@@ -59,7 +59,7 @@ class AsyncEngine:
         )
         # The step thread releases the GIL inside every torch op and needs it back between ops; a
         # busy caller thread (the TUI rendering) kept it for the default 5 ms switch interval each
-        # time, which stretched a 50 ms step past 90 ms. 0.5 ms bounds that wait.
+        # time, which stretched a 50 ms step past 90 ms. 2 ms bounds that wait (0.5 ms starved the UI).
         sys.setswitchinterval(_SWITCH_INTERVAL_S)
         self._thread.start()
         self._loaded.wait()
