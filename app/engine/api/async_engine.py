@@ -8,6 +8,7 @@ each step's deltas go back with ONE `call_soon_threadsafe` per event loop (not o
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import queue
 import sys
@@ -121,6 +122,7 @@ class AsyncEngine:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=10)
+        gc.unfreeze()
 
     # ---- the step thread ----------------------------------------------------------------------
     def _send(self, kind: str, payload: Any) -> None:
@@ -131,6 +133,12 @@ class AsyncEngine:
         try:
             self.engine = LLMEngine(model, device=device, dtype=dtype, progress=progress, **kwargs)
             self._stats = self.engine.stats()
+            # The model, its tokenizer tables and the KV pool are millions of long-lived objects:
+            # a full collection walked them all, holding the GIL, whenever the app's rendering
+            # churned enough garbage (~25% of the UI thread's samples while streaming). Frozen
+            # until close(), so a closed engine's objects can be collected again.
+            gc.collect()
+            gc.freeze()
         except BaseException as e:  # noqa: BLE001 - re-raised in the constructor's thread
             self._load_error = e
             return

@@ -3,7 +3,7 @@ by one packed forward pass. Single-threaded: `AsyncEngine` drives it from its ow
 
 from __future__ import annotations
 
-import gc
+import functools
 import itertools
 import logging
 import time
@@ -62,11 +62,6 @@ class LLMEngine:
             if progress and not self.config.enforce_eager:
                 progress("capturing CUDA graphs", None)
             self.runner.setup_decode_graphs(self.config.max_num_seqs, self.max_model_len, not self.config.enforce_eager)
-        # The model, its tokenizer tables and the KV pool are millions of long-lived objects; a
-        # full garbage collection walked them all, holding the GIL, each time the app's rendering
-        # churned enough garbage (the UI thread spent ~25% of its samples in gc while streaming).
-        gc.freeze()
-
     def _init_from_file(self, model: str | None, progress: ProgressFn | None) -> None:
         path = model
         if path is None:
@@ -108,7 +103,7 @@ class LLMEngine:
         return MemoryTraffic(
             weight_bytes_per_step=self.model.weight_bytes_per_step(),
             copy_bandwidth=copy_bandwidth(self.setup.device),
-            kv_bytes_read=lambda context_lens: self.model_config.kv_bytes_read(context_lens, dtype_size),
+            kv_bytes_read=functools.partial(self.model_config.kv_bytes_read, dtype_size=dtype_size),
         )
 
     def _warmup(self) -> None:
