@@ -127,3 +127,17 @@ def test_streamed_reply_snapshot(snap_compare: Any) -> None:
         await stream_reply(app, pilot, REPLY)
 
     assert snap_compare(app, terminal_size=SIZE, run_before=run)
+
+
+async def test_tail_wraps_at_the_full_width_as_it_grows() -> None:
+    app = OneMessage()
+    async with app.run_test(size=SIZE) as pilot:
+        writer = ReplyWriter(app.view.markdown, app.view.tail)
+        writer.write("Short start")
+        await writer.flush()
+        await pilot.pause()
+        for _ in range(30):
+            writer.write(" and then some more words")
+            await writer.flush()
+            await pilot.pause()
+        assert app.view.tail.size.width >= SIZE[0] - 4
