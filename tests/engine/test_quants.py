@@ -19,7 +19,10 @@ from app.engine.gguf.quants import SUPPORTED_TYPES, dequantize
 from app.engine.gguf.reader import GGUFFile
 
 # Byte offsets of the fp16 scale fields inside one block of each block-quantized type.
-F16_FIELDS = {QT.Q8_0: (0,), QT.Q4_0: (0,), QT.Q5_0: (0,), QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,)}
+F16_FIELDS = {
+    QT.Q8_0: (0,), QT.Q4_0: (0,), QT.Q4_1: (0, 2), QT.Q5_0: (0,), QT.Q5_1: (0, 2), QT.Q3_K: (108,),
+    QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,), QT.IQ4_NL: (0,), QT.IQ4_XS: (0,),
+}
 ALL_TYPES = sorted((QT(t) for t in SUPPORTED_TYPES), key=int)
 
 
@@ -35,7 +38,7 @@ def _sane_f16(rng: np.random.Generator, n: int) -> np.ndarray:
 def _random_tensor(qtype: QT, n_blocks: int, seed: int = 0) -> np.ndarray:
     """Raw bytes of `n_blocks` blocks: random quants, sane scales (no NaN/inf in fp16 fields)."""
     rng = np.random.default_rng(seed)
-    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    type_size = GGML_QUANT_SIZES[qtype][1]
     if qtype == QT.F32:
         return (rng.standard_normal(n_blocks) * 100).astype(np.float32).view(np.uint8)
     if qtype == QT.F16:
@@ -66,7 +69,10 @@ def _shape(qtype: QT, n_blocks: int) -> tuple[int, ...]:
 
 def test_supported_types() -> None:
     names = {QT(t).name for t in SUPPORTED_TYPES}
-    assert names == {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q4_K", "Q5_K", "Q6_K"}
+    assert names == {
+        "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+        "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+    }
     assert isinstance(SUPPORTED_TYPES, frozenset)
 
 
@@ -78,6 +84,16 @@ def test_bit_exact_with_gguf(qtype: QT) -> None:
     out = dequantize(raw, qtype, shape)
     assert out.dtype == torch.float32 and out.is_contiguous()
     assert _bits_equal(out, _reference(raw, qtype, shape))
+
+
+@pytest.mark.parametrize("n_blocks", [1, 7, 30])
+@pytest.mark.parametrize("qtype", [t for t in ALL_TYPES if GGML_QUANT_SIZES[t][0] > 1], ids=lambda t: t.name)
+def test_block_counts_and_shapes(qtype: QT, n_blocks: int) -> None:
+    # One block, an odd count, and a 3-d shape whose rows hold several blocks.
+    block_size = GGML_QUANT_SIZES[qtype][0]
+    shape = (n_blocks // 5, 5, block_size) if n_blocks % 5 == 0 else (n_blocks, block_size)
+    raw = _random_tensor(qtype, n_blocks, seed=n_blocks)
+    assert _bits_equal(dequantize(raw, qtype, shape), _reference(raw, qtype, shape))
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda t: t.name)
@@ -92,7 +108,7 @@ def test_chunk_boundaries(qtype: QT, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_real_quantized_values() -> None:
     # Values from gguf's own quantizer (not just random bytes) round-trip identically too.
     data = np.random.default_rng(3).standard_normal((4, 256)).astype(np.float32)
-    for qtype in (QT.Q8_0, QT.Q4_0, QT.Q5_0):
+    for qtype in (QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1):
         raw = gguf.quants.quantize(data, qtype).reshape(-1)
         out = dequantize(raw, qtype, (4, 256))
         assert _bits_equal(out, _reference(raw, qtype, (4, 256)))
@@ -100,7 +116,9 @@ def test_real_quantized_values() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
-@pytest.mark.parametrize("qtype", [QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_K, QT.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize(
+    "qtype", [QT.F32, QT.F16, QT.BF16, QT.Q8_0, QT.Q4_1, QT.Q3_K, QT.Q4_K, QT.Q6_K, QT.IQ4_XS], ids=lambda t: t.name
+)
 def test_output_dtype(qtype: QT, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(quants, "_CHUNK_ELEMENTS", 1024)
     n_blocks = 12 if GGML_QUANT_SIZES[qtype][0] > 1 else 3000
@@ -142,16 +160,16 @@ def test_empty_and_scalar_shapes() -> None:
 
 
 def test_unsupported_type_names_tensor_and_supported_list() -> None:
-    raw = np.zeros(84, np.uint8)
+    raw = np.zeros(66, np.uint8)
     with pytest.raises(GGUFError) as info:
-        dequantize(raw, QT.Q2_K, (256,), name="blk.0.ffn_up.weight")
+        dequantize(raw, QT.IQ2_XXS, (256,), name="blk.0.ffn_up.weight")
     message = str(info.value)
-    assert message.startswith("tensor 'blk.0.ffn_up.weight': type Q2_K is not supported (supported: F32, F16,")
-    assert "Q6_K" in message and "BF16" in message and "\n" not in message
-    with pytest.raises(GGUFError, match=r"^tensor type Q2_K is not supported"):
-        dequantize(raw, QT.Q2_K, (256,))
+    assert message.startswith("tensor 'blk.0.ffn_up.weight': type IQ2_XXS is not supported (supported: F32, F16,")
+    assert "Q6_K" in message and "BF16" in message and "IQ4_XS" in message and "\n" not in message
+    with pytest.raises(GGUFError, match=r"^tensor type IQ2_XXS is not supported"):
+        dequantize(raw, QT.IQ2_XXS, (256,))
     with pytest.raises(GGUFError, match="type <unknown type id 99> is not supported"):
-        dequantize(raw, 99, (84,))
+        dequantize(raw, 99, (66,))
 
 
 @pytest.mark.parametrize(

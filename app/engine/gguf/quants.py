@@ -1,29 +1,30 @@
 """Vectorized torch dequantization of GGUF tensor bytes, bit-exact with `gguf.quants.dequantize`.
 
 Each block type is decoded on a `[n_blocks, type_size]` uint8 view with bit ops and one fp32
-multiply (and one subtract for the K-quants' mins), in the same order as the reference, so the
-results are identical. Large tensors are processed in chunks of blocks so that the temporaries
-(unpacked nibbles, torch's dtype-promotion copies) stay small and cache-resident.
+multiply (and one add or subtract for the types with mins; IQ4's grid values are looked up first),
+in the same order as the reference, so the results are identical. Large tensors are processed in
+chunks of blocks so that the temporaries (unpacked nibbles, torch's dtype-promotion copies) stay
+small and cache-resident.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from types import MappingProxyType
 
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import IQ4_NL
 
 from app.engine.api.errors import GGUFError
 
 _T = GGMLQuantizationType
 
-SUPPORTED_TYPES: frozenset[int] = frozenset(
-    int(t) for t in (_T.F32, _T.F16, _T.BF16, _T.Q8_0, _T.Q4_0, _T.Q5_0, _T.Q4_K, _T.Q5_K, _T.Q6_K)
-)
+# The non-linear 4-bit grid IQ4_NL and IQ4_XS index into, as fp32 (exact: all small integers).
+_IQ4_GRID = torch.tensor(IQ4_NL.kvalues, dtype=torch.float32)
 
 # Output elements per chunk: large enough to amortize per-op dispatch (~25 small torch ops per
 # chunk), small enough for the uint8/int32 temporaries to stay in cache.
@@ -35,6 +36,18 @@ def _f16(blocks: torch.Tensor, start: int) -> torch.Tensor:
     return blocks[:, start:start + 2].contiguous().view(torch.float16).float()
 
 
+def _words(packed: torch.Tensor) -> torch.Tensor:
+    """`packed` (last dim a multiple of 4) as int32 words.
+
+    .contiguous() returns a one-block slice as it is, and its start or row stride need not be
+    4-byte aligned (a single-block tensor, or the last chunk of a tensor): those get copied.
+    """
+    packed = packed.contiguous()
+    if packed.storage_offset() % 4 or any(s % 4 for s in packed.stride()[:-1]):
+        packed = packed.clone(memory_format=torch.contiguous_format)
+    return packed.view(torch.int32)
+
+
 def _nibble_planes(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Low and high nibbles of every byte, as two new contiguous uint8 tensors shaped like `packed`
     (whose last dim must be a multiple of 4).
@@ -43,7 +56,7 @@ def _nibble_planes(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     times slower per byte. Kernels write the two planes into the two halves of the output
     separately, since interleaving them first (stack/cat) costs more than the unpacking.
     """
-    words = packed.contiguous().view(torch.int32)
+    words = _words(packed)
     return (words & 0x0F0F0F0F).view(torch.uint8), ((words >> 4) & 0x0F0F0F0F).view(torch.uint8)
 
 
@@ -54,10 +67,17 @@ def _bits(packed: torch.Tensor, width: int, lshift: int) -> torch.Tensor:
     Works on int32 words: torch's uint8 shifts by a tensor are not vectorized, int32 ones are,
     and the per-byte mask keeps bits from crossing into the neighbouring byte.
     """
-    words = packed.contiguous().view(torch.int32).unsqueeze(1)
+    words = _words(packed).unsqueeze(1)
     shifts = torch.arange(0, 8, width, dtype=torch.int32).view(-1, 1)
     byte_mask = ((1 << width) - 1) * 0x01010101
     return (((words >> shifts) & byte_mask) << lshift).view(torch.uint8)
+
+
+def _scaled_halves(d: torch.Tensor, planes: Iterable[torch.Tensor], out: torch.Tensor) -> None:
+    """out = d * q, where `planes` are the values of the first and the second half of each group of
+    `out` (groups of 2 * q.shape[-1] elements; `d` broadcasts against one plane)."""
+    for half, q in enumerate(planes):
+        torch.mul(q, d, out=out.view(*q.shape[:-1], 2, q.shape[-1]).select(-2, half))
 
 
 def _q8_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
@@ -65,19 +85,56 @@ def _q8_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
 
 
 def _q4_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
-    d, halves = _f16(blocks, 0), out.view(-1, 2, 16)
-    for half, q in enumerate(_nibble_planes(blocks[:, 2:])):
-        torch.mul(q.view(torch.int8).sub_(8), d, out=halves[:, half])
+    _scaled_halves(_f16(blocks, 0), (q.view(torch.int8).sub_(8) for q in _nibble_planes(blocks[:, 2:])), out)
+
+
+def _q5_planes(blocks: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q5_0/Q5_1 quants (uint8, 0..31) of the two 16-element halves, from the uint32 of 5th bits at
+    byte `start` and the 16 bytes of nibbles after it."""
+    # Bit i of the little-endian uint32 is the 5th bit of element i. Shifting in int32 and then
+    # truncating to uint8 is ~3x faster than unpacking the four bytes separately.
+    qh = _words(blocks[:, start:start + 4])
+    high = (qh >> torch.arange(32, dtype=torch.int32)).to(torch.uint8).bitwise_and_(1).mul_(16).view(-1, 2, 16)
+    low, top = _nibble_planes(blocks[:, start + 4:])
+    return low.bitwise_or_(high[:, 0]), top.bitwise_or_(high[:, 1])
 
 
 def _q5_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
-    # Bit i of the little-endian uint32 is the 5th bit of element i. Shifting in int32 and then
-    # truncating to uint8 is ~3x faster than unpacking the four bytes separately.
-    qh = blocks[:, 2:6].contiguous().view(torch.int32)
-    high = (qh >> torch.arange(32, dtype=torch.int32)).to(torch.uint8).bitwise_and_(1).mul_(16).view(-1, 2, 16)
-    d, halves = _f16(blocks, 0), out.view(-1, 2, 16)
-    for half, q in enumerate(_nibble_planes(blocks[:, 6:])):
-        torch.mul(q.bitwise_or_(high[:, half]).view(torch.int8).sub_(16), d, out=halves[:, half])
+    _scaled_halves(_f16(blocks, 0), (q.view(torch.int8).sub_(16) for q in _q5_planes(blocks, 2)), out)
+
+
+def _with_min(blocks: torch.Tensor, planes: tuple[torch.Tensor, torch.Tensor], out: torch.Tensor) -> None:
+    """Q4_1/Q5_1: out = d * q + m, the product rounded to fp32 before the add as in the reference
+    (a fused multiply-add would differ in the last bit)."""
+    _scaled_halves(_f16(blocks, 0), planes, out)
+    out.add_(_f16(blocks, 2))
+
+
+def _q4_1(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    _with_min(blocks, _nibble_planes(blocks[:, 4:]), out)
+
+
+def _q5_1(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    _with_min(blocks, _q5_planes(blocks, 4), out)
+
+
+def _iq4_values(planes: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
+    """IQ4 nibbles -> the non-linear grid's values. int64 indices: a uint8 index would be a mask."""
+    return (_IQ4_GRID[q.long()] for q in planes)
+
+
+def _iq4_nl(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    _scaled_halves(_f16(blocks, 0), _iq4_values(_nibble_planes(blocks[:, 2:])), out)
+
+
+def _iq4_xs(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    # Sub-block s's 6-bit scale is nibble s % 2 of scales_l[s // 2] (bytes 4..7) with bits 2s..2s+1
+    # of the uint16 scales_h (bytes 2..3) on top; each sub-block is 16 low then 16 high nibbles.
+    low = torch.stack(_nibble_planes(blocks[:, 4:8]), dim=-1).view(-1, 8)
+    top = (blocks[:, 2:4].contiguous().view(torch.int16).int() >> torch.arange(0, 16, 2, dtype=torch.int32)) & 3
+    scales = low.bitwise_or_(top.to(torch.uint8) << 4).view(torch.int8).sub_(32)
+    dl = (_f16(blocks, 0) * scales).unsqueeze(-1)
+    _scaled_halves(dl, _iq4_values(_nibble_planes(blocks[:, 8:].reshape(-1, 8, 16))), out)
 
 
 def _k_scales_mins(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,17 +176,43 @@ def _q6_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
     low = torch.cat(_nibble_planes(blocks[:, 0:128].reshape(-1, 2, 64)), dim=-1)
     top = _bits(blocks[:, 128:192].reshape(-1, 32), 2, lshift=4).view(-1, 2, 128)
     q = low.bitwise_or_(top).view(torch.int8).sub_(32)
-    ds = _f16(blocks, 208) * blocks[:, 192:208].view(torch.int8)
-    torch.mul(q.view(-1, 16, 16), ds.unsqueeze(-1), out=out.view(-1, 16, 16))
+    _per_16(q, _f16(blocks, 208) * blocks[:, 192:208].view(torch.int8), out)
+
+
+def _per_16(q: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out = scale * q for the 16 groups of 16 of each 256-element block; `scales` is [n, 16] fp32."""
+    return torch.mul(q.view(-1, 16, 16), scales.unsqueeze(-1), out=out.view(-1, 16, 16))
+
+
+def _crumbs(qs: torch.Tensor) -> torch.Tensor:
+    """Q3_K's 64 bytes of 2-bit quants -> [n, 256] uint8: element h*128 + j*32 + l is bits 2j..2j+1
+    of byte h*32 + l."""
+    return _bits(qs.reshape(-1, 32), 2, lshift=0).view(-1, 256)
+
+
+def _q3_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    # Bit j of hmask[l] (bytes 0..31) is the 3rd bit of element j*32 + l; the quant is offset by -4
+    # where it is clear, i.e. q = (low | bit << 2) - 4.
+    q = _crumbs(blocks[:, 32:96]).bitwise_or_(_bits(blocks[:, 0:32], 1, lshift=2).view(-1, 256))
+    # 6-bit scales: low nibbles of bytes 96..103, then their high nibbles; bits 2k..2k+1 of byte
+    # 104 + s % 4 on top of scale s, k = s // 4.
+    low = torch.cat(_nibble_planes(blocks[:, 96:104]), dim=1)
+    scales = low.bitwise_or_(_bits(blocks[:, 104:108], 2, lshift=4).view(-1, 16)).view(torch.int8).sub_(32)
+    _per_16(q.view(torch.int8).sub_(4), _f16(blocks, 108) * scales, out)
 
 
 _BLOCK_KERNELS: MappingProxyType[int, Callable[[torch.Tensor, torch.Tensor], None]] = MappingProxyType({
     int(_T.Q8_0): _q8_0,
     int(_T.Q4_0): _q4_0,
+    int(_T.Q4_1): _q4_1,
     int(_T.Q5_0): _q5_0,
+    int(_T.Q5_1): _q5_1,
     int(_T.Q4_K): _q4_k,
     int(_T.Q5_K): _q5_k,
     int(_T.Q6_K): _q6_k,
+    int(_T.Q3_K): _q3_k,
+    int(_T.IQ4_NL): _iq4_nl,
+    int(_T.IQ4_XS): _iq4_xs,
 })
 
 _FLOAT_VIEWS: MappingProxyType[int, torch.dtype] = MappingProxyType({
@@ -137,6 +220,8 @@ _FLOAT_VIEWS: MappingProxyType[int, torch.dtype] = MappingProxyType({
     int(_T.F16): torch.float16,
     int(_T.BF16): torch.bfloat16,
 })
+
+SUPPORTED_TYPES: frozenset[int] = frozenset(_FLOAT_VIEWS) | frozenset(_BLOCK_KERNELS)
 
 
 def type_name(ggml_type: int) -> str:
