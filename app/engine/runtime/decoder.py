@@ -20,10 +20,14 @@ RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, sin at the step's positio
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # Normalise in fp32 whatever the compute dtype: bf16 mean-of-squares loses too much.
+    # Normalise in fp32 whatever the compute dtype: bf16 mean-of-squares loses too much. One
+    # F.rms_norm call instead of six elementwise ops: the same fp32 numbers (bit-identical here),
+    # ~90 fewer Python dispatches and GIL hand-offs per step, which a busy UI thread made costly.
     xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (xf * weight.float()).to(x.dtype)
+    if weight.dim() == 1:
+        return F.rms_norm(xf, (xf.shape[-1],), weight.float(), eps).to(x.dtype)
+    # Per-head weights (q/k norm over [tokens, heads, head_dim]): normalise per row, then scale.
+    return (F.rms_norm(xf, (xf.shape[-1],), None, eps) * weight.float()).to(x.dtype)
 
 
 class RotaryEmbedding:
