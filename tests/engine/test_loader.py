@@ -16,7 +16,7 @@ EXPECTED = {
     "not_gguf": "not a GGUF",
     "truncated": "truncated",
     "unsupported_arch": "mamba",
-    "unsupported_type": "Q2_K",
+    "unsupported_type": "IQ2_XXS",
     "missing_tensor": "blk.0.ffn_up.weight",
     "shape_mismatch": "blk.0.attn_q.weight",
 }

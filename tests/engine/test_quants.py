@@ -20,8 +20,8 @@ from app.engine.gguf.reader import GGUFFile
 
 # Byte offsets of the fp16 scale fields inside one block of each block-quantized type.
 F16_FIELDS = {
-    QT.Q8_0: (0,), QT.Q4_0: (0,), QT.Q4_1: (0, 2), QT.Q5_0: (0,), QT.Q5_1: (0, 2), QT.Q3_K: (108,),
-    QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,), QT.IQ4_NL: (0,), QT.IQ4_XS: (0,),
+    QT.Q8_0: (0,), QT.Q4_0: (0,), QT.Q4_1: (0, 2), QT.Q5_0: (0,), QT.Q5_1: (0, 2), QT.Q2_K: (80, 82),
+    QT.Q3_K: (108,),     QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,), QT.IQ4_NL: (0,), QT.IQ4_XS: (0,),
 }
 ALL_TYPES = sorted((QT(t) for t in SUPPORTED_TYPES), key=int)
 
@@ -71,7 +71,7 @@ def test_supported_types() -> None:
     names = {QT(t).name for t in SUPPORTED_TYPES}
     assert names == {
         "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-        "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+        "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
     }
     assert isinstance(SUPPORTED_TYPES, frozenset)
 

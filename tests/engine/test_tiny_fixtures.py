@@ -196,7 +196,7 @@ def test_bad_files(tmp_path: Path, kind: str) -> None:
     if kind == "unsupported_arch":
         assert _field(reader, "general.architecture") == "mamba"
     elif kind == "unsupported_type":
-        assert tensors["blk.0.ffn_down.weight"].tensor_type == gguf.GGMLQuantizationType.Q2_K
+        assert tensors["blk.0.ffn_down.weight"].tensor_type == gguf.GGMLQuantizationType.IQ2_XXS
         assert tensors["blk.0.ffn_down.weight"].shape.tolist() == [256, 64]
     elif kind == "missing_tensor":
         assert "blk.0.ffn_up.weight" not in tensors and "blk.1.ffn_up.weight" in tensors

@@ -429,12 +429,12 @@ def write_tiny_gguf(path: str | os.PathLike[str], arch: str, *, seed: int = 0,
 # Bad files for loader tests
 # ----------------------------------------------------------------------------------------------
 
-def _q2_k_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
-    """Q2_K blocks (256 values, 84 bytes) with finite fp16 scales, so only the type is 'bad'."""
-    block, type_size = gguf.GGML_QUANT_SIZES[QType.Q2_K]
+def _iq2_xxs_bytes(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+    """IQ2_XXS blocks (256 values, 66 bytes) with a finite fp16 scale, so only the type is 'bad'."""
+    block, type_size = gguf.GGML_QUANT_SIZES[QType.IQ2_XXS]
     n_blocks = rows * cols // block
     blocks = rng.integers(0, 256, size=(n_blocks, type_size), dtype=np.uint8)
-    blocks[:, -4:] = np.array([0.01, 0.001], dtype=np.float16).view(np.uint8)  # d, dmin
+    blocks[:, :2] = np.array([0.01], dtype=np.float16).view(np.uint8).reshape(1, 2)  # d
     return blocks.reshape(rows, cols // block * type_size)
 
 
@@ -468,7 +468,7 @@ def write_bad_gguf(path: str | os.PathLike[str], kind: str) -> None:
     """Write a file the loader must reject; `kind` is one of BAD_KINDS.
 
     unsupported_arch: a well-formed GGUF for "mamba"; unsupported_type: tiny llama whose
-    blk.0.ffn_down.weight is Q2_K; missing_tensor: no blk.0.ffn_up.weight; shape_mismatch:
+    blk.0.ffn_down.weight is IQ2_XXS; missing_tensor: no blk.0.ffn_up.weight; shape_mismatch:
     blk.0.attn_q.weight has head_dim extra output rows; truncated: valid file cut halfway through
     the tensor data; not_gguf: a text file.
     """
@@ -485,7 +485,7 @@ def write_bad_gguf(path: str | os.PathLike[str], kind: str) -> None:
         write_tiny_gguf(path, "llama")
         _truncate_in_tensor_data(path)
         return
-    # Q2_K needs rows of whole 256-value blocks: ffn_down's rows are intermediate_size long.
+    # IQ2_XXS needs rows of whole 256-value blocks: ffn_down's rows are intermediate_size long.
     cfg = make_config("llama", intermediate_size=256 if kind == "unsupported_type" else 128)
     vocab = build_vocab(cfg)
     tensors = build_tensors(cfg, len(vocab.tokens), seed=0)
@@ -498,5 +498,5 @@ def write_bad_gguf(path: str | os.PathLike[str], kind: str) -> None:
     else:  # unsupported_type
         down = tensors["blk.0.ffn_down.weight"]
         encoded["blk.0.ffn_down.weight"] = (
-            _q2_k_bytes(np.random.default_rng(1), *down.shape), QType.Q2_K)
+            _iq2_xxs_bytes(np.random.default_rng(1), *down.shape), QType.IQ2_XXS)
     _write_file(path, "llama", cfg, vocab, encoded)

@@ -185,9 +185,16 @@ def _per_16(q: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> torch.T
 
 
 def _crumbs(qs: torch.Tensor) -> torch.Tensor:
-    """Q3_K's 64 bytes of 2-bit quants -> [n, 256] uint8: element h*128 + j*32 + l is bits 2j..2j+1
-    of byte h*32 + l."""
+    """Q2_K/Q3_K's 64 bytes of 2-bit quants -> [n, 256] uint8: element h*128 + j*32 + l is
+    bits 2j..2j+1 of byte h*32 + l."""
     return _bits(qs.reshape(-1, 32), 2, lshift=0).view(-1, 256)
+
+
+def _q2_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    # Each group of 16 has a 4-bit scale (low nibble) and a 4-bit min (high nibble) in bytes 0..15.
+    scales = blocks[:, 0:16]
+    _per_16(_crumbs(blocks[:, 16:80]), _f16(blocks, 80) * (scales & 0x0F), out)
+    out.view(-1, 16, 16).sub_((_f16(blocks, 82) * (scales >> 4)).unsqueeze(-1))
 
 
 def _q3_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
@@ -210,6 +217,7 @@ _BLOCK_KERNELS: MappingProxyType[int, Callable[[torch.Tensor, torch.Tensor], Non
     int(_T.Q4_K): _q4_k,
     int(_T.Q5_K): _q5_k,
     int(_T.Q6_K): _q6_k,
+    int(_T.Q2_K): _q2_k,
     int(_T.Q3_K): _q3_k,
     int(_T.IQ4_NL): _iq4_nl,
     int(_T.IQ4_XS): _iq4_xs,
