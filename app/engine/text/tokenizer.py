@@ -58,6 +58,8 @@ _PRE_TOKENIZERS = MappingProxyType({
     "llama-v3": (_LLAMA3_SPLIT,),
     "qwen2": (_QWEN2_SPLIT,),
     "deepseek-r1-qwen": (_QWEN2_SPLIT,),
+    # Every digit its own pre-token, then GPT-2's split (SmolLM2, StarCoder and kin).
+    **{pre: (r"\p{N}", _GPT2_SPLIT) for pre in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone")},
 })
 # Llama 3 emits a whole pre-token as one id when it is in the vocabulary, before any merge.
 _IGNORE_MERGES_PRE = frozenset({"llama-bpe", "llama3", "llama-v3"})
