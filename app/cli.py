@@ -1,4 +1,5 @@
-"""`localbatch` command line: the TUI (no subcommand), `generate`, `serve`, `bench`."""
+"""`localbatch` command line: the TUI (no subcommand), `generate`, `serve`, `bench`, and the model
+catalog: `models`, `pull`, `rm`."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ ENGINE_FLAGS: dict[str, tuple[type, str]] = {
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="GGUF file (default: the embedded Gemma 3 270M)")
+    p.add_argument("--model", default=None,
+                   help="GGUF file or catalog name (see `localbatch models`; default: the pulled "
+                        "smollm2-135m-instruct, else the embedded Gemma 3 270M)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     for name, (kind, text) in ENGINE_FLAGS.items():
@@ -38,6 +41,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    from app.engine.gguf.catalog import check_model
+
+    check_model(args.model)  # an unknown or unpulled name fails here, before torch loads;
+    # the engine resolves the name itself (catalog.resolve_model in LLMEngine._init_from_file)
     kw = {n: getattr(args, n) for n in EngineConfig.names() if getattr(args, n, None) is not None}
     return {"model": args.model, "device": args.device or "auto", "dtype": args.dtype, **kw}
 
@@ -117,6 +124,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_tui(args: argparse.Namespace) -> int:
     from app.ui import TuiOptions, run_tui
 
+    if args.backend_url is None:
+        from app.engine.gguf.catalog import check_model
+
+        check_model(args.model)
     extra = {k: v for k, v in engine_kwargs(args).items() if k not in ("model", "device")}
 
     def factory(progress, model, device):  # runs in the app's worker thread
@@ -128,6 +139,85 @@ def cmd_tui(args: argparse.Namespace) -> int:
         model=args.model, device=args.device, data_dir=args.data_dir, config_path=args.config,
         serve=args.serve, host=args.host, port=args.port, api_key=args.api_key, backend_url=args.backend_url,
     ))
+    return 0
+
+
+def _human_size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n} B"
+
+
+def _gguf_summary(path: str) -> dict[str, str]:
+    """quant, arch, context and chat template of a GGUF, from its header (best effort)."""
+    try:
+        import gguf
+
+        from app.engine.gguf.reader import GGUFFile
+
+        with GGUFFile(path) as f:
+            arch = str(f.get("general.architecture") or "?")
+            ftype = f.get("general.file_type")
+            try:
+                quant = gguf.LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_") if ftype is not None else "?"
+            except ValueError:
+                quant = str(ftype)
+            ctx = f.get(f"{arch}.context_length")
+            chat = "yes" if f.get("tokenizer.chat_template") else "no"
+            return {"quant": quant, "arch": arch, "context": str(ctx) if ctx is not None else "?", "chat": chat}
+    except (LocalbatchError, OSError, ValueError):  # an unreadable file still gets a row
+        return {"quant": "?", "arch": "?", "context": "?", "chat": "?"}
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from app.engine.gguf.catalog import CATALOG, installed_path, resolve_model
+
+    default = resolve_model(None)
+    rows = [("NAME", "SIZE", "QUANT", "ARCH", "CONTEXT", "CHAT", "PATH")]
+    pullable = []
+    for entry in CATALOG.values():
+        path = installed_path(entry.name)
+        if path is None:
+            pullable.append(entry)
+            continue
+        info = _gguf_summary(str(path))
+        mark = " *" if default == str(path) or (default is None and entry.name == "gemma3-270m") else ""
+        rows.append((entry.name + mark, _human_size(path.stat().st_size), info["quant"], info["arch"],
+                     info["context"], info["chat"], str(path)))
+    if len(rows) > 1:
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+        for r in rows:
+            print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+        print("(* the default model)")
+    else:
+        print("no models installed")
+    if pullable:
+        print("\navailable (localbatch pull NAME):")
+        width = max(len(e.name) for e in pullable)
+        for e in pullable:
+            print(f"  {e.name.ljust(width)}  {_human_size(e.size):>8}  {e.description}")
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from app.engine.gguf.catalog import pull
+
+    path = pull(args.name, progress=stderr_progress)
+    _clear_progress()
+    print(path)
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    from app.engine.gguf.catalog import remove
+
+    removed = remove(args.name)
+    if removed is None:
+        print(f"{args.name} is not installed", file=sys.stderr)
+    else:
+        print(f"removed {removed}")
     return 0
 
 
@@ -169,6 +259,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_args(b)
     add_engine_args(b)
     b.set_defaults(func=cmd_bench)
+
+    m = sub.add_parser("models", help="list installed and pullable catalog models")
+    m.set_defaults(func=cmd_models)
+    pl = sub.add_parser("pull", help="download a catalog model (verified by sha256)")
+    pl.add_argument("name", help="catalog name (see `localbatch models`)")
+    pl.set_defaults(func=cmd_pull)
+    r = sub.add_parser("rm", help="delete an installed catalog model")
+    r.add_argument("name")
+    r.set_defaults(func=cmd_rm)
     return p
 
 

@@ -63,7 +63,9 @@ class LLMEngine:
                 progress("capturing CUDA graphs", None)
             self.runner.setup_decode_graphs(self.config.max_num_seqs, self.max_model_len, not self.config.enforce_eager)
     def _init_from_file(self, model: str | None, progress: ProgressFn | None) -> None:
-        path = model
+        from app.engine.gguf.catalog import resolve_model
+
+        path = resolve_model(model, progress)  # a catalog name, a path, or None: the default
         if path is None:
             from app.engine.gguf.default_model import default_model_path
 
