@@ -62,6 +62,7 @@ class LLMEngine:
             if progress and not self.config.enforce_eager:
                 progress("capturing CUDA graphs", None)
             self.runner.setup_decode_graphs(self.config.max_num_seqs, self.max_model_len, not self.config.enforce_eager)
+
     def _init_from_file(self, model: str | None, progress: ProgressFn | None) -> None:
         from app.engine.gguf.catalog import resolve_model
 
