@@ -58,6 +58,7 @@ class RemoteEngine:
     max_model_len: int
     device: str
     is_remote = True
+    chat_template = True  # the server serves chat completions and applies its own template
     dtype = ""  # OpenAI-compatible servers do not say
 
     def __init__(

@@ -21,7 +21,8 @@ from textual.message import Message
 from textual.widgets import TabPane
 from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
-from app.engine.api.engine_client import EngineClient
+from app.engine.api.engine_client import EngineClient, Prompt
+from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.outputs import StreamDelta
 from app.engine.core.timing import ReplyClock
 from app.ui.format import fmt_rate, fmt_seconds
@@ -38,6 +39,22 @@ from app.ui.widgets import (
 
 _DEFAULT_TITLE = re.compile(r"^Chat \d+$")
 HISTORY_PAGE = 12  # messages mounted when a tab is first shown, and per "earlier messages" click
+
+# Completion mode (a base model: no chat template). The transcript is plain text the model
+# continues: the system prompt (if any) as a first paragraph, then one "User: ..." / "Assistant:
+# ..." block per message, ending with "Assistant:". The reply ends at EOS, at max tokens, or when
+# the model starts the next user turn (BASE_MODEL_STOP, which is cut from the reply).
+_SPEAKERS = {"user": "User", "assistant": "Assistant", "system": "System"}
+BASE_MODEL_STOP = "\nUser:"
+
+
+def completion_prompt(history: list[dict[str, Any]]) -> str:
+    """`history` (chat messages) as a plain-text transcript for a base model to continue."""
+    parts = []
+    for m in history:
+        content = str(m["content"]).strip()
+        parts.append(content + "\n" if m["role"] == "system" else f"{_SPEAKERS.get(m['role'], m['role'])}: {content}")
+    return "\n".join(parts + ["Assistant:"])
 
 
 class ReplyMetrics(ReplyClock):
@@ -127,6 +144,15 @@ class ChatPane(TabPane):
     def history(self) -> list[dict[str, Any]]:
         prompt = [{"role": "system", "content": self.chat.system_prompt}] if self.chat.system_prompt.strip() else []
         return prompt + [{"role": m.role, "content": m.content} for m in self._messages]
+
+    def request(self) -> tuple[Prompt, SamplingParams]:
+        """What the next reply is generated from: the chat messages for a model with a chat
+        template; for a base model (`engine.chat_template` False) the plain-text transcript
+        (`completion_prompt`) with BASE_MODEL_STOP added to the stop strings."""
+        params = self.chat.settings.to_params()
+        if self._engine.chat_template:
+            return self.history(), params
+        return completion_prompt(self.history()), replace(params, stop=[*(params.stop or []), BASE_MODEL_STOP])
 
     # layout
 
@@ -304,7 +330,8 @@ class ChatPane(TabPane):
         try:
             if self._stop_requested:
                 return "abort", None
-            deltas = self._engine.stream(self.history(), self.chat.settings.to_params(), request_id)
+            prompt, params = self.request()
+            deltas = self._engine.stream(prompt, params, request_id)
             async for delta in deltas:
                 if self._stop_requested:
                     return "abort", None

@@ -69,15 +69,19 @@ class EngineInfo:
     max_model_len: int
     kv_tokens: int
     kv_bytes: int
+    chat_template: bool = True  # False: a base model, whose tabs run in completion mode
 
     def headline(self) -> str:
         return " · ".join(x for x in (self.model_name, self.device, self.dtype) if x)
 
     def details(self) -> list[str]:
-        """Context length and KV budget, one line each (what is known)."""
+        """Context length and KV budget, one line each (what is known), and "base model: continues
+        text" for a model without a chat template (its tabs send plain-text transcripts)."""
         lines = [f"context {fmt_int(self.max_model_len)} tokens"] if self.max_model_len else []
         if self.kv_tokens:
             lines.append(f"KV budget {fmt_int(self.kv_tokens)} tokens · {fmt_bytes(self.kv_bytes)}")
+        if not self.chat_template:
+            lines.append("base model: continues text")
         return lines
 
 
@@ -92,6 +96,7 @@ def engine_info(engine: EngineClient) -> EngineInfo:
         max_model_len=engine.max_model_len,
         kv_tokens=kv_tokens,
         kv_bytes=kv_tokens * stats.kv_bytes_per_token,
+        chat_template=engine.chat_template,
     )
 
 

@@ -121,12 +121,14 @@ class FakeEngine:
     Controls: `paused` holds every running request before its next token and `hold_after` holds
     those that have that many tokens (they stay in the batch, as a stalled step would leave them);
     `fail_next` is raised by the next `stream()` before anything is queued; `frozen_stats`, when
-    set, is what `stats()` returns (deterministic panels)."""
+    set, is what `stats()` returns (deterministic panels). `chat_template=False` plays a base model
+    (the TUI then sends plain-text prompts); the fake still accepts chat messages either way."""
 
     model_name: str
     max_model_len: int
     device: str
     dtype: str
+    chat_template: bool
     is_remote = False
     stats_source = ""
 
@@ -134,8 +136,9 @@ class FakeEngine:
                  max_num_seqs: int = 16, max_waiting: int = 64, num_blocks: int = 512, block_size: int = 16,
                  kv_bytes_per_token: int = 18432, device: str = "cpu", dtype: str = "bfloat16",
                  eos_after: int | None = None, error_after: int | None = None, script: Script | None = None,
-                 frozen_stats: EngineStats | None = None) -> None:
+                 frozen_stats: EngineStats | None = None, chat_template: bool = True) -> None:
         self.model_name = model_name
+        self.chat_template = chat_template
         self.max_model_len = max_model_len
         self.device = device
         self.dtype = dtype

@@ -39,6 +39,7 @@ class AsyncEngine:
     max_model_len: int
     device: str
     dtype: str
+    chat_template: bool  # only a GGUF that carries `tokenizer.chat_template` (not a shipped fallback)
     is_remote = False
     stats_source = ""  # the engine's own figures: nothing to qualify them with
 
@@ -67,6 +68,8 @@ class AsyncEngine:
         if self._load_error is not None:
             raise self._load_error
         self.tokenizer = self.engine.tokenizer
+        # Random-weights engines have no tokenizer; a fallback template does not make a chat model.
+        self.chat_template = self.tokenizer is not None and self.tokenizer.chat_template_name == "gguf"
         self.model_name = self.engine.model_name
         self.max_model_len = self.engine.max_model_len
         self.device = str(self.engine.setup.device)

@@ -26,6 +26,10 @@ class EngineClient(Protocol):
     # True when the engine runs elsewhere: the TUI offers no embedded endpoint then (it would only
     # proxy that server), and one left unclosed after a crash holds only sockets that die with us.
     is_remote: bool
+    # True when the model has its own chat template (the GGUF's `tokenizer.chat_template`; a remote
+    # server serves chat completions, so True). False for a base model: the TUI then sends a plain-
+    # text prompt the model continues (see `app.ui.chat.completion_prompt`), no template tokens.
+    chat_template: bool
 
     @property
     def stats_source(self) -> str:
