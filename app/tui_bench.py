@@ -57,10 +57,10 @@ class _BenchEngine:
         return self._engine.stream(prompt, replace(params, ignore_eos=True), request_id)
 
     async def aclose(self) -> None:
-        pass
+        """The app's quit leaves the shared engine running for the next run."""
 
     def close(self) -> None:
-        pass
+        """As `aclose`: `_run_all` closes the engine itself."""
 
 
 def run_tui_bench(args: argparse.Namespace, engine_kwargs: dict[str, Any],

@@ -113,7 +113,7 @@ class EarlierMessages(Static):
     can_focus = True
 
     class Pressed(Message):
-        pass
+        """Clicked (or enter when focused)."""
 
     def __init__(self, count: int) -> None:
         noun = "message" if count == 1 else "messages"
@@ -130,7 +130,7 @@ class SettingsTitle(Static):
     """The one-line summary of a chat's settings; a click opens the form."""
 
     class Pressed(Message):
-        pass
+        """Clicked (or enter when focused)."""
 
     def on_click(self) -> None:
         self.post_message(self.Pressed())
