@@ -42,7 +42,7 @@ class MemoryTraffic:
 
 
 class EngineMetrics:
-    def __init__(self, kv_bytes_per_token: int, traffic: MemoryTraffic | None = None) -> None:
+    def __init__(self, kv_bytes_per_token: int, traffic: MemoryTraffic) -> None:
         self.kv_bytes_per_token = kv_bytes_per_token
         self.traffic = traffic
         self.window: deque[StepRecord] = deque()
@@ -54,10 +54,8 @@ class EngineMetrics:
     def record_step(self, batch: ScheduledBatch, num_sampled: int, duration: float) -> None:
         now = time.monotonic()
         decode = sum(1 for s, n in zip(batch.seqs, batch.num_tokens) if n == 1 and s.num_output_tokens > 0)
-        kv_read = 0
-        if self.traffic is not None:
-            # After postprocess: a sequence's computed tokens already include this step's.
-            kv_read = self.traffic.kv_bytes_read([s.num_computed_tokens for s in batch.seqs])
+        # After postprocess: a sequence's computed tokens already include this step's.
+        kv_read = self.traffic.kv_bytes_read([s.num_computed_tokens for s in batch.seqs])
         self.last = StepRecord(now, duration, len(batch), batch.total_tokens - decode, decode, kv_read)
         self.window.append(self.last)
         self._prune(now)
@@ -101,9 +99,9 @@ class EngineMetrics:
             num_preemptions=sched.num_preemptions,
             total_prompt_tokens=self.total_prompt_tokens,
             total_output_tokens=self.total_output_tokens,
-            weight_bytes_per_step=self.traffic.weight_bytes_per_step if self.traffic else 0,
+            weight_bytes_per_step=self.traffic.weight_bytes_per_step,
             last_kv_bytes_read=self.last.kv_bytes_read,
-            copy_bandwidth=self.traffic.copy_bandwidth if self.traffic else 0.0,
+            copy_bandwidth=self.traffic.copy_bandwidth,
             requests=tuple(request_stats(s) for s in seqs),
         )
 

@@ -110,9 +110,11 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+@functools.lru_cache(maxsize=None)
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 28, repeats: int = 5) -> float:
     """Bytes/s of a plain copy on `device`, counting the read and the write: the memory speed a
-    decode step (which streams every weight once) can at best approach."""
+    decode step (which streams every weight once) can at best approach. Measured once per process
+    and device: every engine start asked again, a 256 MB allocation and five copies each time."""
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device).fill_(1.0)
     dst = torch.empty_like(src)
     best = float("inf")
