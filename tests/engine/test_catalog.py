@@ -214,7 +214,9 @@ def test_engine_accepts_catalog_name(models, monkeypatch, tiny_gguf_factory):
     by_name = LLMEngine(model=CHAT_DEFAULT, device="cpu", kv_cache_blocks=8)
     by_default = LLMEngine(device="cpu", kv_cache_blocks=8)  # the pulled chat model is the default
     by_path = LLMEngine(model=str(src), device="cpu", kv_cache_blocks=8)
-    assert by_name.model_name == by_default.model_name == by_path.model_name
+    # The installed file goes by its catalog name; a copy elsewhere by its own general.name.
+    assert by_name.model_name == by_default.model_name == CHAT_DEFAULT
+    assert by_path.model_name == "tiny-llama"
     with pytest.raises(LocalbatchError, match="unknown model 'nope'"):
         LLMEngine(model="nope", device="cpu", kv_cache_blocks=8)
 
@@ -224,3 +226,16 @@ def test_cli_models_reads_gguf_metadata(models, monkeypatch, capsys, tiny_gguf_f
     assert main(["models"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith(CHAT_DEFAULT))
     assert "llama" in row and str(path) in row and "*" in row  # the default marker
+
+
+def test_catalog_name_names_installed_catalog_files_only(tmp_path, monkeypatch):
+    from app.engine.gguf import catalog
+
+    monkeypatch.setenv(catalog.MODELS_DIR_ENV, str(tmp_path))
+    pulled = tmp_path / f"{catalog.CHAT_DEFAULT}.gguf"
+    pulled.write_bytes(b"x")
+    assert catalog.catalog_name(pulled) == catalog.CHAT_DEFAULT
+    assert catalog.catalog_name(tmp_path / "other.gguf") is None
+    entries = {name: ready for name, _, ready in catalog.picker_entries()}
+    assert entries[catalog.EMBEDDED] is True  # assembled on first use
+    assert set(entries) == set(catalog.CATALOG)

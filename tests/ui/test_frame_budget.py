@@ -11,7 +11,7 @@ from textual.widgets import TabbedContent
 from app.ui.chat import HISTORY_PAGE
 from app.ui.store import ChatStore
 from app.ui.widgets import EarlierMessages, MessageView
-from tests.ui.test_tui import SIZE, chat_engine, chat_screen, idle, make_app, type_and_send, until
+from tests.ui.test_tui import SIZE, chat_engine, chat_screen, idle, make_app, until
 
 
 def long_chat(tmp_path: Path, num_messages: int) -> None:

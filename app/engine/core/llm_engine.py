@@ -64,7 +64,7 @@ class LLMEngine:
             self.runner.setup_decode_graphs(self.config.max_num_seqs, self.max_model_len, not self.config.enforce_eager)
 
     def _init_from_file(self, model: str | None, progress: ProgressFn | None) -> None:
-        from app.engine.gguf.catalog import resolve_model
+        from app.engine.gguf.catalog import catalog_name, resolve_model
 
         path = resolve_model(model, progress)  # a catalog name, a path, or None: the default
         if path is None:
@@ -73,7 +73,7 @@ class LLMEngine:
             path = default_model_path(progress=progress)
         loaded = load_gguf(path, self.setup.device, self.setup.dtype, progress)
         self.model_config = loaded.config
-        self.model_name = str(loaded.metadata.get("general.name") or loaded.path.stem)
+        self.model_name = catalog_name(loaded.path) or str(loaded.metadata.get("general.name") or loaded.path.stem)
         self.tokenizer: Tokenizer | None = Tokenizer.from_gguf_metadata(loaded.metadata)
         self.model = DecoderLM(loaded.config, loaded.weights, self.setup.device)
 

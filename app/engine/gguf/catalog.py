@@ -125,6 +125,23 @@ def _lookup(name_or_path: str | None) -> tuple[str | None, CatalogEntry | None]:
     )
 
 
+def catalog_name(path: str | os.PathLike) -> str | None:
+    """The catalog name of an installed GGUF at `path` (what the header and /v1/models show: the
+    file's own `general.name` is often a training-run label), or None for any other file."""
+    try:
+        resolved = Path(path).resolve()
+        return next((name for name in CATALOG if _target(name).resolve() == resolved), None)
+    except OSError:
+        return None
+
+
+def picker_entries() -> list[tuple[str, str, bool]]:
+    """(name, description, ready) for every catalog entry: the model picker's list. The embedded
+    model is always ready (assembled on first use); the others once pulled."""
+    return [(e.name, e.description, e.name == EMBEDDED or installed_path(e.name) is not None)
+            for e in CATALOG.values()]
+
+
 def check_model(name_or_path: str | None) -> None:
     """Raise the error resolve_model() would, without assembling anything."""
     _lookup(name_or_path)
