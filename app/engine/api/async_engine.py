@@ -81,7 +81,11 @@ class AsyncEngine:
     ) -> AsyncIterator[StreamDelta]:
         if self._dead is not None or not self._thread.is_alive():
             raise EngineDeadError(self._dead or "the engine has stopped; restart localbatch")
-        seq = self.engine.make_sequence(prompt, params, request_id or f"req-{uuid.uuid4().hex[:12]}")
+        # Tokenizing a long prompt and compiling a grammar take milliseconds to seconds: off the
+        # event loop (the UI keeps drawing, the server keeps answering) and off the step thread.
+        seq = await asyncio.to_thread(
+            self.engine.make_sequence, prompt, params, request_id or f"req-{uuid.uuid4().hex[:12]}"
+        )
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue = asyncio.Queue()
         self._streams[seq.request_id] = (loop, inbox)
