@@ -35,6 +35,10 @@ from app.ui.user_config import (
 )
 
 
+MODEL_KEY = "model"  # meta key: the model last switched to, loaded at the next start
+_DEFAULT = object()  # a fallback that means "the default model" (None means "no fallback")
+
+
 @dataclass
 class TuiOptions:
     """What the command line can set; `None` falls back to the config file, then to defaults."""
@@ -77,32 +81,68 @@ class LocalbatchApp(App):
         self._factory = engine_factory or default_engine_factory
         self.engine: EngineClient | None = None
         self.endpoint: EmbeddedEndpoint | None = None
+        self.model: str | None = None  # what was asked for (catalog name or path); None: the default
+        self._remember: str | None = None  # a model switched to, stored as the next start's model once loaded
+        self._serve_after_load = False  # the endpoint was serving when the model was switched
 
     # start-up
 
     def on_mount(self) -> None:
         if self.options.backend_url:
-            target, hint = self.options.backend_url, "Check the address given with --backend-url (it ends in /v1) and --api-key."
-        else:
-            model = self.options.model or self.config.model
-            target = model or "the embedded default model"
-            config = self.config.path or default_config_path()
-            hint = f'Pass a GGUF file with [b]localbatch --model PATH.gguf[/b], or set model = "PATH" in {config}.'
-        self.push_screen(LoadingScreen(self._build_engine, target, hint, self._engine_loaded))
+            hint = "Check the address given with --backend-url (it ends in /v1) and --api-key."
+            self.push_screen(LoadingScreen(self._connect, self.options.backend_url, hint, self._engine_loaded))
+            return
+        chosen = self.options.model or self.config.model
+        remembered = self.store.get_meta(MODEL_KEY)
+        if chosen or not remembered:
+            self.push_screen(self._loading_screen(chosen))
+        else:  # the model last switched to; should it be gone (rm), the default model instead
+            self.push_screen(self._loading_screen(remembered, fallback=_DEFAULT))
 
-    def _build_engine(self, progress: ProgressFn) -> EngineClient:
-        """Runs in the loader thread."""
-        if self.options.backend_url:
-            from app.clients.remote import RemoteEngine
-
-            progress(f"connecting to {self.options.backend_url}", None)
-            return RemoteEngine.connect(self.options.backend_url, api_key=self.options.api_key)
-        model = self.options.model or self.config.model
+    def _loading_screen(self, model: str | None, fallback: object = None) -> LoadingScreen:
+        """Loads `model` (None: the default); a failure shows the error, or loads `fallback`."""
+        config = self.config.path or default_config_path()
+        hint = f'Pass a GGUF file with [b]localbatch --model PATH.gguf[/b], or set model = "PATH" in {config}.'
+        on_failed = None if fallback is None else partial(self._load_failed, model, fallback)
         device = self.options.device or self.config.device
-        return self._factory(progress, model, device)
+        return LoadingScreen(lambda progress: self._factory(progress, model, device), model or "the default model",
+                             hint, partial(self._model_loaded, model), on_failed)
+
+    def _load_failed(self, model: str | None, fallback: object, message: str) -> None:
+        self.notify(f"{model}: {message}", title="Could not load the model", severity="error", timeout=15)
+        self.switch_screen(self._loading_screen(None if fallback is _DEFAULT else fallback))  # type: ignore[arg-type]
+
+    def _connect(self, progress: ProgressFn) -> EngineClient:
+        """Runs in the loader thread."""
+        from app.clients.remote import RemoteEngine
+
+        progress(f"connecting to {self.options.backend_url}", None)
+        return RemoteEngine.connect(self.options.backend_url, api_key=self.options.api_key)
+
+    def _model_loaded(self, model: str | None, engine: EngineClient, elapsed_s: float) -> None:
+        self.model = model
+        self._engine_loaded(engine, elapsed_s)
+
+    async def switch_model(self, target: str) -> None:
+        """Stop every reply (what was written is kept), unload the model, load `target` with its
+        progress shown. Chats live in the store, so the new chat screen has them all; a failed load
+        brings the previous model back. The endpoint, if it was serving, serves the new model."""
+        chat = next((s for s in self.screen_stack if isinstance(s, ChatScreen)), None)
+        if chat is None or self.engine is None or self.engine.is_remote:
+            return
+        self._serve_after_load = self.endpoint is not None and self.endpoint.running
+        await chat.stop_all_and_wait()
+        previous = self.model
+        # The old model goes first: the new one sizes its KV pool from the memory left free.
+        await self.close_engine()
+        self.switch_screen(self._loading_screen(target, fallback=_DEFAULT if previous is None else previous))
+        self._remember = target
 
     def _engine_loaded(self, engine: EngineClient, elapsed_s: float) -> None:
         self.engine = engine
+        if self._remember is not None and self.model == self._remember:
+            self.store.set_meta(MODEL_KEY, self._remember)
+        self._remember = None
         info = engine_info(engine)
         if not engine.is_remote:
             self.endpoint = EmbeddedEndpoint(
@@ -115,8 +155,9 @@ class LocalbatchApp(App):
         screen = ChatScreen(engine, self.store, info, self.endpoint, self.export_dir, self.options.poll_interval)
         self.switch_screen(screen)
         self.notify(f"{info.headline()} ready in {elapsed_s:.1f} s", title="Model loaded")
-        if self.options.serve:
+        if self.options.serve or self._serve_after_load:
             screen.call_after_refresh(screen.action_toggle_endpoint)
+        self._serve_after_load = False
 
     def export_dir(self) -> Path:
         return self.config.export_dir or self.data_dir / "exports"

@@ -74,13 +74,17 @@ class ReplyMetrics(ReplyClock):
     def tokens_per_s(self) -> float | None:
         return self.timing().tokens_per_s
 
-    def summary(self, finish_reason: str | None) -> str:
-        return meta_line(self.num_tokens, self.tokens_per_s, self.ttft_s, finish_reason)
+    def summary(self, finish_reason: str | None, model: str | None = None) -> str:
+        return meta_line(self.num_tokens, self.tokens_per_s, self.ttft_s, finish_reason, model)
 
 
-def meta_line(num_tokens: int, tokens_per_s: float | None, ttft_s: float | None, finish_reason: str | None) -> str:
-    """The dim line under a reply: its length, speed, time to first token and how it ended."""
+def meta_line(num_tokens: int, tokens_per_s: float | None, ttft_s: float | None, finish_reason: str | None,
+              model: str | None = None) -> str:
+    """The dim line under a reply: the model that wrote it (models can be switched mid-chat), its
+    length, speed, time to first token and how it ended."""
     parts = [f"{num_tokens} tok", f"{fmt_rate(tokens_per_s)} tok/s", f"TTFT {fmt_seconds(ttft_s)}"]
+    if model:
+        parts.insert(0, model)
     note = {"abort": "stopped", "length": "hit max tokens"}.get(finish_reason or "")
     return " · ".join(parts + ([note] if note else []))
 
@@ -88,7 +92,7 @@ def meta_line(num_tokens: int, tokens_per_s: float | None, ttft_s: float | None,
 def reply_meta(message: MessageRecord) -> str:
     if message.role != "assistant" or not message.num_tokens:
         return ""
-    return meta_line(message.num_tokens, message.tokens_per_s, message.ttft_s, message.finish_reason)
+    return meta_line(message.num_tokens, message.tokens_per_s, message.ttft_s, message.finish_reason, message.model)
 
 
 class ChatPane(TabPane):
@@ -358,14 +362,14 @@ class ChatPane(TabPane):
             # Committed at once: a crash from here on loses nothing of this reply.
             message = self._store.add_message(
                 self.chat.id, "assistant", text, finish_reason=finish, num_tokens=metrics.num_tokens,
-                ttft_s=metrics.ttft_s, tokens_per_s=metrics.tokens_per_s,
+                ttft_s=metrics.ttft_s, tokens_per_s=metrics.tokens_per_s, model=self._engine.model_name,
             )
             self._messages.append(message)
         if error:
             view.set_meta(f"error: {error}", error=True)
             view.set_class(not text, "failed")
         elif text:
-            view.set_meta(metrics.summary(finish))
+            view.set_meta(metrics.summary(finish, self._engine.model_name))
         else:
             view.remove()
         self.finish_reason = finish

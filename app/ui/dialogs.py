@@ -1,4 +1,4 @@
-"""Modal dialogs: confirm a deletion, rename a chat."""
+"""Modal dialogs: confirm a deletion, rename a chat, pick a model."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label
+from textual.widgets import Button, Input, Label, OptionList
+from textual.widgets.option_list import Option
 
 
 class ConfirmDialog(ModalScreen[bool]):
@@ -59,6 +60,43 @@ class RenameDialog(ModalScreen["str | None"]):
     def _submitted(self, event: Input.Submitted) -> None:
         title = " ".join(event.value.split())
         self.dismiss(title or None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class ModelPicker(ModalScreen["str | None"]):
+    """Choose the model to switch to: a catalog entry (those not pulled yet are listed, disabled,
+    with the command that pulls them) or a GGUF file path. Dismisses with the choice or None."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, entries: list[tuple[str, str, bool]], current: str) -> None:
+        super().__init__(classes="dialog-screen")
+        self._entries = entries
+        self._current = current
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog model-picker"):
+            yield Label(f"Switch model (now: {self._current}); every chat is kept", classes="dialog-question")
+            yield OptionList(*(self._option(*entry) for entry in self._entries), id="models")
+            yield Input(placeholder="…or the path of a GGUF file, then enter", id="model-path")
+
+    def _option(self, name: str, description: str, ready: bool) -> Option:
+        marker = "● " if name == self._current else "  "
+        note = description if ready else f"not pulled: run `localbatch pull {name}`"
+        return Option(f"{marker}{name}\n    {note}", id=name, disabled=not ready)
+
+    def on_mount(self) -> None:
+        self.query_one(OptionList).focus()
+
+    @on(OptionList.OptionSelected)
+    def _selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(event.option.id)
+
+    @on(Input.Submitted)
+    def _path(self, event: Input.Submitted) -> None:
+        self.dismiss(event.value.strip() or None)
 
     def action_cancel(self) -> None:
         self.dismiss(None)

@@ -19,7 +19,10 @@ def chat_to_markdown(chat: ChatRecord, messages: list[MessageRecord], model_name
     if chat.system_prompt.strip():
         lines += ["## System", "", chat.system_prompt.strip(), ""]
     for message in messages:
-        lines += [f"## {_ROLE_TITLES.get(message.role, message.role)}", "", message.content.rstrip(), ""]
+        title = _ROLE_TITLES.get(message.role, message.role)
+        if message.model and message.model != model_name:  # written before a model switch
+            title += f" ({message.model})"
+        lines += [f"## {title}", "", message.content.rstrip(), ""]
         if message.finish_reason in ("abort", "length", "error"):
             lines += [f"*(reply ended: {message.finish_reason})*", ""]
     return "\n".join(lines)

@@ -119,8 +119,10 @@ class LoadingScreen(Screen):
         target: str,
         failure_hint: str,
         on_loaded: Callable[[EngineClient, float], None],
+        on_failed: Callable[[str], None] | None = None,
     ) -> None:
         super().__init__()
+        self._on_failed = on_failed  # None: this screen shows the error and offers to quit
         self._factory = factory
         self._target = target
         self._hint = failure_hint
@@ -161,7 +163,10 @@ class LoadingScreen(Screen):
         if event.state == WorkerState.SUCCESS:
             self._on_loaded(event.worker.result, time.monotonic() - self._started)
         elif event.state == WorkerState.ERROR:
-            self.show_error(first_line(event.worker.error))
+            if self._on_failed is not None:
+                self._on_failed(first_line(event.worker.error))
+            else:
+                self.show_error(first_line(event.worker.error))
 
     def show_error(self, message: str) -> None:
         self.error = message

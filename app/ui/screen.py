@@ -25,7 +25,7 @@ from app.engine.api.engine_client import EngineClient
 from app.engine.api.errors import LocalbatchError
 from app.engine.core.outputs import EngineStats, RequestStats
 from app.ui.chat import ChatPane
-from app.ui.dialogs import ConfirmDialog, RenameDialog
+from app.ui.dialogs import ConfirmDialog, ModelPicker, RenameDialog
 from app.ui.endpoint import EmbeddedEndpoint
 from app.ui.export import export_chat
 from app.ui.keys import chat_bindings
@@ -261,6 +261,22 @@ class ChatScreen(Screen):
             self.notify(str(e), severity="error")
             return
         self.notify(f"Exported to {path}", title="Export")
+
+    # models
+
+    def action_switch_model(self) -> None:
+        if self.engine.is_remote:
+            self.notify("The remote server chooses the model; run without --backend-url to switch models here.",
+                        severity="warning")
+            return
+        from app.engine.gguf.catalog import picker_entries
+
+        def chosen(target: str | None) -> None:
+            if target and target != self.info.model_name:
+                # The app's worker, not this screen's: the switch replaces this screen.
+                self.app.run_worker(self.app.switch_model(target), group="switch-model", exclusive=True)
+
+        self.app.push_screen(ModelPicker(picker_entries(), self.info.model_name), chosen)
 
     # embedded endpoint
 

@@ -43,6 +43,7 @@ class MessageRecord:
     ttft_s: float | None = None
     tokens_per_s: float | None = None
     created_at: float = 0.0
+    model: str | None = None  # assistant only: the model that wrote it (None: before schema 3)
 
 
 # _MIGRATIONS[i] takes the schema from version i to i + 1. Plain statements (not executescript,
@@ -74,10 +75,14 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE messages ADD COLUMN tokens_per_s REAL",
         "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     ),
+    (
+        # Models can be switched inside the app: each reply records which one wrote it.
+        "ALTER TABLE messages ADD COLUMN model TEXT",
+    ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
-_MESSAGE_COLUMNS = "id, chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, created_at"
+_MESSAGE_COLUMNS = "id, chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, created_at, model"
 
 
 class ChatStore:
@@ -181,14 +186,16 @@ class ChatStore:
         num_tokens: int = 0,
         ttft_s: float | None = None,
         tokens_per_s: float | None = None,
+        model: str | None = None,
     ) -> MessageRecord:
         now = time.time()
         cur = self._db.execute(
-            "INSERT INTO messages (chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, now),
+            "INSERT INTO messages (chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, created_at,"
+            " model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, now, model),
         )
-        return MessageRecord(cur.lastrowid, chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, now)
+        return MessageRecord(cur.lastrowid, chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, now,
+                             model)
 
     def messages(self, chat_id: int) -> list[MessageRecord]:
         rows = self._db.execute(

@@ -476,7 +476,7 @@ def test_main_screen_snapshot(tmp_path: Path, snap_compare: Any) -> None:
     chat = store.create_chat("Paged attention")
     store.add_message(chat.id, "user", "What is a KV block?")
     store.add_message(chat.id, "assistant", "A **block** holds the keys and values of `16` tokens.",
-                      finish_reason="stop", num_tokens=14, ttft_s=0.12, tokens_per_s=41.3)
+                      finish_reason="stop", num_tokens=14, ttft_s=0.12, tokens_per_s=41.3, model="fake-model")
     store.create_chat("Second tab")
     store.close()
     stats = EngineStats(
@@ -539,10 +539,12 @@ def test_store_migrates_old_files_and_refuses_newer_ones(tmp_path: Path) -> None
     )
     db.close()
     store = ChatStore(path)
-    assert store.version == SCHEMA_VERSION == 2
+    assert store.version == SCHEMA_VERSION == 3
     assert store.chats()[0].settings.temperature == 0.3
     message = store.messages(1)[0]
-    assert (message.content, message.finish_reason, message.num_tokens) == ("hello", None, 0)
+    assert (message.content, message.finish_reason, message.num_tokens, message.model) == ("hello", None, 0, None)
+    reply = store.add_message(1, "assistant", "hi", num_tokens=1, model="smollm2-135m-instruct")
+    assert store.messages(1)[-1] == reply and reply.model == "smollm2-135m-instruct"
     store.set_meta("active_chat", "1")
     store.close()
     db = sqlite3.connect(path)
