@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from app.engine.gguf.model_config import ModelConfig
 from app.engine.runtime.attention import paged_attention
+from app.engine.runtime.kernel_choice import HeadChoice, choose_head
 from app.kernels import AttentionMetadata
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -118,8 +119,10 @@ class Int8Head:
 
     Decoding is weight-bandwidth bound and the vocabulary projection is the biggest weight (262k x
     640 for Gemma 3): int8 halves its bytes (B=1 decode step 30 -> 22 ms here). `_weight_int8pack_mm`
-    dequantises inside the kernel and computes each row independently (bit-identical whatever the
-    batch), so batch invariance holds."""
+    dequantises inside the kernel and computes each row independently, but its cost grows fast
+    with rows: above the measured crossover (`kernel_choice`) the bf16 weight serves instead, so a
+    row's logits carry int8 rounding in small batches and not in large ones (within the oracle's
+    tolerance either way)."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         w = weight.float()
@@ -149,6 +152,7 @@ class DecoderLM:
         self.final_norm = weights["output_norm.weight"]
         self.dtype = self.embed.dtype
         self.int8_head = Int8Head(self.lm_head) if Int8Head.supported(self.lm_head) else None
+        self.head_choice = self._choose_head() if self.int8_head is not None else None
         rope_global = RotaryEmbedding(
             cfg.head_dim, cfg.max_position, cfg.rope_theta, cfg.rope_style, cfg.rope_scaling_factor, device
         )
@@ -161,12 +165,17 @@ class DecoderLM:
             for i in range(cfg.num_layers)
         ]
 
-    def weight_bytes_per_step(self) -> int:
+    def _choose_head(self) -> HeadChoice:
+        lm_head, int8_head = self.lm_head, self.int8_head
+        return choose_head(int8_head, lambda x: F.linear(x, lm_head), tuple(lm_head.shape), lm_head.dtype)
+
+    def weight_bytes_per_step(self, rows: int = 1) -> int:
         """Bytes a forward reads from the weights whatever its batch: every layer tensor and the
-        output projection (the embedding table only for the batch's rows: negligible)."""
+        output projection in the kernel `rows` logits rows use (the embedding table only for the
+        batch's rows: negligible)."""
         tensors = [t for layer in self.layers for t in vars(layer).values() if isinstance(t, torch.Tensor)]
         tensors.append(self.final_norm)
-        if self.int8_head is not None:
+        if self.int8_head is not None and self.head_choice.use_int8(rows):
             tensors += [self.int8_head.q, self.int8_head.scale]
         else:
             tensors.append(self.lm_head)
@@ -198,6 +207,6 @@ class DecoderLM:
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden `[n, hidden_size]` -> fp32 logits `[n, vocab]`."""
-        if self.int8_head is not None:
+        if self.int8_head is not None and self.head_choice.use_int8(hidden.shape[0]):
             return self.int8_head(hidden).float()
         return F.linear(hidden, self.lm_head).float()

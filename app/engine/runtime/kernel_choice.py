@@ -1,0 +1,135 @@
+"""Kernels chosen per shape by measurement, once per machine.
+
+The output projection is the step's biggest matmul (262,144 x 640 for Gemma 3). On the CPU the
+weight-only int8 kernel reads half the bytes of bf16 and wins at one row, but it scales badly with
+rows (measured here: 15.7 ms at 1 row, 68 ms at 16, 323 ms at 32, where bf16 stays at 26-65 ms).
+Which is faster at which row count depends on the CPU, so it is measured at the first start and
+kept in the user cache dir, keyed by CPU, torch version, thread count and shape.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+HEAD_KERNEL_ENV = "LOCALBATCH_HEAD_KERNEL"  # "int8" | "dense" | "auto" (default): force a choice
+_ROW_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+_REPEATS = 3
+
+
+class HeadChoice:
+    """int8 for logits of up to `int8_max_rows` rows, the dense (bf16) weight above that."""
+
+    def __init__(self, int8_max_rows: int) -> None:
+        self.int8_max_rows = int8_max_rows
+
+    def use_int8(self, rows: int) -> bool:
+        return rows <= self.int8_max_rows
+
+    def __repr__(self) -> str:
+        return f"HeadChoice(int8_max_rows={self.int8_max_rows})"
+
+
+def choose_head(int8_fn: Callable[[torch.Tensor], torch.Tensor], dense_fn: Callable[[torch.Tensor], torch.Tensor],
+                shape: tuple[int, int], dtype: torch.dtype, cache_path: Path | None = None) -> HeadChoice:
+    """The row counts at which `int8_fn` beats `dense_fn` on this machine (hidden `[rows, shape[1]]`),
+    from the cache or measured now (~2 s for Gemma 3's head) and cached."""
+    forced = os.environ.get(HEAD_KERNEL_ENV, "auto")
+    if forced == "int8":
+        return HeadChoice(1 << 30)
+    if forced == "dense":
+        return HeadChoice(0)
+    path = cache_path or default_cache_path()
+    key = _machine_key(shape, dtype)
+    cached = _read(path).get(key)
+    if isinstance(cached, dict) and isinstance(cached.get("int8_max_rows"), int):
+        return HeadChoice(cached["int8_max_rows"])
+    started = time.perf_counter()
+    timings = measure(int8_fn, dense_fn, shape[1], dtype)
+    choice = HeadChoice(crossover(timings))
+    log.info("output projection: %s, measured in %.1f s: %s", choice, time.perf_counter() - started, timings)
+    _write(path, key, {"int8_max_rows": choice.int8_max_rows, "timings_ms": timings})
+    return choice
+
+
+def measure(int8_fn: Callable, dense_fn: Callable, hidden: int, dtype: torch.dtype) -> dict[str, list[float]]:
+    """{rows: [int8 ms, dense ms]} (best of a few runs), stopping once int8 has lost twice in a row:
+    its cost only grows with rows from there."""
+    out: dict[str, list[float]] = {}
+    losses = 0
+    for rows in _ROW_COUNTS:
+        x = torch.randn(rows, hidden).to(dtype)
+        t_int8, t_dense = _best_ms(int8_fn, x), _best_ms(dense_fn, x)
+        out[str(rows)] = [round(t_int8, 3), round(t_dense, 3)]
+        losses = losses + 1 if t_int8 > t_dense else 0
+        if losses == 2:
+            break
+    return out
+
+
+def crossover(timings: dict[str, list[float]]) -> int:
+    """The largest row count up to which int8 was never slower (0: dense everywhere; no loss at
+    all: int8 at any count, since measuring stops only after losses)."""
+    best = 0
+    for rows in sorted(timings, key=int):
+        t_int8, t_dense = timings[rows]
+        if t_int8 > t_dense:
+            return best
+        best = int(rows)
+    return 1 << 30
+
+
+def default_cache_path() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("localbatch")) / "kernel_choice.json"
+
+
+def _best_ms(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> float:
+    fn(x)  # warm-up: first calls pack weights or allocate
+    best = float("inf")
+    for _ in range(_REPEATS):
+        t = time.perf_counter()
+        fn(x)
+        best = min(best, time.perf_counter() - t)
+    return best * 1e3
+
+
+def _machine_key(shape: tuple[int, int], dtype: torch.dtype) -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"{cpu}|torch {torch.__version__}|{torch.get_num_threads()} threads|head {shape[0]}x{shape[1]}|{dtype}"
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write(path: Path, key: str, value: dict) -> None:
+    """Merge `key` into the cache file; a failure only costs a measurement at the next start."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = _read(path)
+        data[key] = value
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("could not cache the kernel choice in %s: %s", path, e)

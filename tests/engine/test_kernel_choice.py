@@ -1,0 +1,76 @@
+"""The output projection's kernel is chosen per row count by measurement, cached per machine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.engine.runtime import kernel_choice
+from app.engine.runtime.kernel_choice import HeadChoice, choose_head, crossover
+
+
+def test_crossover_is_the_last_row_count_before_int8_first_loses():
+    assert crossover({"1": [15.7, 27.4], "2": [18.3, 25.3], "4": [19.8, 26.2], "8": [34.0, 25.9], "16": [68, 50]}) == 4
+    assert crossover({"1": [30.0, 20.0], "2": [40.0, 21.0]}) == 0
+    never_lost = {str(r): [1.0, 2.0] for r in (1, 2, 4, 8, 16, 32, 64)}
+    assert crossover(never_lost) == 1 << 30
+    assert HeadChoice(4).use_int8(4) and not HeadChoice(4).use_int8(5) and not HeadChoice(0).use_int8(1)
+
+
+class Counted:
+    """A kernel whose cost is `per_row` ms-ish of sleeping per row plus `base`."""
+
+    def __init__(self, base: float, per_row: float) -> None:
+        self.base, self.per_row, self.calls = base, per_row, 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        import time
+
+        self.calls += 1
+        time.sleep((self.base + self.per_row * x.shape[0]) / 1e3)
+        return x
+
+
+def test_choice_is_measured_once_then_read_from_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv(kernel_choice.HEAD_KERNEL_ENV, raising=False)
+    cache = tmp_path / "kernel_choice.json"
+    int8, dense = Counted(1.0, 1.0), Counted(6.0, 0.0)  # int8 wins up to 4 rows, loses from 8
+    choice = choose_head(int8, dense, (100, 8), torch.float32, cache)
+    assert choice.int8_max_rows == 4
+    assert int8.calls and dense.calls
+    entry = next(iter(json.loads(cache.read_text()).values()))
+    assert entry["int8_max_rows"] == 4 and "16" in entry["timings_ms"] and "64" not in entry["timings_ms"]
+    again_int8, again_dense = Counted(1.0, 1.0), Counted(6.0, 0.0)
+    assert choose_head(again_int8, again_dense, (100, 8), torch.float32, cache).int8_max_rows == 4
+    assert again_int8.calls == again_dense.calls == 0  # the cache answered
+    other = choose_head(Counted(1.0, 1.0), Counted(6.0, 0.0), (200, 8), torch.float32, cache)
+    assert other.int8_max_rows == 4 and len(json.loads(cache.read_text())) == 2  # keyed by shape
+
+
+def test_env_forces_a_kernel_and_a_broken_cache_is_remeasured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    cache = tmp_path / "kernel_choice.json"
+    monkeypatch.setenv(kernel_choice.HEAD_KERNEL_ENV, "dense")
+    assert choose_head(Counted(0, 0), Counted(0, 0), (10, 4), torch.float32, cache).int8_max_rows == 0
+    monkeypatch.setenv(kernel_choice.HEAD_KERNEL_ENV, "int8")
+    assert choose_head(Counted(0, 0), Counted(0, 0), (10, 4), torch.float32, cache).use_int8(10_000)
+    assert not cache.exists()
+    monkeypatch.delenv(kernel_choice.HEAD_KERNEL_ENV)
+    cache.write_text("{not json")
+    assert choose_head(Counted(0.0, 0.1), Counted(9.0, 0.0), (10, 4), torch.float32, cache).use_int8(64)
+
+
+def test_decoder_uses_the_chosen_head_per_row_count(monkeypatch: pytest.MonkeyPatch):
+    from app.engine.runtime.decoder import DecoderLM, Int8Head
+
+    w = (torch.randn(1000, 64) * 0.05).bfloat16()
+    if not Int8Head.supported(w):
+        pytest.skip("torch lacks _weight_int8pack_mm on this build")
+    model = DecoderLM.__new__(DecoderLM)  # only the head: no layers needed
+    model.lm_head, model.int8_head, model.head_choice = w, Int8Head(w), HeadChoice(2)
+    x = torch.randn(3, 64).bfloat16()
+    dense = torch.nn.functional.linear(x, w).float()
+    assert torch.equal(model.compute_logits(x), dense)  # 3 rows: above the crossover
+    assert torch.equal(model.compute_logits(x[:2]), model.int8_head(x[:2]).float())
