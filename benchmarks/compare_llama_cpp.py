@@ -1,0 +1,128 @@
+"""localbatch against llama.cpp on the same GGUF, back to back, on this machine.
+
+    python benchmarks/compare_llama_cpp.py --model smollm2-135m-instruct [--batches 1,4,8,16]
+        [--svg assets/scaling_smollm2.svg] [--json]
+
+Runs `../shared/bench/llama_cpp_anchor.sh` (llama-batched-bench: 128-token prompts, 64 generated,
+all cores; it builds llama.cpp once, ~10 min) and then `localbatch bench --concurrency` with the same
+workload, prints the decode tok/s of both and their ratio per concurrency, draws the scaling curve
+in the terminal, and writes it as an SVG for the README. Nothing else should run meanwhile: on two
+cores any other process shows up in both figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ANCHOR = Path(os.environ.get("LLAMA_ANCHOR_SCRIPT", REPO.parent / "shared" / "bench" / "llama_cpp_anchor.sh"))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="GGUF path or catalog name (default: the default model)")
+    p.add_argument("--batches", default="1,4,8,16")
+    p.add_argument("--svg", type=Path, default=None, help="write the scaling curve here")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--bench-args", default="", help="extra `localbatch bench` arguments, e.g. '--dtype float32'")
+    args = p.parse_args()
+    from app.engine.gguf.catalog import resolve_model
+
+    path = resolve_model(args.model)
+    if path is None:
+        from app.engine.gguf.default_model import default_model_path
+
+        path = str(default_model_path())
+    batches = [int(b) for b in args.batches.split(",")]
+    peer = run_llama_cpp(path, args.batches)
+    ours = run_localbatch(path, args.batches, args.bench_args.split())
+    rows = [(b, ours.get(b, 0.0), peer.get(b, 0.0)) for b in batches]
+    report = {"model": path, "cpu": cpu_name(), "rows": [
+        {"concurrency": b, "localbatch_tok_s": o, "llama_cpp_tok_s": l, "ratio": round(o / l, 3) if l else None}
+        for b, o, l in rows]}
+    if args.svg:
+        args.svg.write_text(scaling_svg(rows, Path(path).stem, report["cpu"]))
+    print(json.dumps(report) if args.json else format_table(rows) + "\n\n" + terminal_chart(rows))
+    return 0
+
+
+def run_llama_cpp(model: str, batches: str) -> dict[int, float]:
+    out = subprocess.run(["bash", str(ANCHOR), model, batches], capture_output=True, text=True, check=True)
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    return {int(k): float(v) for k, v in data["decode_tok_s"].items()}
+
+
+def run_localbatch(model: str, batches: str, extra: list[str]) -> dict[int, float]:
+    cmd = [sys.executable, "-m", "app.cli", "bench", "--model", model, "--input-len", "128", "--output-len", "64",
+           "--range-ratio", "0", "--num-prompts", "2", "--concurrency", batches, "--json", *extra]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    return {s["concurrency"]: float(s["decode_tok_s"]) for s in report["sweep"]}
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return ""
+
+
+def format_table(rows: list[tuple[int, float, float]]) -> str:
+    lines = ["concurrency   localbatch   llama.cpp   ratio", "-" * 44]
+    for b, ours, peer in rows:
+        ratio = f"{ours / peer:5.2f}x" if peer else "    -"
+        lines.append(f"{b:>11}   {ours:10.1f}   {peer:9.1f}   {ratio}")
+    return "\n".join(lines)
+
+
+def terminal_chart(rows: list[tuple[int, float, float]], width: int = 50) -> str:
+    """Decode tok/s against concurrency, one bar per engine and concurrency."""
+    top = max([v for _, o, l in rows for v in (o, l)] + [1.0])
+    lines = ["decode tok/s (█ localbatch, ░ llama.cpp)"]
+    for b, ours, peer in rows:
+        lines.append(f"{b:>3} │{'█' * round(ours / top * width):<{width}} {ours:7.1f}")
+        lines.append(f"    │{'░' * round(peer / top * width):<{width}} {peer:7.1f}")
+    return "\n".join(lines)
+
+
+def scaling_svg(rows: list[tuple[int, float, float]], model: str, cpu: str) -> str:
+    """A small line chart (no plotting library needed): x = concurrency, y = decode tok/s."""
+    w, h, left, bottom, top_pad, right = 640, 360, 60, 40, 40, 20
+    xs = [b for b, _, _ in rows]
+    ymax = max([v for _, o, l in rows for v in (o, l)] + [1.0]) * 1.1
+    x_of = {b: left + i * (w - left - right) / max(len(xs) - 1, 1) for i, b in enumerate(xs)}
+
+    def y(v: float) -> float:
+        return h - bottom - v / ymax * (h - bottom - top_pad)
+
+    def line(values: list[float], color: str) -> str:
+        pts = " ".join(f"{x_of[b]:.1f},{y(v):.1f}" for b, v in zip(xs, values))
+        dots = "".join(f'<circle cx="{x_of[b]:.1f}" cy="{y(v):.1f}" r="3" fill="{color}"/>' for b, v in zip(xs, values))
+        return f'<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="2"/>{dots}'
+
+    ticks = "".join(
+        f'<text x="{x_of[b]:.1f}" y="{h - bottom + 16}" text-anchor="middle">{b}</text>' for b in xs
+    ) + "".join(
+        f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.0f}</text>'
+        f'<line x1="{left}" x2="{w - right}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#ddd"/>'
+        for v in (ymax * i / 4 for i in range(5))
+    )
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">'
+        f'<rect width="{w}" height="{h}" fill="white"/>{ticks}'
+        f'<text x="{w / 2}" y="20" text-anchor="middle" font-size="14">decode tok/s vs concurrency: {model}</text>'
+        f'<text x="{w / 2}" y="{h - 6}" text-anchor="middle">concurrent sequences · {cpu}</text>'
+        f'{line([o for _, o, _ in rows], "#1f77b4")}{line([l for _, _, l in rows], "#ff7f0e")}'
+        f'<text x="{left + 10}" y="{top_pad + 10}" fill="#1f77b4">localbatch</text>'
+        f'<text x="{left + 10}" y="{top_pad + 26}" fill="#ff7f0e">llama.cpp</text></svg>'
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

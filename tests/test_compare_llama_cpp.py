@@ -1,0 +1,27 @@
+"""The llama.cpp comparison's table, terminal chart and SVG (the runs themselves are benchmarks)."""
+
+from __future__ import annotations
+
+import importlib.util
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "compare_llama_cpp.py"
+_spec = importlib.util.spec_from_file_location("compare_llama_cpp", _PATH)
+compare = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(compare)
+
+ROWS = [(1, 19.9, 60.0), (4, 75.1, 120.0), (8, 110.0, 150.0), (16, 140.0, 0.0)]
+
+
+def test_table_has_a_ratio_per_concurrency():
+    table = compare.format_table(ROWS)
+    assert "0.33x" in table and "0.63x" in table
+    assert table.splitlines()[-1].rstrip().endswith("-")  # no peer figure: no ratio
+
+
+def test_terminal_chart_and_svg_draw_both_engines():
+    chart = compare.terminal_chart(ROWS, width=20)
+    assert chart.count("│") == 2 * len(ROWS) and "█" * 20 in chart
+    svg = ET.fromstring(compare.scaling_svg(ROWS, "model", "cpu"))
+    assert len(svg.findall("{http://www.w3.org/2000/svg}polyline")) == 2
