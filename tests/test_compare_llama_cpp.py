@@ -22,6 +22,6 @@ def test_table_has_a_ratio_per_concurrency():
 
 def test_terminal_chart_and_svg_draw_both_engines():
     chart = compare.terminal_chart(ROWS, width=20)
-    assert chart.count("│") == 2 * len(ROWS) and "█" * 20 in chart
+    assert chart.count("│") == 2 * len(ROWS) and "░" * 20 in chart  # the top value fills the width
     svg = ET.fromstring(compare.scaling_svg(ROWS, "model", "cpu"))
     assert len(svg.findall("{http://www.w3.org/2000/svg}polyline")) == 2
