@@ -13,6 +13,7 @@ from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.sequence import Sequence
 from app.engine.runtime.sampler import (
     Sampler,
+    apply_logit_bias,
     apply_penalties,
     sampling_probs,
     top_logprobs,
@@ -370,6 +371,38 @@ def test_top_logprobs_without_a_token():
     assert top_logprobs(row, 0, None) == {}
 
 
+# --- logit_bias ---
+
+
+def test_logit_bias_forces_and_bans_tokens_in_its_own_rows_only():
+    logits = torch.randn(3, V, generator=torch.Generator().manual_seed(3))
+    favourite = int(logits[1].argmax())
+    seqs = [seq(temperature=0.0, logit_bias={7: 100.0}), seq(temperature=0.0, logit_bias={favourite: -100.0}),
+            seq(temperature=0.0)]
+    tokens, _ = Sampler(V)(logits, seqs)
+    assert tokens[0] == 7
+    assert tokens[1] != favourite and tokens[1] == int(logits[1].clone().index_fill_(0, torch.tensor([favourite]), -1e9).argmax())
+    assert tokens[2] == int(logits[2].argmax())
+
+
+def test_logit_bias_adds_to_a_copy_and_leaves_unbiased_rows_alone():
+    logits = torch.randn(2, V, generator=torch.Generator().manual_seed(4))
+    seqs = [seq(logit_bias={3: 2.5, 9: -1.0}), seq()]
+    out = apply_logit_bias(logits, seqs)
+    expected = logits.clone()
+    expected[0, 3] += 2.5
+    expected[0, 9] -= 1.0
+    assert torch.equal(out, expected) and out is not logits
+    assert apply_logit_bias(logits, [seq(), seq()]) is logits
+
+
+def test_logit_bias_forces_a_sampled_token_and_logprobs_stay_unbiased():
+    logits = torch.randn(1, V, generator=torch.Generator().manual_seed(5))
+    tokens, logprobs = Sampler(V)(logits, [seq(temperature=0.8, seed=1, logit_bias={11: 100}, logprobs=0)])
+    assert tokens == [11]
+    assert logprobs[0][11] == pytest.approx(float(torch.log_softmax(logits[0], -1)[11]))
+
+
 # --- SamplingParams ---
 
 
@@ -389,6 +422,10 @@ def test_top_logprobs_without_a_token():
         ("logprobs", -1), ("logprobs", 21), ("logprobs", True),
         ("prompt_logprobs", 21), ("prompt_logprobs", -1),
         ("stop_token_ids", [-1]), ("stop_token_ids", [1, True]), ("stop_token_ids", [2.0]),
+        ("logit_bias", {1: 100.5}), ("logit_bias", {1: -101}), ("logit_bias", {1: math.nan}), ("logit_bias", {-1: 1}),
+        ("logit_bias", {"x": 1}), ("logit_bias", {1.5: 1}), ("logit_bias", [1]), ("logit_bias", {1: "2"}),
+        ("json_schema", 5), ("json_schema", " "), ("json_object", "yes"), ("json_object", 1),
+        ("regex", ""), ("regex", 3), ("grammar", ["root ::= x"]), ("structural_tag", 1.0),
     ],
 )
 def test_invalid_params_name_the_field(field, value):
@@ -401,6 +438,24 @@ def test_valid_edge_values_are_accepted():
     SamplingParams(temperature=0.0, top_p=1.0, top_k=1, min_p=1.0, max_tokens=1, n=1, logprobs=20, prompt_logprobs=0)
     SamplingParams(max_tokens=None, seed=-5, presence_penalty=-2.0, frequency_penalty=2.0, repetition_penalty=0.01)
     assert SamplingParams(top_k=-1).top_k == 0 and SamplingParams(top_k=None).top_k == 0
+
+
+def test_logit_bias_keys_may_be_decimal_strings():
+    assert SamplingParams(logit_bias={"50": 1.5, 7: -100, " 3": 0}).logit_bias == {50: 1.5, 7: -100, 3: 0}
+    assert SamplingParams(logit_bias={}).logit_bias == {}
+
+
+@pytest.mark.parametrize("first,second", [("json_schema", "regex"), ("json_object", "grammar"),
+                                          ("regex", "structural_tag"), ("json_schema", "json_object")])
+def test_at_most_one_constraint(first, second):
+    values = {"json_schema": {"type": "object"}, "json_object": True, "regex": "a+", "grammar": 'root ::= "a"',
+              "structural_tag": {"type": "structural_tag"}}
+    with pytest.raises(RequestError) as err:
+        SamplingParams(**{first: values[first], second: values[second]})
+    assert err.value.param == second and first in str(err.value) and second in str(err.value)
+    assert SamplingParams(**{first: values[first]}).constraint_field == first
+    assert SamplingParams(json_object=False, regex="a").constraint_field == "regex"
+    assert SamplingParams().constraint_field is None
 
 
 def test_stop_normalisation():

@@ -159,6 +159,7 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise RequestError("sampling params must be a SamplingParams", param="params")
         params.validate()
+        params.check_token_ids(self.model_config.vocab_size)
         ids = self.tokenize_prompt(prompt)
         max_tokens = self._check_fits(len(ids), params)
         return Sequence(request_id or f"req-{next(self._ids)}", ids, params, max_tokens)

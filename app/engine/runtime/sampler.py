@@ -1,11 +1,15 @@
-"""Batched sampling: penalties, temperature, top-k / top-p / min-p, per-request seeds, logprobs.
+"""Batched sampling: grammar masks, logit bias, penalties, temperature, top-k / top-p / min-p,
+per-request seeds, logprobs.
 
 One call per step over the rows that sample. Rows are independent: a seeded request draws its
 noise from its own generator, seeded by (seed, output position), so its tokens do not depend on
-what else is in the batch, nor on whether it was preempted and recomputed.
+what else is in the batch, nor on whether it was preempted and recomputed. Rows without a grammar
+or a bias are not touched by those stages.
 
-Order (vLLM's, with min-p last): penalties -> temperature -> top-k -> top-p -> min-p -> draw.
-Logprobs are always those of the raw logits (vLLM's default "raw_logprobs").
+Order (vLLM's, with min-p last): grammar mask -> logit bias -> penalties -> temperature -> top-k ->
+top-p -> min-p -> draw. Logprobs are those of the logits as the model made them, except that a
+constrained row's forbidden tokens are -inf (vLLM's default "raw_logprobs", which it also takes
+after the grammar mask).
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ class Sampler:
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[TopLogprobs | None]]:
-        """logits `[len(seqs), vocab]` (fp32) -> one token id per row, and its top-k logprobs if asked."""
+        """logits `[len(seqs), vocab]` (fp32) -> one token id per row, and its top-k logprobs if asked.
+        Constrained rows of `logits` are masked in place."""
         raw = logits
+        logits = apply_logit_bias(logits, seqs)
         logits = apply_penalties(logits, seqs)
         greedy_rows = [is_greedy(s) for s in seqs]
         tokens = logits.argmax(-1)
@@ -53,6 +59,25 @@ class Sampler:
 def is_greedy(s: Sequence) -> bool:
     """Argmax sampling: temperature 0, or too small to divide by."""
     return s.params.greedy
+
+
+def apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """Add each row's `logit_bias` in one scatter over every biased row. Returns `logits` itself
+    when no row has a bias (so the raw logits stay untouched for logprobs), else a biased copy."""
+    rows: list[int] = []
+    cols: list[int] = []
+    values: list[float] = []
+    for i, s in enumerate(seqs):
+        bias = s.params.logit_bias
+        if bias:
+            rows.extend([i] * len(bias))
+            cols.extend(bias)
+            values.extend(bias.values())
+    if not rows:
+        return logits
+    dev = logits.device
+    index = (torch.tensor(rows, device=dev), torch.tensor(cols, device=dev))
+    return logits.index_put(index, torch.tensor(values, device=dev, dtype=logits.dtype), accumulate=True)
 
 
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
