@@ -169,6 +169,8 @@ class LocalbatchApp(App):
         if not isinstance(screen, ChatScreen):
             return
         yield SystemCommand("Send", "Send the input to the current tab (enter)", screen.action_send)
+        yield SystemCommand("JSON mode", "Constrain this tab's replies to JSON; a schema goes in its settings",
+                            screen.action_toggle_json)
         for action in CHAT_ACTIONS:
             keys = self.keys[action.id].replace(",", " / ")
             yield SystemCommand(action.title, f"{action.help} ({keys})", partial(screen.run_action, action.id))

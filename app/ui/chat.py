@@ -127,6 +127,9 @@ class ChatPane(TabPane):
         # showing the engine's measure after the reply ends instead of switching to the client's.
         self.engine_figures: tuple[float | None, float | None] | None = None
         self.finish_reason: str | None = None  # of the last reply
+        # (cached, prompt) tokens of the current reply's prompt, when the prefix cache served some
+        # (a forked chat's first reply): shown under the reply.
+        self.cache_hit: tuple[int, int] | None = None
 
     # state
 
@@ -234,6 +237,16 @@ class ChatPane(TabPane):
         self._store.update_chat(self.chat)
         self.query_one(SettingsTitle).update(self._settings_title())
 
+    def toggle_json_mode(self) -> bool:
+        """Flip this tab's JSON mode (the palette's command); returns the new state."""
+        settings = replace(self.chat.settings, json_mode=not self.chat.settings.json_mode)
+        self.chat = replace(self.chat, settings=settings)
+        self._store.update_chat(self.chat)
+        self.query_one(SettingsTitle).update(self._settings_title())
+        for form in self.query(SettingsForm):  # a form opened earlier shows the old state
+            form.remove()
+        return settings.json_mode
+
     def rename(self, title: str) -> None:
         self.chat = replace(self.chat, title=title)
         self._store.update_chat(self.chat)
@@ -310,6 +323,7 @@ class ChatPane(TabPane):
         self.request_id = f"chat{self.chat.id}-{uuid.uuid4().hex[:8]}"
         self.metrics = ReplyMetrics(started=time.monotonic())
         self.engine_figures = None
+        self.cache_hit = None
         self.finish_reason = None
         self._stop_requested = False
         self.post_message(self.Changed(self))
@@ -369,7 +383,8 @@ class ChatPane(TabPane):
             view.set_meta(f"error: {error}", error=True)
             view.set_class(not text, "failed")
         elif text:
-            view.set_meta(metrics.summary(finish, self._engine.model_name))
+            hit = f" · prefix cache {self.cache_hit[0]}/{self.cache_hit[1]} prompt tok" if self.cache_hit else ""
+            view.set_meta(metrics.summary(finish, self._engine.model_name) + hit)
         else:
             view.remove()
         self.finish_reason = finish

@@ -10,6 +10,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList
 from textual.widgets.option_list import Option
 
+from app.ui.store import MessageRecord
+
 
 class ConfirmDialog(ModalScreen[bool]):
     """Yes/no; dismisses with True only when the confirm button is chosen."""
@@ -97,6 +99,39 @@ class ModelPicker(ModalScreen["str | None"]):
     @on(Input.Submitted)
     def _path(self, event: Input.Submitted) -> None:
         self.dismiss(event.value.strip() or None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class MessagePicker(ModalScreen["int | None"]):
+    """Choose the message a fork ends at; dismisses with its index, or None."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, messages: list[MessageRecord]) -> None:
+        super().__init__(classes="dialog-screen")
+        self._messages = messages
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog model-picker"):
+            yield Label("Fork this chat after which message?", classes="dialog-question")
+            yield OptionList(*(self._option(i, m) for i, m in enumerate(self._messages)), id="messages")
+
+    @staticmethod
+    def _option(index: int, message: MessageRecord) -> Option:
+        role = "You" if message.role == "user" else "Assistant"
+        line = " ".join(message.content.split())
+        return Option(f"{index + 1}. {role}: {line[:60]}{'…' if len(line) > 60 else ''}", id=str(index))
+
+    def on_mount(self) -> None:
+        options = self.query_one(OptionList)
+        options.highlighted = len(self._messages) - 1
+        options.focus()
+
+    @on(OptionList.OptionSelected)
+    def _selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(int(event.option.id))
 
     def action_cancel(self) -> None:
         self.dismiss(None)

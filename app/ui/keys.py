@@ -34,6 +34,8 @@ CHAT_ACTIONS: tuple[ChatAction, ...] = (
     ChatAction("broadcast", "ctrl+b", "Broadcast", "Send the input to every idle tab at once"),
     ChatAction("settings", "f3", "Settings", "Show or hide this chat's system prompt and sampling settings"),
     ChatAction("export", "f4", "Export", "Export this chat to a Markdown file", show=False),
+    ChatAction("fork", "ctrl+f", "Fork", "Fork this chat into a new tab; its prompt reuses this chat's KV blocks"),
+    ChatAction("fork_at", "ctrl+g", "Fork at…", "Fork this chat after a chosen message", show=False),
     ChatAction("switch_model", "f5", "Model", "Switch the model: stops replies, keeps every chat"),
     ChatAction("toggle_endpoint", "f9", "Endpoint", "Start or stop the embedded OpenAI-compatible HTTP endpoint", show=False),
 )

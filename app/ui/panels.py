@@ -49,17 +49,29 @@ class TabRate:
     status: str  # "idle" | "waiting" | "prefill" | "decode"
 
 
+SHARED_COLOR = "magenta"
+
+
 def kv_segments(stats: EngineStats, owners: dict[str, Owner]) -> list[KVSegment]:
-    """Blocks held per tab (in order of appearance), then one segment for all API requests."""
+    """Blocks held per tab (in order of appearance), then one segment for all API requests, then
+    the blocks two or more requests hold (a forked chat and its parent, n > 1 choices) once, as
+    "shared by N": counted per holder they would add up to more than the pool uses."""
     blocks: Counter[Owner | None] = Counter()
     requests: Counter[Owner | None] = Counter()
+    sharers: set[Owner | str] = set()
     for req in stats.requests:
         owner = owners.get(req.request_id)  # None: an API request
-        blocks[owner] += req.num_blocks
+        blocks[owner] += req.num_blocks - req.num_shared_blocks
         requests[owner] += 1
+        if req.num_shared_blocks:
+            sharers.add(owner or req.request_id)
     segments = [KVSegment(o.label, o.color, blocks[o], n) for o, n in requests.items() if o is not None]
     if requests[None]:
         segments.append(KVSegment("API", API_COLOR, blocks[None], requests[None]))
+    if stats.num_blocks_shared:
+        tabs = sum(isinstance(s, Owner) for s in sharers)
+        who = f"{tabs} tabs" if tabs == len(sharers) else f"{len(sharers)} requests"
+        segments.append(KVSegment(f"shared by {who}", SHARED_COLOR, stats.num_blocks_shared, len(sharers)))
     return segments
 
 

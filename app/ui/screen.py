@@ -25,7 +25,7 @@ from app.engine.api.engine_client import EngineClient
 from app.engine.api.errors import LocalbatchError
 from app.engine.core.outputs import EngineStats, RequestStats
 from app.ui.chat import ChatPane
-from app.ui.dialogs import ConfirmDialog, ModelPicker, RenameDialog
+from app.ui.dialogs import ConfirmDialog, MessagePicker, ModelPicker, RenameDialog
 from app.ui.endpoint import EmbeddedEndpoint
 from app.ui.export import export_chat
 from app.ui.keys import chat_bindings
@@ -158,7 +158,34 @@ class ChatScreen(Screen):
 
     async def action_new_tab(self) -> None:
         number = len(self.panes()) + 1
-        pane = self._pane(self.store.create_chat(f"Chat {number}", self.app.config.system_prompt))
+        await self._open(self.store.create_chat(f"Chat {number}", self.app.config.system_prompt))
+
+    async def action_fork(self, upto: int | None = None) -> None:
+        """A new tab with this chat's history (up to message index `upto`, else all of it). Its
+        next prompt starts with the same tokens, so the prefix cache serves them: no recompute
+        while this chat's blocks are held or still cached."""
+        pane = self.active_pane()
+        if pane is None:
+            return
+        messages = pane.messages if upto is None else pane.messages[: upto + 1]
+        fork = self.store.fork_chat(pane.chat, messages, _fork_title(pane.chat.title))
+        await self._open(fork)
+        self.notify(f"Forked “{pane.chat.title}” at message {len(messages)} of {len(pane.messages)}")
+
+    def action_fork_at(self) -> None:
+        pane = self.active_pane()
+        if pane is None or not pane.messages:
+            self.notify("Nothing to fork at yet", severity="warning")
+            return
+
+        def chosen(index: int | None) -> None:
+            if index is not None:
+                self.run_worker(self.action_fork(index), group="tabs")
+
+        self.app.push_screen(MessagePicker(pane.messages), chosen)
+
+    async def _open(self, chat: ChatRecord) -> None:
+        pane = self._pane(chat)
         tabs = self.query_one(TabbedContent)
         await tabs.add_pane(pane)
         tabs.get_tab(pane.id).label = pane.tab_label()
@@ -250,6 +277,12 @@ class ChatScreen(Screen):
         pane = self.active_pane()
         if pane is not None:
             pane.toggle_settings()
+
+    def action_toggle_json(self) -> None:
+        pane = self.active_pane()
+        if pane is not None:
+            state = "on: replies are JSON" if pane.toggle_json_mode() else "off"
+            self.notify(f"JSON mode {state} in {pane.chat.title}")
 
     def action_export(self) -> None:
         pane = self.active_pane()
@@ -359,6 +392,8 @@ def _pane_rate(pane: ChatPane, req: RequestStats | None) -> TabRate:
         tps = req.tokens_per_s if req.tokens_per_s is not None else tps
         ttft = req.ttft_s if req.ttft_s is not None else ttft
         pane.engine_figures = (tps, ttft)
+        if req.num_cached_tokens:
+            pane.cache_hit = (req.num_cached_tokens, req.num_prompt_tokens)
         status = req.status
     elif pane.engine_figures is not None:
         tps, ttft = pane.engine_figures
@@ -368,3 +403,8 @@ def _pane_rate(pane: ChatPane, req: RequestStats | None) -> TabRate:
     else:
         status = "idle"
     return TabRate(pane.chat.title, pane.color, tps, ttft, status)
+
+
+def _fork_title(title: str) -> str:
+    base = title.removesuffix(" (fork)")
+    return f"{base} (fork)"

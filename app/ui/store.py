@@ -165,6 +165,19 @@ class ChatStore:
             data = {}
         return ChatRecord(chat_id, title, system_prompt, ChatSettings.from_dict(data, self.defaults), position, created_at)
 
+    def fork_chat(self, chat: ChatRecord, messages: list[MessageRecord], title: str) -> ChatRecord:
+        """A new chat with `chat`'s system prompt and settings and copies of `messages` (one
+        transaction: a crash leaves no half-copied fork)."""
+        with self._transaction():
+            fork = self.create_chat(title, chat.system_prompt, chat.settings)
+            self._db.executemany(
+                "INSERT INTO messages (chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s,"
+                " created_at, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(fork.id, m.role, m.content, m.finish_reason, m.num_tokens, m.ttft_s, m.tokens_per_s, m.created_at,
+                  m.model) for m in messages],
+            )
+        return fork
+
     def update_chat(self, chat: ChatRecord) -> None:
         self._db.execute(
             "UPDATE chats SET title = ?, system_prompt = ?, settings = ? WHERE id = ?",

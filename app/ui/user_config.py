@@ -25,6 +25,7 @@ Example `config.toml` (every key optional):
 
 from __future__ import annotations
 
+import json
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -52,18 +53,37 @@ class ChatSettings:
     top_p: float = 0.95
     max_tokens: int = 512
     seed: int | None = None
+    # JSON mode: replies are constrained to JSON, to `json_schema` (JSON text) when one is given;
+    # people try prompts here before wiring them into code that sends `response_format`.
+    json_mode: bool = False
+    json_schema: str = ""
 
     def to_params(self) -> SamplingParams:
         """Raises `RequestError` naming the invalid field."""
         return SamplingParams(
-            temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens, seed=self.seed
+            temperature=self.temperature, top_p=self.top_p, max_tokens=self.max_tokens, seed=self.seed,
+            **self._json_constraint(),
         )
+
+    def _json_constraint(self) -> dict[str, Any]:
+        if not self.json_mode:
+            return {}
+        if not self.json_schema.strip():
+            return {"json_object": True}
+        try:
+            schema = json.loads(self.json_schema)
+        except json.JSONDecodeError as e:
+            raise RequestError(f"JSON schema is not valid JSON: {e}", param="json_schema") from None
+        if not isinstance(schema, dict):
+            raise RequestError("JSON schema must be a JSON object", param="json_schema")
+        return {"json_schema": schema}
 
     def validate(self) -> None:
         self.to_params()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens, "seed": self.seed}
+        return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens, "seed": self.seed,
+                "json_mode": self.json_mode, "json_schema": self.json_schema}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], defaults: ChatSettings | None = None) -> ChatSettings:
@@ -74,7 +94,8 @@ class ChatSettings:
 
     def summary(self) -> str:
         seed = "random" if self.seed is None else str(self.seed)
-        return f"temperature {self.temperature:g} · top-p {self.top_p:g} · max {self.max_tokens} · seed {seed}"
+        json_mode = (" · JSON schema" if self.json_schema.strip() else " · JSON") if self.json_mode else ""
+        return f"temperature {self.temperature:g} · top-p {self.top_p:g} · max {self.max_tokens} · seed {seed}{json_mode}"
 
 
 @dataclass(frozen=True)

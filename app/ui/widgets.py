@@ -9,7 +9,7 @@ from textual import events, on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
-from textual.widgets import Input, Label, Markdown, Static, TextArea
+from textual.widgets import Input, Label, Markdown, Static, Switch, TextArea
 
 from app.engine.api.errors import RequestError
 from app.ui.user_config import ChatSettings
@@ -166,6 +166,10 @@ class SettingsForm(Vertical):
                 with Vertical(classes="field"):
                     yield Label(title, classes="field-label")
                     yield Input("" if value is None else str(value), type=kind, classes=f"setting {name}", compact=True)
+        with Horizontal(classes="json-row"):
+            yield Switch(self._settings.json_mode, classes="json-mode", tooltip="Constrain replies to JSON")
+            yield Label("JSON mode · optional JSON schema below (empty: any JSON object)", classes="field-label")
+        yield TextArea(self._settings.json_schema, soft_wrap=True, classes="json-schema", language=None)
         yield Label("", classes="settings-error")
 
     def focus_first(self) -> None:
@@ -183,12 +187,16 @@ class SettingsForm(Vertical):
                 values[name] = int(raw) if kind == "integer" else float(raw)
             except ValueError:
                 raise RequestError(f"{title} must be a number", param=name) from None
+        values["json_mode"] = self.query_one(".json-mode", Switch).value
+        values["json_schema"] = self.query_one(".json-schema", TextArea).text
         settings = replace(self._settings, **values)
         settings.validate()
         return settings
 
     @on(Input.Changed, ".setting")
     @on(TextArea.Changed, ".system-prompt")
+    @on(TextArea.Changed, ".json-schema")
+    @on(Switch.Changed, ".json-mode")
     def _changed(self, event: Message) -> None:
         event.stop()
         error = self.query_one(".settings-error", Label)

@@ -4,6 +4,7 @@ backend, and a snapshot of the main screen."""
 
 from __future__ import annotations
 
+import dataclasses
 import asyncio
 import json
 import socket
@@ -523,6 +524,18 @@ def test_kv_segments_group_by_tab_and_api() -> None:
     assert "No KV figures" in str(render_kv(EngineStats(), {}, 30))
     remote = EngineStats(num_blocks_total=1000, num_blocks_used=425, block_size=0)
     assert "KV usage 42.5%" in str(render_kv(remote, {}, 30, "from /metrics"))
+
+
+def test_kv_segments_count_shared_blocks_once() -> None:
+    """A fork and its parent both hold the parent's prompt blocks: 10 used, not 6 + 8."""
+    parent = dataclasses.replace(decoding("t1", prompt=64, output=8, blocks=6), num_shared_blocks=4)
+    fork = dataclasses.replace(decoding("t2", prompt=70, output=1, blocks=8), num_shared_blocks=4)
+    stats = EngineStats(num_blocks_total=20, num_blocks_used=10, num_blocks_shared=4, requests=(parent, fork))
+    owners = {"t1": Owner("a", "A", "red"), "t2": Owner("b", "B (fork)", "blue")}
+    segments = [(s.label, s.blocks) for s in kv_segments(stats, owners)]
+    assert segments == [("A", 2), ("B (fork)", 4), ("shared by 2 tabs", 4)]
+    assert sum(b for _, b in segments) == stats.num_blocks_used
+    assert "shared by 2 tabs" in str(render_kv(stats, owners, 40))
 
 
 def test_store_migrates_old_files_and_refuses_newer_ones(tmp_path: Path) -> None:

@@ -102,11 +102,12 @@ class EngineMetrics:
             weight_bytes_per_step=self.traffic.weight_bytes_per_step,
             last_kv_bytes_read=self.last.kv_bytes_read,
             copy_bandwidth=self.traffic.copy_bandwidth,
-            requests=tuple(request_stats(s) for s in seqs),
+            num_blocks_shared=len({b for s in seqs for b in s.block_table if bm.blocks[b].ref_count > 1}),
+            requests=tuple(request_stats(s, bm) for s in seqs),
         )
 
 
-def request_stats(seq: Sequence) -> RequestStats:
+def request_stats(seq: Sequence, bm: BlockManager | None = None) -> RequestStats:
     if seq.status is SequenceStatus.WAITING:
         status = "waiting"
     else:
@@ -122,4 +123,5 @@ def request_stats(seq: Sequence) -> RequestStats:
         ttft_s=timing.ttft_s,
         itl_s=timing.itl_s,
         tokens_per_s=timing.tokens_per_s,
+        num_shared_blocks=sum(bm.blocks[b].ref_count > 1 for b in seq.block_table) if bm is not None else 0,
     )

@@ -48,6 +48,7 @@ class RequestStats:
     ttft_s: float | None  # time to first token
     itl_s: float | None  # mean inter-token latency so far
     tokens_per_s: float | None  # this request's decode rate
+    num_shared_blocks: int = 0  # of its blocks, those another live request holds too (a forked chat, n > 1)
 
 
 @dataclass(frozen=True)
@@ -75,4 +76,5 @@ class EngineStats:
     weight_bytes_per_step: int = 0  # 0: unknown (a remote backend)
     last_kv_bytes_read: int = 0  # K/V bytes the last step's attention read
     copy_bandwidth: float = 0.0  # bytes/s of a plain copy on the engine's device, measured at start
+    num_blocks_shared: int = 0  # distinct blocks held by two or more live requests (counted once in num_blocks_used)
     requests: tuple[RequestStats, ...] = field(default_factory=tuple)

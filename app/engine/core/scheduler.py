@@ -4,7 +4,8 @@ Policy (Sarathi / vLLM V1): running decodes first, one token each; then running 
 newly admitted prompts, in chunks that fill what is left of `max_num_batched_tokens`. A waiting
 request is admitted only when blocks for its next chunk are free (backpressure). A decode that
 needs a block when none is free preempts the most recently admitted sequence, which gives its
-blocks back and goes to the front of the waiting queue to be recomputed later.
+blocks back and goes to the front of the waiting queue to be recomputed later. A prompt whose next
+block another running sequence is still computing waits until it is cached, then shares it.
 """
 
 from __future__ import annotations
@@ -105,6 +106,8 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             cached = self.bm.find_cached_prefix(seq)
+            if self._prefix_in_flight(seq, len(cached)):
+                break  # a step or two later those blocks are cached: shared, not computed twice
             n = min(seq.num_tokens - len(cached) * self.bm.block_size, budget)
             if not self.bm.can_admit(seq, cached, n):
                 break  # backpressure: wait for blocks to come back
@@ -115,6 +118,18 @@ class Scheduler:
             self.running.append(seq)
             batch.add(seq, n)
             budget -= n
+
+    def _prefix_in_flight(self, seq: Sequence, num_cached_blocks: int) -> bool:
+        """Whether a running sequence is still computing `seq`'s next full prompt block (n > 1
+        choices, a forked chat sent while its parent's prompt is in prefill): admitted now, `seq`
+        would compute the same KV again instead of sharing the blocks."""
+        if not self.bm.enable_prefix_caching or seq.params.prompt_logprobs is not None:
+            return False
+        end = (num_cached_blocks + 1) * self.bm.block_size
+        if end > seq.num_tokens - 1:  # no further full block the cache could serve
+            return False
+        prefix = seq.token_ids[:end]
+        return any(r.num_computed_tokens < end <= r.num_tokens and r.token_ids[:end] == prefix for r in self.running)
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End a sequence wherever it is (running or waiting) and return its blocks."""
