@@ -101,16 +101,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import signal
 
     from app.engine.api.async_engine import AsyncEngine
-    from app.server import check_exposure, serve
+    from app.server import check_exposure, cors_policy, serve
 
     check_exposure(args.host, args.api_key)  # refuse a public host without a key before loading
+    cors = cors_policy(args.allowed_origins, args.allowed_methods, args.allowed_headers)
 
     async def run() -> None:
         engine = AsyncEngine(progress=stderr_progress, **engine_kwargs(args))
         _clear_progress()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
         try:
-            await serve(engine, host=args.host, port=args.port, api_key=args.api_key)
+            await serve(engine, host=args.host, port=args.port, api_key=args.api_key,
+                        served_model_name=args.served_model_name, cors=cors)
         finally:
             engine.close()
 
@@ -252,6 +254,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--api-key", default=None)
+    s.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="the model name(s) the API lists and accepts (default: the model's own)")
+    s.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
+                   help="enable CORS for these browser origins ('*' for any); off by default")
+    s.add_argument("--allowed-methods", nargs="+", default=None, metavar="METHOD", help="CORS methods (default *)")
+    s.add_argument("--allowed-headers", nargs="+", default=None, metavar="HEADER", help="CORS headers (default *)")
     add_engine_args(s)
     s.set_defaults(func=cmd_serve)
 

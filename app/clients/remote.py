@@ -251,6 +251,7 @@ class RemoteEngine:
             "repetition_penalty": params.repetition_penalty if params.repetition_penalty != 1.0 else None,
         }
         body.update({k: v for k, v in optional.items() if v is not None})
+        body.update(output_fields(params))
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
             return "/chat/completions", {**body, "messages": prompt}
         if not prompt:
@@ -335,6 +336,37 @@ class RemoteEngine:
         return data if isinstance(data, dict) else {}
 
 
+def output_fields(params: SamplingParams) -> dict[str, Any]:
+    """The output constraint and logit bias as OpenAI request fields (`response_format`,
+    `logit_bias`), and vLLM's `structured_outputs` for a regex or grammar."""
+    out: dict[str, Any] = {}
+    if params.logit_bias:
+        out["logit_bias"] = {str(token): value for token, value in params.logit_bias.items()}
+    if params.json_schema is not None:
+        schema = _json_value(params.json_schema, "json_schema")
+        out["response_format"] = {"type": "json_schema",
+                                  "json_schema": {"name": "output", "schema": schema, "strict": True}}
+    elif params.json_object:
+        out["response_format"] = {"type": "json_object"}
+    elif params.structural_tag is not None:
+        out["response_format"] = _json_value(params.structural_tag, "structural_tag")
+    elif params.regex is not None:
+        out["structured_outputs"] = {"regex": params.regex}
+    elif params.grammar is not None:
+        out["structured_outputs"] = {"grammar": params.grammar}
+    return out
+
+
+def _json_value(value: Any, param: str) -> Any:
+    """A schema or tag given as a JSON string, parsed (servers take objects)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        raise RequestError(f"{param} is not valid JSON", param=param) from None
+
+
 def _normalize(url: str) -> str:
     url = url.strip().rstrip("/")
     if not url.startswith(("http://", "https://")):
@@ -343,7 +375,7 @@ def _normalize(url: str) -> str:
 
 
 def _root(base_url: str) -> str:
-    return base_url[: -len("/v1")] if base_url.endswith("/v1") else base_url
+    return base_url.removesuffix("/v1")
 
 
 def _pick_model(cards: Any, model: str | None, url: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from app.engine.api.engine_client import Prompt
 from app.engine.core.outputs import StreamDelta, TopLogprobs
 from app.server.logprobs import completion_logprobs
 from app.server.openai_schema import CompletionRequest
+from app.server.response_format import constrained_params, output_constraint
 from app.server.serving import Endpoint, ServerState, handle_generation
 from app.server.streams import Choice
 
@@ -28,8 +29,10 @@ class _Completion(Endpoint):
 
     def __init__(self, state: ServerState, body: CompletionRequest) -> None:
         prompts: list[Prompt] = list(body.prompt)
-        params = body.sampling_params(body.max_tokens, body.logprobs)  # None: up to the end of the context
-        super().__init__(state, prompts, params)
+        constraint = output_constraint(body)
+        # max_tokens None: up to the end of the context.
+        params = constrained_params(body, body.max_tokens, body.logprobs, constraint)
+        super().__init__(state, prompts, params, constraint.renames() if constraint else None)
         self.body = body
         self._echoes: list[str] = []
         # Character offset where each choice's next delta starts (after its echoed prompt).

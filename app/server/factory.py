@@ -1,11 +1,14 @@
-"""The FastAPI application: routes, error objects, API-key check and request-size limit."""
+"""The FastAPI application: routes, error objects, API-key check, request-size limit and CORS."""
 
 from __future__ import annotations
 
 import hmac
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import __version__
@@ -21,25 +24,45 @@ OPEN_PATHS = frozenset({"/health"})
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
-def create_app(engine: EngineClient, *, api_key: str | None = None, served_model_name: str | None = None) -> FastAPI:
+@dataclass(frozen=True)
+class CorsPolicy:
+    """Cross-origin access for browser clients (vLLM's flags); off unless origins are given.
+    Preflight requests are answered before the API-key check: browsers never send the key there."""
+
+    allowed_origins: tuple[str, ...] = ()
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+
+
+def create_app(engine: EngineClient, *, api_key: str | None = None,
+               served_model_name: str | Sequence[str] | None = None, cors: CorsPolicy | None = None) -> FastAPI:
     """The OpenAI-compatible app over `engine`. With `api_key`, every route but /health needs
-    `Authorization: Bearer <api_key>`. `served_model_name` defaults to `engine.model_name`."""
+    `Authorization: Bearer <api_key>`. `served_model_name`: the name(s) requests may use (the
+    first is answered); without it, the engine's current `model_name`."""
     app = FastAPI(title="localbatch", version=__version__,
                   description="OpenAI-compatible endpoint of the localbatch engine")
-    app.state.localbatch = ServerState(engine, served_model_name or engine.model_name, ServerMetrics(),
-                                       int(time.time()))
+    names = (served_model_name,) if isinstance(served_model_name, str) else tuple(served_model_name or ())
+    app.state.localbatch = ServerState(engine, names, ServerMetrics(), int(time.time()))
     install_error_handlers(app)
     _add_routes(app)
     app.add_middleware(GuardMiddleware, api_key=api_key)
+    if cors is not None and cors.allowed_origins:
+        # Added last, so it runs first: preflights never reach the key check, and error
+        # responses (401 included) carry the CORS headers a browser needs to read them.
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors.allowed_origins),
+                           allow_methods=list(cors.allowed_methods), allow_headers=list(cors.allowed_headers))
     return app
 
 
 def _add_routes(app: FastAPI) -> None:
     post, get = ["POST"], ["GET"]
-    app.add_api_route("/v1/chat/completions", chat_completions.chat_completions, methods=post, response_model=None)
-    app.add_api_route("/v1/completions", completions.completions, methods=post, response_model=None)
-    app.add_api_route("/v1/models", routes.list_models, methods=get)
-    app.add_api_route("/v1/models/{model_id:path}", routes.get_model, methods=get)
+    # Each OpenAI route also without /v1, as llama-server and Ollama accept it.
+    for prefix in ("/v1", ""):
+        app.add_api_route(f"{prefix}/chat/completions", chat_completions.chat_completions, methods=post,
+                          response_model=None)
+        app.add_api_route(f"{prefix}/completions", completions.completions, methods=post, response_model=None)
+        app.add_api_route(f"{prefix}/models", routes.list_models, methods=get)
+        app.add_api_route(f"{prefix}/models/{{model_id:path}}", routes.get_model, methods=get)
     app.add_api_route("/health", routes.health, methods=get)
     app.add_api_route("/metrics", routes.metrics, methods=get)
     app.add_api_route("/tokenize", routes.tokenize, methods=post)

@@ -6,6 +6,7 @@ own (503) and for bugs (500)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -22,6 +23,8 @@ from app.engine.api.errors import (
 
 log = logging.getLogger(__name__)
 
+# OpenAI's code for a prompt (plus max_tokens) that does not fit the model's context.
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 # Seconds a client should wait before retrying when the engine's waiting queue is full.
 RETRY_AFTER_S = 1
 
@@ -49,10 +52,13 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
-def engine_error(exc: Exception) -> ApiError:
-    """Map what `EngineClient.stream` raises to an HTTP error."""
+def engine_error(exc: Exception, renames: Mapping[str, str] | None = None) -> ApiError:
+    """Map what `EngineClient.stream` raises to an HTTP error; `renames` maps the engine's field
+    names to the request's (the engine's "prompt" is a chat request's "messages")."""
     if isinstance(exc, RequestError):
-        return ApiError(400, str(exc), param=exc.param)
+        param = (renames or {}).get(exc.param or "", exc.param)
+        code = CONTEXT_LENGTH_EXCEEDED if exceeds_context(exc) else None
+        return ApiError(400, str(exc), param=param, code=code)
     if isinstance(exc, QueueFullError):
         return ApiError(429, str(exc) or "the engine's waiting queue is full; retry later", code="queue_full",
                         headers={"Retry-After": str(RETRY_AFTER_S)})
@@ -61,6 +67,14 @@ def engine_error(exc: Exception) -> ApiError:
     if isinstance(exc, LocalbatchError):
         return ApiError(503, str(exc), code="engine_error")
     raise exc
+
+
+def exceeds_context(exc: RequestError) -> bool:
+    """The request does not fit the context window (the prompt alone, or with max_tokens)."""
+    if getattr(exc, "code", None) == CONTEXT_LENGTH_EXCEEDED:
+        return True
+    # The engine says so in words, on the field that does not fit.
+    return exc.param in ("prompt", "max_tokens") and "context" in str(exc).lower()
 
 
 def failed_request(reason: str | None, error: str | None) -> ApiError:

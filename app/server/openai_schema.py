@@ -2,7 +2,8 @@
 
 Unknown fields are ignored (OpenAI clients send fields such as `user` that change nothing here);
 known fields of the wrong type or out of range are rejected, and so are features this server does
-not implement (tools, JSON response formats, logit bias) rather than silently ignoring them.
+not implement (images, `suffix`) rather than silently ignoring them. The fields that shape the
+output (response formats, tools, logit bias) are in `output_schema`.
 Range checks that `SamplingParams` already makes are left to it, so the TUI and the HTTP API share
 one set of rules and messages.
 """
@@ -14,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     WithJsonSchema,
@@ -22,6 +24,16 @@ from pydantic import (
 
 from app.engine.api.errors import RequestError
 from app.engine.api.sampling_params import SamplingParams
+from app.server.output_schema import (
+    ResponseFormat,
+    SchemaLike,
+    StructuredOutputs,
+    ToolChoice,
+    ToolDefinition,
+    object_or_string,
+    parse_logit_bias,
+    parse_tool_choice,
+)
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 # Token ids travel through int32 tensors in the engine.
@@ -66,32 +78,71 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+class ToolCallFunction(_Body):
+    name: Text
+    # A JSON string, as OpenAI sends it; an object is accepted too (some clients send one).
+    arguments: Annotated[Text | dict[str, Any], BeforeValidator(object_or_string)] = "{}"
+
+
+class ToolCall(_Body):
+    """A call an earlier assistant turn made, sent back as conversation history."""
+
+    id: Text
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Annotated[Text, ContentSchema]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # None only where OpenAI allows it: an assistant turn that made tool calls.
+    content: Annotated[Text | None, ContentSchema] = None
+    name: Text | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: Text | None = None
 
     @field_validator("content", mode="before")
     @classmethod
-    def _text_content(cls, value: Any) -> str:
+    def _text_content(cls, value: Any) -> str | None:
         """A string, or a list of `{"type": "text", "text": ...}` parts (joined by newlines)."""
-        if isinstance(value, str):
+        if isinstance(value, str) or value is None:
             return value
+        # ValueError, not TypeError: pydantic turns only ValueError into a validation error (a 400).
         if not isinstance(value, list):
-            raise ValueError("content must be a string or a list of text parts")
+            raise ValueError("content must be a string or a list of text parts")  # noqa: TRY004
         texts = []
         for i, part in enumerate(value):
             if not isinstance(part, dict) or part.get("type") != "text":
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise ValueError(f"content part {i} has type {kind!r}; only 'text' parts are supported")
             if not isinstance(part.get("text"), str):
-                raise ValueError(f"content part {i} needs a string 'text'")
+                raise ValueError(f"content part {i} needs a string 'text'")  # noqa: TRY004
             texts.append(part["text"])
         return "\n".join(texts)
 
+    def check(self, i: int) -> None:
+        """Cross-field rules; `i` is the message's index, for the error's `param`."""
+        if self.role == "tool" and not self.tool_call_id:
+            raise RequestError(f"messages[{i}]: a tool message needs the tool_call_id of the call it answers",
+                               param=f"messages[{i}].tool_call_id")
+        if self.tool_calls and self.role != "assistant":
+            raise RequestError(f"messages[{i}]: only assistant messages carry tool_calls",
+                               param=f"messages[{i}].tool_calls")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise RequestError(f"messages[{i}]: content is required (it may be null only in an assistant "
+                               "message with tool_calls)", param=f"messages[{i}].content")
+
     def to_engine(self) -> dict[str, str]:
+        """The message as plain chat-template input (tool turns are rewritten by `tool_prompt`)."""
         # Chat templates know system/user/assistant; OpenAI's newer "developer" role is a system prompt.
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": self.content}
+        return {"role": role, "content": self.content or ""}
+
+
+def check_messages(messages: list[ChatMessage]) -> None:
+    if not messages:
+        raise RequestError("messages must not be empty", param="messages")
+    for i, message in enumerate(messages):
+        message.check(i)
 
 
 class SamplingRequest(_Body):
@@ -113,19 +164,25 @@ class SamplingRequest(_Body):
     stop_token_ids: list[TokenId] | None = None
     n: Annotated[int, Field(ge=1, le=MAX_CHOICES)] = 1
     ignore_eos: bool = False
-    logit_bias: dict[str, Any] | None = None
+    logit_bias: Annotated[dict[int, float] | None, WithJsonSchema(
+        {"anyOf": [{"type": "object", "additionalProperties": {"type": "number"}}, {"type": "null"}]})] = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    # vLLM's older names for structured_outputs' fields.
+    guided_json: SchemaLike | None = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
+    guided_choice: list[str] | None = None
 
     @field_validator("stop", mode="before")
     @classmethod
     def _stop_list(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
 
-    @field_validator("logit_bias")
+    @field_validator("logit_bias", mode="before")
     @classmethod
-    def _no_logit_bias(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value:
-            raise ValueError("logit_bias is not supported")
-        return value
+    def _logit_bias(cls, value: Any) -> dict[int, float] | None:
+        return parse_logit_bias(value)
 
     @field_validator("top_k", "max_tokens")
     @classmethod
@@ -142,12 +199,15 @@ class SamplingRequest(_Body):
     def check_combinations(self) -> None:
         """Cross-field rules (pydantic would report them without a `param`); each endpoint has its own."""
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-        """Engine sampling settings for one choice (n is fanned out by the caller). Raises
-        `RequestError` naming the field that is out of range."""
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None,
+                        constraint: dict[str, Any] | None = None) -> SamplingParams:
+        """Engine sampling settings for one choice (n is fanned out by the caller); `constraint` holds
+        the output-constraint fields (see `response_format.Constraint`). Raises `RequestError`
+        naming the field that is out of range."""
         fields = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                  "repetition_penalty", "seed", "stop", "stop_token_ids")
+                  "repetition_penalty", "seed", "stop", "stop_token_ids", "logit_bias")
         given = {name: getattr(self, name) for name in fields if getattr(self, name) is not None}
+        given.update(constraint or {})
         return SamplingParams(max_tokens=max_tokens, ignore_eos=self.ignore_eos, logprobs=logprobs, **given)
 
 
@@ -156,34 +216,30 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Annotated[ToolChoice | None, WithJsonSchema(
+        {"anyOf": [{"enum": ["none", "auto", "required"]}, {"type": "object"}, {"type": "null"}]})] = None
+    parallel_tool_calls: bool = True
 
-    @field_validator("messages")
+    @field_validator("tool_choice", mode="before")
     @classmethod
-    def _not_empty(cls, value: list[ChatMessage]) -> list[ChatMessage]:
-        if not value:
-            raise ValueError("messages must not be empty")
-        return value
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, value: list[Any] | None) -> list[Any] | None:
-        if value:
-            raise ValueError("tools are not supported")
-        return value
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value and value.get("type") != "text":
-            raise ValueError("only response_format type 'text' is supported")
-        return value
+    def _tool_choice(cls, value: Any) -> ToolChoice | None:
+        return parse_tool_choice(value)
 
     def check_combinations(self) -> None:
         """Cross-field rules (pydantic would report them without a `param`)."""
+        check_messages(self.messages)
         if self.top_logprobs and not self.logprobs:
             raise RequestError("top_logprobs requires logprobs=true", param="top_logprobs")
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise RequestError("tools: function names must be unique", param="tools")
+        choice = self.tool_choice
+        if choice is not None and choice != "none" and not names:
+            raise RequestError("tool_choice needs tools to choose from", param="tool_choice")
+        if not isinstance(choice, str) and choice is not None and choice.function.name not in names:
+            raise RequestError(f"tool_choice names function {choice.function.name!r}, which is not in tools",
+                               param="tool_choice")
 
     def requested_max_tokens(self) -> int | None:
         # max_completion_tokens is OpenAI's newer name and wins when both are given.
@@ -194,8 +250,12 @@ class ChatCompletionRequest(SamplingRequest):
     def engine_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def engine_messages(self) -> list[dict[str, str]]:
-        return [m.to_engine() for m in self.messages]
+    @property
+    def effective_tool_choice(self) -> ToolChoice:
+        """OpenAI's default: "auto" when tools are given, else "none"."""
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return "auto" if self.tools else "none"
 
 
 class CompletionRequest(SamplingRequest):
@@ -252,10 +312,11 @@ class TokenizeRequest(_Body):
     def check_combinations(self) -> None:
         if (self.prompt is None) == (self.messages is None):
             raise RequestError("give exactly one of prompt or messages", param="prompt")
-        if self.messages is not None and not self.messages:
-            raise RequestError("messages must not be empty", param="messages")
+        if self.messages is not None:
+            check_messages(self.messages)
 
 
 class DetokenizeRequest(_Body):
     model: Text | None = None
     tokens: list[TokenId]
+

@@ -12,21 +12,23 @@ from app.server.http_errors import ApiError
 from app.server.openai_schema import DetokenizeRequest, TokenizeRequest
 from app.server.prometheus import CONTENT_TYPE
 from app.server.serving import ServerState, server_state
+from app.server.tool_prompt import fallback_messages
 
 
-def _model_card(state: ServerState) -> dict[str, Any]:
-    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "localbatch",
-            "root": state.model_name, "parent": None, "max_model_len": state.engine.max_model_len}
+def _model_card(state: ServerState, name: str) -> dict[str, Any]:
+    # `root` is the model behind the name (vLLM's meaning); one engine serves every name.
+    return {"id": name, "object": "model", "created": state.created, "owned_by": "localbatch",
+            "root": state.engine.model_name, "parent": None, "max_model_len": state.engine.max_model_len}
 
 
 async def list_models(request: Request) -> dict[str, Any]:
-    return {"object": "list", "data": [_model_card(server_state(request))]}
+    state = server_state(request)
+    return {"object": "list", "data": [_model_card(state, name) for name in state.model_names]}
 
 
 async def get_model(model_id: str, request: Request) -> dict[str, Any]:
     state = server_state(request)
-    state.check_model(model_id or None)
-    return _model_card(state)
+    return _model_card(state, state.check_model(model_id or None))
 
 
 async def health(request: Request) -> Response:
@@ -45,7 +47,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:
     state.check_model(body.model)
     body.check_combinations()
     if body.messages is not None:
-        text = state.render_chat([m.to_engine() for m in body.messages], body.add_generation_prompt)
+        text = state.render_chat(fallback_messages(body.messages, [], "none"), body.add_generation_prompt)
         # Chat templates write their own BOS.
         add_bos = bool(body.add_special_tokens)
     else:

@@ -9,16 +9,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import json
 import logging
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import uvicorn
 
 from app.engine.api.engine_client import EngineClient
 from app.engine.api.errors import LocalbatchError
-from app.server.factory import create_app
+from app.server.factory import CorsPolicy, create_app
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,35 @@ def check_exposure(host: str, api_key: str | None) -> None:
     if not api_key and not is_loopback(host):
         raise ServeError(f"refusing to listen on {host} without an API key: pass --api-key KEY "
                          "(or bind 127.0.0.1)")
+
+
+def cors_policy(origins: Sequence[str] | None, methods: Sequence[str] | None = None,
+                headers: Sequence[str] | None = None) -> CorsPolicy | None:
+    """From `--allowed-origins A B` (or vLLM's JSON-list spelling `'["A", "B"]'`) and the
+    optional methods and headers; None (CORS off) without origins. Raises `ServeError` for a
+    JSON list that does not parse."""
+    if not origins:
+        return None
+    default = CorsPolicy()
+    return CorsPolicy(_flag_values(origins, "--allowed-origins"),
+                      _flag_values(methods, "--allowed-methods") or default.allowed_methods,
+                      _flag_values(headers, "--allowed-headers") or default.allowed_headers)
+
+
+def _flag_values(values: Sequence[str] | None, flag: str) -> tuple[str, ...]:
+    out: list[str] = []
+    for value in values or ():
+        if not value.lstrip().startswith("["):
+            out.append(value)
+            continue
+        try:
+            items = json.loads(value)
+        except ValueError as exc:
+            raise ServeError(f"{flag}: {value!r} is not a JSON list: {exc}") from None
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise ServeError(f"{flag}: {value!r} must be a JSON list of strings")
+        out.extend(items)
+    return tuple(out)
 
 
 def bind(host: str, port: int) -> list[socket.socket]:
@@ -109,11 +139,12 @@ class ApiServer:
     also for port 0); `await stop()` shuts down; `await wait()` returns when it has stopped."""
 
     def __init__(self, engine: EngineClient, host: str = "127.0.0.1", port: int = 8000, *,
-                 api_key: str | None = None, served_model_name: str | None = None) -> None:
+                 api_key: str | None = None, served_model_name: str | Sequence[str] | None = None,
+                 cors: CorsPolicy | None = None) -> None:
         check_exposure(host, api_key)
         self.host = host
         self.port = port
-        self.app = create_app(engine, api_key=api_key, served_model_name=served_model_name)
+        self.app = create_app(engine, api_key=api_key, served_model_name=served_model_name, cors=cors)
         config = uvicorn.Config(self.app, log_config=None, access_log=False, lifespan="off", ws="none",
                                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
         self._server = _EmbeddedServer(config)
@@ -149,12 +180,13 @@ class ApiServer:
 
 
 async def serve(engine: EngineClient, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-                ready: asyncio.Event | None = None, *, served_model_name: str | None = None) -> None:
+                ready: asyncio.Event | None = None, *, served_model_name: str | Sequence[str] | None = None,
+                cors: CorsPolicy | None = None) -> None:
     """Serve the OpenAI-compatible API in the current event loop until cancelled.
 
     Raises `ServeError` (one line) for a non-loopback host without `api_key` or an address that
     cannot be bound. Sets `ready` once connections are accepted."""
-    server = ApiServer(engine, host, port, api_key=api_key, served_model_name=served_model_name)
+    server = ApiServer(engine, host, port, api_key=api_key, served_model_name=served_model_name, cors=cors)
     try:
         await server.start()
         if ready is not None:

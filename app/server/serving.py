@@ -43,15 +43,31 @@ Body = TypeVar("Body", bound=SamplingRequest)
 @dataclass
 class ServerState:
     engine: EngineClient
-    model_name: str
+    # --served-model-name: the names requests may use, the first one answered. Empty: the engine's
+    # current model name, read per request (the app can switch models while serving).
+    served_names: tuple[str, ...]
     metrics: ServerMetrics
     created: int
 
-    def check_model(self, model: str | None) -> None:
-        """An absent or empty model means the served one; anything else must name it."""
-        if model and model != self.model_name:
-            raise ApiError(404, f"model {model!r} does not exist; this server serves {self.model_name!r}",
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return self.served_names or (self.engine.model_name,)
+
+    @property
+    def model_name(self) -> str:
+        return self.model_names[0]
+
+    def check_model(self, model: str | None) -> str:
+        """The name to answer with: `model` when it is served, the served name when it is absent
+        or empty; anything else is a 404."""
+        names = self.model_names
+        if not model:
+            return names[0]
+        if model not in names:
+            served = ", ".join(repr(n) for n in names)
+            raise ApiError(404, f"model {model!r} does not exist; this server serves {served}",
                            param="model", code="model_not_found")
+        return model
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """The templated prompt; a template that rejects the conversation is the client's error."""
@@ -97,16 +113,17 @@ def fan_out(prompts: list[Prompt], params: SamplingParams, n: int) -> list[Job]:
     return [Job(prompt, choice_params(params, j), p) for p, prompt in enumerate(prompts) for j in range(n)]
 
 
-async def start_streams(request: Request, state: ServerState, jobs: list[Job], id_prefix: str,
+async def start_streams(request: Request, state: ServerState, jobs: list[Job], endpoint: Endpoint,
                         arrival: float) -> MultiStream | None:
     """Submit the engine requests; None when the client left while they were starting."""
-    streams = MultiStream(state.engine, jobs, f"{id_prefix}-{uuid.uuid4().hex[:12]}", state.metrics, arrival)
+    base_id = f"{endpoint.id_prefix}-{uuid.uuid4().hex[:12]}"
+    streams = MultiStream(state.engine, jobs, base_id, state.metrics, arrival)
     try:
         await until_disconnect(request, streams.start())
     except ClientGone:
         return None
     except Exception as exc:  # engine_error re-raises what is not an engine error
-        raise engine_error(exc) from exc
+        raise engine_error(exc, endpoint.renames) from exc
     return streams
 
 
@@ -160,10 +177,13 @@ class Endpoint(ABC):
     response_object: ClassVar[str]
     chunk_object: ClassVar[str]
 
-    def __init__(self, state: ServerState, prompts: list[Prompt], params: SamplingParams) -> None:
+    def __init__(self, state: ServerState, prompts: list[Prompt], params: SamplingParams,
+                 renames: dict[str, str] | None = None) -> None:
         self.state = state
         self.prompts = prompts
         self.params = params
+        # Engine field -> request field, for the `param` of errors the engine raises.
+        self.renames = renames or {}
         # Per request: a token the logprobs name again and again is decoded once.
         self.texts = TokenTexts(state.engine)
 
@@ -189,15 +209,15 @@ async def handle_generation(request: Request, body: Body,
     prompts and sampling settings; the reply is an event stream or one JSON object."""
     arrival = time.perf_counter()
     state = server_state(request)
-    state.check_model(body.model)
+    model = state.check_model(body.model)
     body.check_combinations()
     endpoint = endpoint_for(state, body)
     jobs = fan_out(endpoint.prompts, endpoint.params, body.n)
-    streams = await start_streams(request, state, jobs, endpoint.id_prefix, arrival)
+    streams = await start_streams(request, state, jobs, endpoint, arrival)
     if streams is None:
         return client_closed()
     endpoint.accepted()
-    meta = ResponseMeta.new(endpoint.id_prefix, state.model_name, body.include_usage)
+    meta = ResponseMeta.new(endpoint.id_prefix, model, body.include_usage)
     if body.stream:
         return EventStreamResponse(_events(streams, meta, endpoint))
     if await collect(request, streams) is None:

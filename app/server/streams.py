@@ -122,7 +122,7 @@ class MultiStream:
                     return
             missing = RuntimeError("the engine's stream ended without a finish reason")
             self._queue.put_nowait((index, missing, time.perf_counter()))
-        except Exception as exc:  # handed to the consumer, which reports it
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which reports it
             self._queue.put_nowait((index, exc, time.perf_counter()))
 
     async def events(self) -> AsyncIterator[tuple[Choice, StreamDelta]]:

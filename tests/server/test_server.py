@@ -21,6 +21,8 @@ from tests.support.fake_engine import FakeEngine, FakeTokenizer, ServerThread
 
 TOK = FakeTokenizer()
 USER = [{"role": "user", "content": "Tell me something."}]
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 
@@ -423,15 +425,36 @@ BAD_CHAT = [
     ({"messages": USER, "seed": 2**70}, "seed"),
     ({"messages": USER, "top_logprobs": 3}, "top_logprobs"),
     ({"messages": USER, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-    ({"messages": USER, "tools": [{"type": "function"}]}, "tools"),
-    ({"messages": USER, "logit_bias": {"5": 1}}, "logit_bias"),
+    ({"messages": USER, "tools": [{"type": "function"}]}, "tools[0].function"),
+    ({"messages": USER, "tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name"),
+    ({"messages": USER, "tools": [TOOL, TOOL]}, "tools"),
+    ({"messages": USER, "tool_choice": "required"}, "tool_choice"),
+    ({"messages": USER, "tools": [TOOL], "tool_choice": "maybe"}, "tool_choice"),
+    ({"messages": USER, "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice"),
+    ({"messages": USER, "logit_bias": {"x": 1}}, "logit_bias"),
+    ({"messages": USER, "logit_bias": {"5": 101}}, "logit_bias"),
+    ({"messages": USER, "logit_bias": {"5": "1"}}, "logit_bias"),
+    ({"messages": USER, "logit_bias": {"-5": 1}}, "logit_bias"),
+    ({"messages": USER, "logit_bias": [1]}, "logit_bias"),
+    ({"messages": USER, "logit_bias": {"999": 1}}, "logit_bias"),  # outside the fake vocabulary
+    ({"messages": USER, "response_format": {"type": "xml"}}, "response_format.type"),
+    ({"messages": USER, "response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    ({"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}},
+     "response_format.json_schema.schema"),
+    ({"messages": USER, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema":
+                                                                                   {"type": "nonsense"}}}},
+     "response_format"),
+    ({"messages": USER, "response_format": {"type": "json_object"}, "guided_regex": "a+"}, "guided_regex"),
     ({"messages": USER, "stream_options": {"include_usage": "no"}}, "stream_options.include_usage"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}, {"role": "assistant"}]}, "messages[1].content"),
     ({"messages": [{"role": "user"}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages[0].content"),
     ({"messages": "hello"}, "messages"),
-    ({"messages": [{"role": "user", "content": LONG}]}, "prompt"),
+    ({"messages": [{"role": "user", "content": LONG}]}, "messages"),
 ]
 BAD_COMPLETIONS = [
     ({"prompt": []}, "prompt"),
@@ -446,6 +469,10 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "max_tokens": 600}, "max_tokens"),
     ({"prompt": "x", "presence_penalty": 3}, "presence_penalty"),
     ({"prompt": "x", "stop_token_ids": [-3]}, "stop_token_ids[0]"),
+    ({"prompt": "x", "structured_outputs": {"regex": "a", "grammar": "root ::= \"a\""}}, "structured_outputs"),
+    ({"prompt": "x", "guided_choice": []}, "guided_choice"),
+    ({"prompt": "x", "guided_json": "{not json"}, "guided_json"),
+    ({"prompt": LONG, "max_tokens": 1}, "prompt"),
 ]
 
 
@@ -540,7 +567,7 @@ def test_metrics(client: httpx.Client, engine: FakeEngine) -> None:
     r = client.get("/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=0.0.4")
     m = parse_metrics(r.text)
-    value = lambda name: m[name][0][1]  # noqa: E731
+    value = lambda name: m[name][0][1]
     assert m["localbatch:num_requests_running"][0][0] == {"model_name": "fake-model"}
     assert 0 <= value("localbatch:kv_cache_usage_perc") <= 1
     assert value("localbatch:generation_tokens_total") == engine.stats().total_output_tokens > 0

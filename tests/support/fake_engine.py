@@ -12,6 +12,13 @@ by an RNG seeded from the prompt (greedy), from seed + prompt (seeded), or at ra
 `script=echo_reply` a reply is instead a known list of pieces, one token each, ending as if on EOS
 (the TUI tests check replies word for word).
 
+Output constraints (`SamplingParams.json_object`, `json_schema`, `structural_tag`) are checked
+crudely, as the engine's grammar compiler would refuse them (`RequestError` naming the field), and
+honoured crudely: the reply is one fixed document valid for the schema (`example_instance`), or the first
+tool call a structural tag demands, four characters a token. A triggered tag (tool_choice "auto")
+leaves the reply free. `logit_bias` ids must be in the vocabulary. `ToolTemplateEngine` plays a
+model whose chat template has Hermes-style tool support (it takes `tools`, renders tool turns).
+
 The tokenizer is byte-level: token id = UTF-8 byte + 3 (0 pad, 1 BOS, 2 EOS), so token counts are
 easy to compute in tests: `len(FakeTokenizer().encode(text))`.
 
@@ -25,6 +32,7 @@ streams.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import random
@@ -34,7 +42,7 @@ import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Self
 
 from app.engine.api.engine_client import Prompt
 from app.engine.api.errors import EngineDeadError, QueueFullError, RequestError
@@ -65,12 +73,19 @@ class FakeTokenizer:
                 raise RequestError(f"token id {t} is outside the vocabulary (0..{self.vocab_size - 1})", param="tokens")
         return bytes(t - self.OFFSET for t in token_ids if t >= self.OFFSET).decode("utf-8", errors="replace")
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None, tool_template: bool = False) -> str:
+        """Without `tool_template`, `tools` are ignored (as by a template without tool support)."""
         parts = []
+        if tool_template and tools:
+            names = ", ".join(t["function"]["name"] for t in tools)
+            parts.append(f"<system>tools: {names}; call them as <tool_call>{{json}}</tool_call>\n")
+        roles = ("system", "user", "assistant", "tool") if tool_template else ("system", "user", "assistant")
         for m in messages:
-            if m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
+            if m.get("role") not in roles or not isinstance(m.get("content"), str):
                 raise RequestError(f"bad chat message {m!r}", param="messages")
-            parts.append(f"<{m['role']}>{m['content']}\n")
+            calls = "".join(f"<tool_call>{json.dumps(c['function'])}</tool_call>" for c in m.get("tool_calls") or [])
+            parts.append(f"<{m['role']}>{m['content']}{calls}\n")
         return "".join(parts) + ("<assistant>" if add_generation_prompt else "")
 
 
@@ -82,6 +97,103 @@ def echo_reply(prompt: Prompt) -> list[str]:
     else:
         text = str(prompt)
     return ["Reply", " to:"] + [f" {w}" for w in text.split()]
+
+
+# --- output constraints, crudely ---------------------------------------------------------------------
+
+JSON_TYPES = {"object", "array", "string", "integer", "number", "boolean", "null"}
+
+
+def check_constraints(params: SamplingParams, vocab_size: int) -> None:
+    """Refuse what the engine's grammar compiler would refuse (a crude subset)."""
+    if params.logit_bias:
+        params.check_token_ids(vocab_size)
+    if params.json_schema is not None:
+        _check_schema(_loaded(params.json_schema, "json_schema"), "json_schema")
+    if params.structural_tag is not None:
+        tag = _loaded(params.structural_tag, "structural_tag")
+        if tag.get("type") != "structural_tag" or not isinstance(tag.get("format"), dict):
+            raise RequestError("structural_tag needs type 'structural_tag' and a format", param="structural_tag")
+        for schema in _tag_schemas(tag["format"]):
+            _check_schema(schema, "structural_tag")
+
+
+def _loaded(value: Any, param: str) -> dict[str, Any]:
+    try:
+        loaded = json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        raise RequestError(f"{param} is not valid JSON", param=param) from None
+    if not isinstance(loaded, dict):
+        raise RequestError(f"{param} must be a JSON object", param=param)
+    return loaded
+
+
+def _check_schema(schema: Any, param: str) -> None:
+    if not isinstance(schema, dict):
+        raise RequestError(f"invalid JSON schema: {schema!r} is not an object", param=param)
+    kinds = schema.get("type", "object")
+    for kind in kinds if isinstance(kinds, list) else [kinds]:
+        if kind not in JSON_TYPES:
+            raise RequestError(f"invalid JSON schema: unknown type {kind!r}", param=param)
+    for sub in (schema.get("properties") or {}).values():
+        _check_schema(sub, param)
+    if isinstance(schema.get("items"), dict):
+        _check_schema(schema["items"], param)
+
+
+def _tag_schemas(fmt: dict[str, Any]) -> list[Any]:
+    if fmt.get("type") == "json_schema":
+        return [fmt.get("json_schema")]
+    found = []
+    for key in ("tags", "elements"):
+        for sub in fmt.get(key) or []:
+            found += _tag_schemas(sub)
+    if isinstance(fmt.get("content"), dict):
+        found += _tag_schemas(fmt["content"])
+    return found
+
+
+def constrained_reply(params: SamplingParams) -> str | None:
+    """The fixed reply a constraint forces, or None where the output stays free."""
+    if params.json_object:
+        return '{"answer": "alpha"}'
+    if params.json_schema is not None:
+        return json.dumps(example_instance(_loaded(params.json_schema, "json_schema")))
+    tag = params.structural_tag
+    return _forced_call(_loaded(tag, "structural_tag")["format"]) if tag is not None else None
+
+
+def _forced_call(fmt: dict[str, Any]) -> str | None:
+    """The first tag of a format that must start with one (a call under "required" or a named choice)."""
+    if fmt.get("type") == "or":
+        return _forced_call(fmt["elements"][0])
+    if fmt.get("type") == "tag":
+        return fmt["begin"] + json.dumps(example_instance(fmt["content"]["json_schema"])) + fmt["end"]
+    if fmt.get("at_least_one") and fmt.get("tags"):
+        return _forced_call(fmt["tags"][0])
+    return None
+
+
+def example_instance(schema: dict[str, Any]) -> Any:
+    """One document valid for the common JSON-schema keywords (the fake's 'grammar')."""
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf", "allOf"):
+        if schema.get(key):
+            return example_instance(schema[key][0])
+    kind = schema.get("type", "object")
+    kind = next((k for k in kind if k != "null"), "null") if isinstance(kind, list) else kind
+    if kind == "object":
+        props = schema.get("properties") or {}
+        keys = schema.get("required") or list(props)
+        return {k: example_instance(props.get(k, {"type": "string"})) for k in keys}
+    if kind == "array":
+        return [example_instance(schema.get("items") or {"type": "string"})] * max(schema.get("minItems", 1), 1)
+    simple = {"string": "alpha" + "a" * max(schema.get("minLength", 0) - 5, 0),
+              "integer": max(schema.get("minimum", 1), 1), "number": 1.5, "boolean": True, "null": None}
+    return simple.get(kind)
 
 
 class Submitted(NamedTuple):
@@ -199,7 +311,10 @@ class FakeEngine:
         ids = self._prompt_ids(prompt)
         max_tokens = self._check(request_id, ids, params)
         req = _Request(request_id, ids, params, max_tokens, self._rng(ids, params), time.perf_counter())
-        if self.script is not None:
+        constrained = constrained_reply(params)
+        if constrained is not None:
+            req.script = deque(constrained[i:i + 4] for i in range(0, len(constrained), 4))
+        elif self.script is not None:
             req.script = deque(self.script(prompt))
         self._waiting.append(req)
         self.submitted.append(Submitted(prompt, params, request_id))
@@ -260,6 +375,7 @@ class FakeEngine:
                                f"{self.num_blocks}", param="max_tokens")
         if params.n != 1:
             raise RequestError("the engine takes one sequence per request (n=1)", param="n")
+        check_constraints(params, self.tokenizer.vocab_size)
         if self._find(request_id) is not None:
             raise RequestError(f"request id {request_id!r} is already in use")
         if len(self._waiting) >= self.max_waiting:
@@ -435,6 +551,14 @@ class FakeEngine:
             total_output_tokens=self._totals["output"], requests=requests)
 
 
+class ToolTemplateEngine(FakeEngine):
+    """A fake whose chat template takes `tools` (as Qwen's and Hermes' do) and renders tool turns."""
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> str:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt, tools, tool_template=True)
+
+
 class ServerThread:
     """The HTTP server (`ApiServer`) on a loopback port, in a background thread with its own loop,
     for tests that drive it with blocking clients. Use as a context manager; `url` is the base URL."""
@@ -461,7 +585,7 @@ class ServerThread:
         try:
             server = ApiServer(self.engine, "127.0.0.1", 0, **self.server_kwargs)
             await server.start()
-        except BaseException as exc:  # handed to the test thread
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
             self._error = exc
             self._ready.set()
             return
@@ -470,7 +594,7 @@ class ServerThread:
         await self._stop.wait()
         await server.stop()
 
-    def __enter__(self) -> ServerThread:
+    def __enter__(self) -> Self:
         self._thread.start()
         if not self._ready.wait(10):
             raise RuntimeError("the test server did not start within 10 s")

@@ -1,0 +1,225 @@
+"""Tool calls parsed out of the model's text as it streams: `<tool_call>{"name": ..., "arguments":
+{...}}</tool_call>` blocks become calls, everything else stays content.
+
+`ToolCallParser.feed(text)` returns events in order: `Text` (content), `CallStart` (a call's id
+and name, as soon as the name is complete) and `CallArguments` (pieces of its arguments JSON, as
+they arrive). The non-streaming response runs the same parser over the whole text, so both modes
+agree: the arguments pieces of a call join to its `arguments` string.
+
+Held back while undecided: text that may be the start of `<tool_call>`, trailing whitespace
+(whitespace around calls is not content), and the end of a call's arguments that may be the
+closing `}` of the call object or part of `</tool_call>`."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.server.tool_grammar import CALL_CLOSE, CALL_OPEN
+
+# The call object's opening up to its arguments, with a non-space character after it (whitespace
+# after the colon is not part of the arguments).
+_HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\S)')
+# What may follow the arguments before `</tool_call>`: the call object's `}` and whitespace.
+_ARGS_TAIL = " \t\r\n}"
+
+
+@dataclass(frozen=True)
+class Text:
+    text: str
+
+
+@dataclass(frozen=True)
+class CallStart:
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class CallArguments:
+    index: int
+    text: str
+
+
+Event = Text | CallStart | CallArguments
+
+
+@dataclass
+class ParsedCall:
+    id: str
+    name: str
+    arguments: str = ""
+
+    def openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass
+class _OpenCall:
+    body: str = ""  # text after <tool_call>
+    args_start: int | None = None  # where the arguments begin in `body`, once the header is complete
+    sent: int = 0  # characters of the arguments already sent
+
+
+@dataclass
+class ToolCallParser:
+    calls: list[ParsedCall] = field(default_factory=list)
+    _pending: str = ""  # text not yet sent: a possible start of <tool_call>, or trailing whitespace
+    _open: _OpenCall | None = None
+
+    def feed(self, text: str) -> list[Event]:
+        events: list[Event] = []
+        self._pending += text
+        while self._pending:
+            if self._open is None:
+                if not self._scan_text(events):
+                    break
+            elif not self._scan_call(self._open, events):
+                break
+        return events
+
+    def finish(self) -> list[Event]:
+        """Flush what is held back at the end of the output (a cut-off call is kept as far as it got)."""
+        events: list[Event] = []
+        if self._open is not None:
+            call, self._open = self._open, None
+            self._close(call, events, closed=False)
+        elif self._pending.strip():
+            events.append(Text(self._pending))
+        self._pending = ""
+        return events
+
+    # --- between calls ---
+
+    def _scan_text(self, events: list[Event]) -> bool:
+        """Send the content before a call (or all that is decided); True when a call opened."""
+        start = self._pending.find(CALL_OPEN)
+        if start >= 0:
+            # Whitespace before a call is layout, not content (the streamed and whole forms agree).
+            before = self._pending[:start].rstrip()
+            if before:
+                events.append(Text(before))
+            self._pending = self._pending[start + len(CALL_OPEN):]
+            self._open = _OpenCall()
+            return True
+        keep = _partial_suffix(self._pending, CALL_OPEN)
+        decided = self._pending[:len(self._pending) - keep]
+        ready = decided.rstrip()
+        if ready:
+            events.append(Text(ready))
+            self._pending = self._pending[len(ready):]
+        return False
+
+    # --- inside a call ---
+
+    def _scan_call(self, call: _OpenCall, events: list[Event]) -> bool:
+        """Advance the open call; True when it closed (and text after it is pending)."""
+        call.body += self._pending
+        self._pending = ""
+        end = call.body.find(CALL_CLOSE)
+        if end >= 0:
+            self._pending = call.body[end + len(CALL_CLOSE):]
+            call.body = call.body[:end]
+            self._open = None
+            self._close(call, events, closed=True)
+            return True
+        self._stream_arguments(call, events)
+        return False
+
+    def _stream_arguments(self, call: _OpenCall, events: list[Event]) -> None:
+        if call.args_start is None:
+            self._match_header(call, events)
+            if call.args_start is None:
+                return
+        available = call.body[call.args_start:]
+        available = available[:len(available) - _partial_suffix(available, CALL_CLOSE)].rstrip(_ARGS_TAIL)
+        if len(available) > call.sent:
+            events.append(CallArguments(len(self.calls) - 1, available[call.sent:]))
+            call.sent = len(available)
+
+    def _close(self, call: _OpenCall, events: list[Event], closed: bool) -> None:
+        if call.args_start is None:
+            self._match_header(call, events)
+        if call.args_start is not None:
+            self._send_rest(call, _arguments_text(call.body[call.args_start:]), events)
+            return
+        whole = _whole_call(call.body)
+        if whole is None:  # not a call after all: the text goes out as it was written
+            events.append(Text(CALL_OPEN + call.body + (CALL_CLOSE if closed else "")))
+            return
+        name, arguments = whole
+        self._start(name, events)
+        self._send_rest(call, arguments, events)
+
+    def _match_header(self, call: _OpenCall, events: list[Event]) -> None:
+        header = _HEADER.match(call.body)
+        if header is not None:
+            call.args_start = header.end()
+            self._start(header.group(1), events)
+
+    def _start(self, name: str, events: list[Event]) -> None:
+        self.calls.append(ParsedCall(new_call_id(), name))
+        events.append(CallStart(len(self.calls) - 1, self.calls[-1].id, name))
+
+    def _send_rest(self, call: _OpenCall, arguments: str, events: list[Event]) -> None:
+        rest = arguments[call.sent:]
+        if rest:
+            events.append(CallArguments(len(self.calls) - 1, rest))
+        self.calls[-1].arguments = arguments
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest end of `text` that is a proper start of `marker`."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            return k
+    return 0
+
+
+def _arguments_text(tail: str) -> str:
+    """The arguments JSON from what follows the header: without the call object's closing `}`
+    where that leaves valid JSON (a model may also forget that brace)."""
+    tail = tail.rstrip()
+    if tail.endswith("}"):
+        inner = tail[:-1].rstrip()
+        if _is_json(inner) or not _is_json(tail):
+            return inner
+    return tail
+
+
+def _whole_call(body: str) -> tuple[str, str] | None:
+    """(name, arguments JSON) of a complete call object written in another key order, else None."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    arguments = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(arguments, str) and _is_json(arguments):
+        return obj["name"], arguments
+    return obj["name"], json.dumps(arguments, ensure_ascii=False)
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def collect(text: str) -> tuple[str | None, list[ParsedCall]]:
+    """The whole output's content (None when it is only calls) and calls."""
+    parser = ToolCallParser()
+    events = parser.feed(text) + parser.finish()
+    content = "".join(e.text for e in events if isinstance(e, Text))
+    return (content if content.strip() or not parser.calls else None), parser.calls

@@ -1,0 +1,55 @@
+"""The output constraint of a request with tools: an xgrammar structural tag whose tags are the
+calls `<tool_call>\\n{"name": "NAME", "arguments": ARGS}\\n</tool_call>`, ARGS constrained by the
+function's `parameters` schema.
+
+- "auto": free text until the model writes `<tool_call>`; from there the call must be complete
+  and valid (a "triggered tag"), so a model may answer or call.
+- "required" / a named function: the output starts with a call (of that function), at least one.
+- `parallel_tool_calls: false`: the grammar ends after the first call.
+
+The prefix up to the function name is part of each tag's `begin`, so the name is chosen from the
+tool list and the arguments schema follows from it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from app.server.output_schema import ToolChoice, ToolDefinition
+
+CALL_OPEN = "<tool_call>"
+CALL_CLOSE = "</tool_call>"
+
+
+def call_begin(name: str) -> str:
+    """The text of a call up to its arguments (also what the fallback prompt shows the model)."""
+    return f'{CALL_OPEN}\n{{"name": {json.dumps(name)}, "arguments": '
+
+
+CALL_END = "}\n" + CALL_CLOSE
+
+
+def tool_structural_tag(tools: list[ToolDefinition], choice: ToolChoice, parallel: bool,
+                        answer_schema: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The structural tag for `choice` ("none": None). With `answer_schema` (a JSON response
+    format next to tools under "auto"), the output is either calls or a JSON answer."""
+    if choice == "none" or not tools:
+        return None
+    if not isinstance(choice, str):
+        tools = [t for t in tools if t.function.name == choice.function.name]
+    tags = [_tag(t) for t in tools]
+    if choice == "auto" and answer_schema is None:
+        fmt: dict[str, Any] = {"type": "triggered_tags", "triggers": [CALL_OPEN], "tags": tags,
+                               "at_least_one": False, "stop_after_first": not parallel}
+    else:
+        fmt = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True,
+               "stop_after_first": not parallel}
+        if answer_schema is not None and choice == "auto":
+            fmt = {"type": "or", "elements": [fmt, {"type": "json_schema", "json_schema": answer_schema}]}
+    return {"type": "structural_tag", "format": fmt}
+
+
+def _tag(tool: ToolDefinition) -> dict[str, Any]:
+    function = tool.function
+    return {"type": "tag", "begin": call_begin(function.name),
+            "content": {"type": "json_schema", "json_schema": function.parameters_schema}, "end": CALL_END}
