@@ -16,6 +16,7 @@ from typing import Any
 
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.message import Message
 from textual.widgets import TabPane
@@ -98,6 +99,11 @@ def reply_meta(message: MessageRecord) -> str:
 class ChatPane(TabPane):
     """A tab holding one conversation; while it generates it is one sequence in the engine."""
 
+    BINDINGS = [
+        Binding("shift+pageup", "scroll_history(-1)", "Scroll up", show=False),
+        Binding("shift+pagedown", "scroll_history(1)", "Scroll down", show=False),
+    ]
+
     class Changed(Message):
         """Title or generating state changed (the screen relabels the tab)."""
 
@@ -167,8 +173,15 @@ class ChatPane(TabPane):
         # The form itself is mounted on first use: a dozen widgets per tab slow tab creation down.
         yield SettingsTitle(self._settings_title(), classes="settings-title")
         # The history is mounted when the tab is first shown, newest page first (see _show_older).
-        yield VerticalScroll(classes="messages")
+        # Not focusable: a focusable history took the focus for a moment on every tab switch (the
+        # shown tab's first focusable), and restyling its ~130 widgets on focus and again on blur
+        # was most of the switch. The wheel scrolls it; keys: shift+pageup / shift+pagedown.
+        yield VerticalScroll(classes="messages", can_focus=False)
         yield PromptInput(classes="prompt")
+
+    def action_scroll_history(self, pages: int) -> None:
+        scroll = self.query_one(".messages", VerticalScroll)
+        (scroll.scroll_page_down if pages > 0 else scroll.scroll_page_up)(animate=False)
 
     def on_mount(self) -> None:
         # Anchored: follows new output only while the view is at the bottom.

@@ -14,7 +14,6 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.widgets import (
     ContentSwitcher,
-    Footer,
     Header,
     Static,
     TabbedContent,
@@ -40,6 +39,7 @@ from app.ui.panels import (
 )
 from app.ui.reply_stream import FRAME_HZ
 from app.ui.store import ChatRecord, ChatStore
+from app.ui.widgets import StableFooter
 
 TAB_COLORS = ("dodger_blue1", "green3", "orange1", "medium_purple1", "deep_pink2", "cyan3", "gold1", "salmon1")
 ACTIVE_CHAT_KEY = "active_chat"
@@ -94,7 +94,7 @@ class ChatScreen(Screen):
                 yield KVBudgetPanel(id="kv-panel")
                 yield ThroughputPanel(id="tp-panel")
                 yield PanelText(id="endpoint-status")
-        yield Footer()
+        yield StableFooter()
 
     def _pane(self, chat: ChatRecord) -> ChatPane:
         color = TAB_COLORS[(chat.id - 1) % len(TAB_COLORS)]

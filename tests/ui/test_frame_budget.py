@@ -96,3 +96,25 @@ async def test_a_hidden_tab_buffers_its_stream_and_shows_it_complete(tmp_path: P
         expected = "Reply to: " + words
         assert second.messages[-1].content == expected
         assert view.markdown.source == expected and not view.tail.display
+
+
+async def test_history_never_takes_the_focus_and_scrolls_by_keys(tmp_path: Path) -> None:
+    """A focusable history grabbed the focus on each switch (restyling every message twice)."""
+    long_chat(tmp_path, 40)
+    app, _ = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await chat_screen(pilot)
+        tabs = screen.query_one(TabbedContent)
+        first, second = screen.panes()
+        focused = []
+        app.screen.watch(app.screen, "focused", lambda widget: focused.append(widget), init=False)
+        for target in (second, first):
+            tabs.active = target.id
+            await pilot.pause()
+        assert not any(w is not None and w.has_class("messages") for w in focused), focused
+        history = first.query_one(".messages")
+        await until(pilot, lambda: history.max_scroll_y > 0 and history.scroll_y == history.max_scroll_y)
+        await pilot.press("shift+pageup")
+        await until(pilot, lambda: history.scroll_y < history.max_scroll_y)
+        await pilot.press("shift+pagedown")
+        await until(pilot, lambda: history.scroll_y == history.max_scroll_y)
