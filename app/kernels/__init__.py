@@ -10,11 +10,14 @@ import functools
 
 import torch
 
+from app.kernels.kv_cache import KVCacheLayer, check_kv_cache
+from app.kernels.kv_quant import is_quantized_kv
 from app.kernels.metadata import AttentionMetadata
 from app.kernels.reference import store_kv_ref, unified_attention_ref
 
 __all__ = [
-    "AttentionMetadata", "store_kv", "store_kv_ref", "triton_available", "unified_attention", "unified_attention_ref"
+    "AttentionMetadata", "KVCacheLayer", "is_quantized_kv", "store_kv", "store_kv_ref", "triton_available",
+    "unified_attention", "unified_attention_ref",
 ]
 
 
@@ -33,32 +36,37 @@ def triton_available() -> bool:
 def unified_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, meta: AttentionMetadata,
     scale: float, sliding_window: int | None = None, softcap: float | None = None,
+    *, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Paged causal attention for a step mixing prefill chunks and decodes; writes and returns `out`.
 
     Shapes: q/out `[num_tokens, num_heads, head_dim]`; caches `[num_blocks, block_size, num_kv_heads,
-    head_dim]`; `meta` as `AttentionMetadata` describes (its `slot_mapping` is not read). Runs the
-    Triton kernel on CUDA tensors when Triton is available, else `unified_attention_ref`.
+    head_dim]`, with fp32 scales `[num_blocks, block_size, num_kv_heads]` when their dtype is int8
+    or fp8 (`KVCacheLayer`); `meta` as `AttentionMetadata` describes (its `slot_mapping` is not
+    read). Runs the Triton kernel on CUDA tensors when Triton is available, else
+    `unified_attention_ref`.
     """
     _check_attention_args(q, k_cache, v_cache, out, meta, sliding_window, softcap)
+    check_kv_cache(k_cache, v_cache, k_scale, v_scale)
     attention = unified_attention_ref
     if q.is_cuda and triton_available():
         from app.kernels.triton_attention import triton_unified_attention as attention
-    return attention(q, k_cache, v_cache, out, meta, scale, sliding_window, softcap)
+    return attention(q, k_cache, v_cache, out, meta, scale, sliding_window, softcap, k_scale=k_scale, v_scale=v_scale)
 
 
 def store_kv(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    *, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> None:
     """Write the step's keys/values `[num_tokens, num_kv_heads, head_dim]` into their cache slots
-    (slot = block_id * block_size + offset; -1 = padding, skipped). Triton on CUDA, else torch."""
+    (slot = block_id * block_size + offset; -1 = padding, skipped), quantizing each (token, head)
+    row into an int8/fp8 cache and its scale. Triton on CUDA, else torch."""
     _check_store_args(k, v, k_cache, v_cache, slot_mapping)
+    check_kv_cache(k_cache, v_cache, k_scale, v_scale)
+    store = store_kv_ref
     if k_cache.is_cuda and triton_available():
-        from app.kernels.triton_store_kv import triton_store_kv
-
-        triton_store_kv(k, v, k_cache, v_cache, slot_mapping)
-        return
-    store_kv_ref(k, v, k_cache, v_cache, slot_mapping)
+        from app.kernels.triton_store_kv import triton_store_kv as store
+    store(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
 
 
 def _check_attention_args(

@@ -3,6 +3,8 @@ kernels beside them are tested against them.
 
 Layouts (vLLM's NHD): q/k/v/out `[num_tokens, heads, head_dim]`; caches
 `[num_blocks, block_size, num_kv_heads, head_dim]`; slot = block_id * block_size + offset.
+A quantized cache (int8 / fp8, `kv_quant`) comes with fp32 scales `[num_blocks, block_size,
+num_kv_heads]` for K and for V; an unquantized one with none.
 """
 
 from __future__ import annotations
@@ -10,49 +12,71 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from app.kernels.kv_cache import KVCacheLayer
+from app.kernels.kv_quant import dequantize_kv_ref, quantize_kv_ref
 from app.kernels.metadata import AttentionMetadata
 
 
 def store_kv_ref(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    *, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> None:
-    """Write the step's new keys/values into their cache slots; slot -1 marks padding and is skipped."""
-    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    """Write the step's new keys/values into their cache slots; slot -1 marks padding and is skipped.
+    A quantized cache stores each (token, head) row quantized and its scale beside it."""
     valid = slot_mapping >= 0
     if not bool(valid.all()):
         k, v, slot_mapping = k[valid], v[valid], slot_mapping[valid]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping.long(), k.to(k_cache.dtype))
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping.long(), v.to(v_cache.dtype))
+    slots = slot_mapping.long()
+    _store_rows(k, k_cache, k_scale, slots)
+    _store_rows(v, v_cache, v_scale, slots)
+
+
+def _store_rows(x: torch.Tensor, cache: torch.Tensor, scale: torch.Tensor | None, slots: torch.Tensor) -> None:
+    num_kv_heads, head_dim = cache.shape[2], cache.shape[3]
+    if scale is None:
+        data = x.to(cache.dtype)
+    else:
+        data, row_scale = quantize_kv_ref(x, cache.dtype)
+        scale.view(-1, num_kv_heads).index_copy_(0, slots, row_scale)
+    _bits(cache).view(-1, num_kv_heads, head_dim).index_copy_(0, slots, _bits(data))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    # index_copy_ has no fp8 kernel on the CPU; moving the bytes as uint8 is the same copy.
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
 
 def unified_attention_ref(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, meta: AttentionMetadata,
     scale: float, sliding_window: int | None = None, softcap: float | None = None,
+    *, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention over a packed batch that mixes prefill chunks and decodes.
 
     Sequence i owns query rows `cu_seqlens_q[i]:cu_seqlens_q[i+1]`; they are the LAST tokens of its
     context of `seq_lens[i]` tokens, whose keys/values (new ones included) are already in the paged
-    cache. With a sliding window W the query at position p sees keys p-W < k <= p.
+    cache. With a sliding window W the query at position p sees keys p-W < k <= p. A quantized
+    cache is attended as its dequantized values (data * scale).
     """
     block_size = k_cache.shape[1]
     cu = meta.cu_seqlens_q.tolist()
     lens = meta.seq_lens.tolist()
+    cache = KVCacheLayer(k_cache, v_cache, k_scale, v_scale)
     decodes = [i for i in range(len(lens)) if cu[i + 1] - cu[i] == 1]
     if len(decodes) == len(lens):  # a decode-only step: no row selection needed
         plan = _decode_plan(meta, None, block_size, sliding_window)
-        out.copy_(_decode_attention(q, k_cache, v_cache, plan, scale, softcap))
+        out.copy_(_decode_attention(q, cache, plan, scale, softcap))
         return out
     if decodes:
         rows = torch.tensor([cu[i] for i in decodes], device=q.device)
         plan = _decode_plan(meta, decodes, block_size, sliding_window)
-        out[rows] = _decode_attention(q[rows], k_cache, v_cache, plan, scale, softcap).to(out.dtype)
+        out[rows] = _decode_attention(q[rows], cache, plan, scale, softcap).to(out.dtype)
     batched = set(decodes)
     for i, seq_len in enumerate(lens):
         start, end = cu[i], cu[i + 1]
         if end == start or i in batched:
             continue
-        k, v = _gather_context(k_cache, v_cache, meta.block_table[i], seq_len, block_size)
+        k, v = _gather_context(cache, meta.block_table[i], seq_len, block_size)
         out[start:end] = _attend(q[start:end], k, v, seq_len, scale, sliding_window, softcap).to(out.dtype)
     return out
 
@@ -93,44 +117,66 @@ def _decode_plan(
 
 def _decode_attention(
     q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    cache: KVCacheLayer,
     plan: tuple[torch.Tensor, torch.Tensor],
     scale: float,
     softcap: float | None,
 ) -> torch.Tensor:
     """All single-query sequences in one batched attention: one gather of their (windowed) blocks
-    and one masked SDPA, instead of a gather and a kernel call per sequence. `plan`: `_decode_plan`."""
-    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    and one masked SDPA, instead of a gather and a kernel call per sequence. `plan`: `_decode_plan`.
+
+    A quantized cache is dequantized by its per-key scales applied to the score columns (K) and
+    the probability columns (V): the same products as scaling every element, G x L multiplies per
+    KV head instead of L x D."""
+    kv_heads, head_dim = cache.k.shape[2], cache.k.shape[3]
     ids, mask = plan
     num_seqs, heads = q.shape[0], q.shape[1]
-    # index_select over 2-D block rows: ~10x faster than advanced indexing of the 4-D pool on CPU.
-    k = k_cache.view(k_cache.shape[0], -1).index_select(0, ids)
-    v = v_cache.view(v_cache.shape[0], -1).index_select(0, ids)
-    k = k.view(num_seqs, -1, kv_heads, head_dim).transpose(1, 2)  # [S, KVH, L, D]
-    v = v.view(num_seqs, -1, kv_heads, head_dim).transpose(1, 2)
+    k = _gather_blocks(cache.k, ids).view(num_seqs, -1, kv_heads, head_dim).transpose(1, 2)  # [S, KVH, L, D]
+    v = _gather_blocks(cache.v, ids).view(num_seqs, -1, kv_heads, head_dim).transpose(1, 2)
     # Plain batched matmuls in fp32: SDPA with a mask falls back to a slow path for one query row.
     groups = heads // kv_heads
     qh = q.float().reshape(num_seqs, kv_heads, groups, head_dim)
-    scores = torch.matmul(qh, k.float().transpose(2, 3)) * scale  # [S, KVH, G, L]
+    scores = torch.matmul(qh, k.float().transpose(2, 3))  # [S, KVH, G, L]
+    if cache.k_scale is not None:
+        scores = scores * _gather_scales(cache.k_scale, ids, num_seqs)
+    scores = scores * scale
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
     scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
     # Masked slots get weight 0; the pool holds finite values there (zero-initialised), as every
     # kernel reading whole blocks requires.
-    out = torch.matmul(torch.softmax(scores, -1), v.float())  # [S, KVH, G, D]
+    probs = torch.softmax(scores, -1)
+    if cache.v_scale is not None:
+        probs = probs * _gather_scales(cache.v_scale, ids, num_seqs)
+    out = torch.matmul(probs, v.float())  # [S, KVH, G, D]
     return out.reshape(num_seqs, heads, head_dim).to(q.dtype)
 
 
+def _gather_blocks(pool: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    # index_select over 2-D block rows: ~10x faster than advanced indexing of the 4-D pool on CPU.
+    return pool.view(pool.shape[0], -1).index_select(0, ids)
+
+
+def _gather_scales(scales: torch.Tensor, ids: torch.Tensor, num_seqs: int) -> torch.Tensor:
+    """Scales of the gathered blocks as `[S, KVH, 1, L]`, to multiply score or probability columns."""
+    rows = _gather_blocks(scales, ids).view(num_seqs, -1, scales.shape[2])  # [S, L, KVH]
+    return rows.transpose(1, 2).unsqueeze(2)
+
+
 def _gather_context(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, blocks: torch.Tensor, seq_len: int, block_size: int
+    cache: KVCacheLayer, blocks: torch.Tensor, seq_len: int, block_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's keys and values `[seq_len, KVH, D]`: as stored, or dequantized to fp32."""
     num_blocks = -(-seq_len // block_size)
     ids = blocks[:num_blocks].long()
-    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    k = k_cache.index_select(0, ids).reshape(-1, kv_heads, head_dim)[:seq_len]
-    v = v_cache.index_select(0, ids).reshape(-1, kv_heads, head_dim)[:seq_len]
-    return k, v
+
+    def rows(pool: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
+        data = pool.index_select(0, ids).reshape(-1, pool.shape[2], pool.shape[3])[:seq_len]
+        if scales is None:
+            return data
+        return dequantize_kv_ref(data, scales.index_select(0, ids).reshape(-1, pool.shape[2])[:seq_len])
+
+    return rows(cache.k, cache.k_scale), rows(cache.v, cache.v_scale)
 
 
 def _attend(

@@ -11,6 +11,11 @@ Split-KV (flash-decoding): with few (sequence, KV head) pairs and long contexts 
 axis that cuts each tile's key range into NUM_SPLITS pieces; each piece writes an unnormalised
 partial (running max, running sum, accumulator) and `_reduce_splits_kernel` merges them.
 
+An int8/fp8 cache (`kv_cache_dtype`) is dequantized in registers: the loaded tile converts exactly
+to the compute dtype, and the per-key fp32 scales multiply the score columns (K) and the
+probability columns (V) -- the product of scaling every element, BLOCK_M x BLOCK_N multiplies
+instead of HEAD_DIM x BLOCK_N.
+
 Semantics match `app.kernels.reference.unified_attention_ref` (see its docstring).
 """
 
@@ -71,6 +76,8 @@ def _unified_attention_kernel(
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
     out_ptr,
     part_acc_ptr,
     part_max_ptr,
@@ -97,6 +104,12 @@ def _unified_attention_kernel(
     stride_vs,
     stride_vh,
     stride_vd,
+    stride_ksb,
+    stride_kss,
+    stride_ksh,
+    stride_vsb,
+    stride_vss,
+    stride_vsh,
     stride_bt,
     QPK: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -110,6 +123,7 @@ def _unified_attention_kernel(
     NUM_SPLITS: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE_DOT: tl.constexpr,
+    KV_QUANT: tl.constexpr,
 ):
     tile_idx = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -169,14 +183,21 @@ def _unified_attention_kernel(
         v_offs = blocks[:, None] * stride_vb + in_block[:, None] * stride_vs + dims[None, :] * stride_vd
         v_offs += kv_head * stride_vh
         v = tl.load(v_cache_ptr + v_offs, mask=key_ok[:, None] & dim_ok[None, :], other=0.0)
-        # The reference casts the cache to the query dtype before attending.
-        k = k.to(q_ptr.dtype.element_ty)
-        v = v.to(q_ptr.dtype.element_ty)
+        # The reference casts the cache to the query dtype before attending. int8/fp8 values are
+        # exact in it, so the interpreter may go straight to fp32 (its int8 -> bf16 cast is broken).
+        if not (UPCAST and KV_QUANT):
+            k = k.to(q_ptr.dtype.element_ty)
+            v = v.to(q_ptr.dtype.element_ty)
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
 
         s = _dot(q, k, IEEE_DOT)
+        if KV_QUANT:
+            k_scale = tl.load(
+                k_scale_ptr + blocks * stride_ksb + in_block * stride_kss + kv_head * stride_ksh, mask=key_ok, other=0.0
+            )
+            s = s * k_scale[None, :]
         if USE_SOFTCAP:
             s = softcap * _tanh(s * (scale / softcap)) * 1.4426950408889634
         else:
@@ -192,6 +213,11 @@ def _unified_attention_kernel(
         p = tl.exp2(s - m_shift[:, None])
         alpha = tl.exp2(m_i - m_shift)
         l_i = l_i * alpha + tl.sum(p, 1)
+        if KV_QUANT:  # the softmax sums p; the values are p * v_scale
+            v_scale = tl.load(
+                v_scale_ptr + blocks * stride_vsb + in_block * stride_vss + kv_head * stride_vsh, mask=key_ok, other=0.0
+            )
+            p = p * v_scale[None, :]
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE_DOT)
         m_i = m_new
 
@@ -306,7 +332,8 @@ class KernelLaunch:
 def plan_unified_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, meta: AttentionMetadata,
     scale: float, sliding_window: int | None = None, softcap: float | None = None,
-    *, num_splits: int | None = None, block_m: int | None = None, block_n: int | None = None,
+    *, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    num_splits: int | None = None, block_m: int | None = None, block_n: int | None = None,
 ) -> list[KernelLaunch]:
     """The launches `triton_unified_attention` makes (none for an empty batch); allocates the split-KV
     partials. Reads only shapes, dtypes and strides, so it works on tensors of device "meta"."""
@@ -334,6 +361,11 @@ def plan_unified_attention(
         part_sum = torch.empty_like(part_max)
     else:
         part_acc = part_max = part_sum = out  # unused by the kernel when NUM_SPLITS == 1
+    kv_quant = k_scale is not None
+    if kv_quant:
+        scales = (k_scale, v_scale, *k_scale.stride(), *v_scale.stride())
+    else:  # never read: KV_QUANT == False compiles the scale loads out
+        scales = (k_cache, v_cache, 0, 0, 0, 0, 0, 0)
 
     attention = KernelLaunch(
         _unified_attention_kernel,
@@ -342,6 +374,8 @@ def plan_unified_attention(
             q,
             k_cache,
             v_cache,
+            scales[0],
+            scales[1],
             out,
             part_acc,
             part_max,
@@ -358,6 +392,7 @@ def plan_unified_attention(
             *out.stride(),
             *k_cache.stride(),
             *v_cache.stride(),
+            *scales[2:],
             meta.block_table.stride(0),
         ),
         {
@@ -374,6 +409,7 @@ def plan_unified_attention(
             # The interpreter computes bf16 dots wrongly; fp32 there is exact enough to test the logic.
             "UPCAST": _is_interpreted(_unified_attention_kernel),
             "IEEE_DOT": q.dtype == torch.float32,
+            "KV_QUANT": kv_quant,
         },
         num_warps=num_warps,
     )
@@ -391,7 +427,8 @@ def plan_unified_attention(
 def triton_unified_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, meta: AttentionMetadata,
     scale: float, sliding_window: int | None = None, softcap: float | None = None,
-    *, num_splits: int | None = None, block_m: int | None = None, block_n: int | None = None,
+    *, k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    num_splits: int | None = None, block_m: int | None = None, block_n: int | None = None,
 ) -> torch.Tensor:
     """Run the Triton kernel(s); same contract as `unified_attention_ref`: writes and returns `out`.
 
@@ -399,7 +436,7 @@ def triton_unified_attention(
     >= 16) override the launch heuristics; tests use them to reach every code path with tiny shapes.
     """
     plan = plan_unified_attention(
-        q, k_cache, v_cache, out, meta, scale, sliding_window, softcap,
+        q, k_cache, v_cache, out, meta, scale, sliding_window, softcap, k_scale=k_scale, v_scale=v_scale,
         num_splits=num_splits, block_m=block_m, block_n=block_n,
     )
     for launch in plan:

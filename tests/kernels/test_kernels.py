@@ -11,7 +11,8 @@ below checks its own case in that report.
 
 Caches start as NaN everywhere except the positions a sequence owns, so a kernel that lets any
 key beyond the context, beyond the causal limit or in an unused block-table entry leak into the
-softmax fails loudly. Shapes are tiny: the interpreter is slow.
+softmax fails loudly (an int8 cache cannot hold NaN: its scales there are NaN instead). Shapes are
+tiny: the interpreter is slow.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import pytest
 import torch
 
 from app import kernels
+from app.kernels.kv_quant import dequantize_kv_ref, is_quantized_kv, quantize_kv_ref
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SENTINEL = 7.0  # out rows outside every sequence must keep it
@@ -99,6 +101,15 @@ ATTN_CASES: dict[str, AttnCase] = {
     "split2-mixed-padding": AttnCase(
         MIXED, MIXED_LENS, heads=2, kv_heads=2, pad_tokens=2, launch={"num_splits": 2, "block_n": 16}
     ),
+    # kv_cache_dtype int8 / fp8_e4m3: the kernel dequantizes with per-(slot, head) scales.
+    "int8-mixed-fp32": AttnCase(MIXED, MIXED_LENS, dtype="float32", cache_dtype="int8", launch={"block_m": 16}),
+    "int8-mixed-bf16-gqa2": AttnCase(MIXED, MIXED_LENS, heads=4, kv_heads=2, dtype="bfloat16", cache_dtype="int8"),
+    "int8-window-softcap": AttnCase(
+        MIXED, MIXED_LENS, cache_dtype="int8", window=8, softcap=5.0, launch={"block_n": 16, "block_m": 16}
+    ),
+    "int8-split4-decode": AttnCase((1, 1, 1), SPLIT_LENS, cache_dtype="int8", launch={"num_splits": 4, "block_n": 16}),
+    "int8-padding-tokens": AttnCase((3, 0, 1), (10, 4, 30), cache_dtype="int8", pad_tokens=3, launch={"block_m": 16}),
+    "fp8-mixed-bf16": AttnCase(MIXED, MIXED_LENS, dtype="bfloat16", cache_dtype="float8_e4m3fn", window=10),
 }
 
 
@@ -107,6 +118,9 @@ def make_attention_inputs(case: AttnCase, device: str = "cpu", seed: int = 0) ->
     gen = torch.Generator().manual_seed(seed)
     dtype = getattr(torch, case.dtype)
     cache_dtype = getattr(torch, case.cache_dtype or case.dtype)
+    stored_dtype = cache_dtype
+    if is_quantized_kv(cache_dtype):  # made in fp32 with NaN poison, then quantized
+        cache_dtype = torch.float32
     bs, num_seqs = case.block_size, len(case.seq_lens)
     max_blocks = max(-(-n // bs) for n in case.seq_lens) + 1  # one spare column, like a padded table
     num_blocks = num_seqs * max_blocks + 2
@@ -135,7 +149,19 @@ def make_attention_inputs(case: AttnCase, device: str = "cpu", seed: int = 0) ->
         "seq_lens": torch.tensor(case.seq_lens, dtype=torch.int32),
         "block_table": block_table,
     }
+    if is_quantized_kv(stored_dtype):
+        t.update(quantize_poisoned(k_cache, "k", stored_dtype))
+        t.update(quantize_poisoned(v_cache, "v", stored_dtype))
     return {name: x.to(device) for name, x in t.items()}
+
+
+def quantize_poisoned(cache: torch.Tensor, name: str, dtype: torch.dtype) -> dict:
+    """An fp32 cache with NaN poison -> `{name}_cache` (`dtype` data) and `{name}_scale`, NaN
+    scales where the cache was poisoned (int8 holds no NaN; a leak still turns the output NaN)."""
+    poison = cache.isnan().any(-1)
+    data, scale = quantize_kv_ref(cache.nan_to_num(nan=0.0), dtype)
+    scale[poison] = float("nan")
+    return {f"{name}_cache": data, f"{name}_scale": scale}
 
 
 def attention_metadata(inputs: dict) -> kernels.AttentionMetadata:
@@ -148,14 +174,20 @@ def attention_error(case: AttnCase, inputs: dict, attention) -> tuple[float, boo
     The reference runs on CPU (it builds its masks there)."""
     scale = case.head_dim**-0.5
     args = [inputs[n] for n in ("q", "k_cache", "v_cache")]
+    scales = {n: inputs[n] for n in ("k_scale", "v_scale") if n in inputs}
     meta = attention_metadata(inputs)
     out = torch.full_like(inputs["q"], SENTINEL)
     ref = torch.full_like(inputs["q"], SENTINEL)
-    attention(*args, out, meta, scale, case.window, case.softcap)
+    attention(*args, out, meta, scale, case.window, case.softcap, **scales)
     # The reference evaluated in fp32 on the inputs the kernel sees (caches cast to the query dtype,
-    # as the reference itself does), so low-precision rounding is counted once, in the kernel. Its
-    # caches get zeros for the NaN poison: only the kernel is under test for never touching it.
+    # as the reference itself does; quantized ones dequantized), so low-precision rounding is
+    # counted once, in the kernel. Its caches get zeros for the NaN poison: only the kernel is
+    # under test for never touching it.
     q, k_cache, v_cache = (a.cpu().to(inputs["q"].dtype).float().nan_to_num(nan=0.0) for a in args)
+    if scales:
+        k_cache, v_cache = (
+            dequantize_kv_ref(inputs[f"{n}_cache"].cpu(), inputs[f"{n}_scale"].cpu()).nan_to_num(nan=0.0) for n in "kv"
+        )
     ref = ref.cpu().float()
     kernels.unified_attention_ref(q, k_cache, v_cache, ref, meta.to("cpu"), scale, case.window, case.softcap)
     out = out.cpu().float()
@@ -169,6 +201,13 @@ STORE_CASES = {
     "fp32-into-bf16-cache": {"kv_heads": 1, "head_dim": 64, "dtype": "float32", "cache_dtype": "bfloat16"},
     "kv_heads3-head_dim48": {"kv_heads": 3, "head_dim": 48, "dtype": "float32", "cache_dtype": "float32"},
     "strided-fused-qkv": {"kv_heads": 2, "head_dim": 16, "dtype": "float16", "cache_dtype": "float16", "fused": True},
+    # Quantizing stores: the same int8 codes and fp32 scales as the reference, bit for bit. (fp8 is
+    # left to the GPU tests: the interpreter's fp32 -> fp8 cast drops the carry into the exponent,
+    # e.g. 124 -> 64 instead of 128.)
+    "int8-bf16-padding-slots": {"kv_heads": 2, "head_dim": 32, "dtype": "bfloat16", "cache_dtype": "int8"},
+    "int8-kv_heads3-head_dim48-fused": {
+        "kv_heads": 3, "head_dim": 48, "dtype": "float32", "cache_dtype": "int8", "fused": True, "zero_row": True,
+    },
 }
 
 
@@ -185,6 +224,8 @@ def make_store_inputs(spec: dict, device: str = "cpu", seed: int = 0) -> dict:
     else:
         k = torch.randn(num_tokens, kvh, d, generator=gen).to(dtype)
         v = torch.randn(num_tokens, kvh, d, generator=gen).to(dtype)
+    if spec.get("zero_row"):  # an all-zero head row quantizes to scale 0, not NaN
+        k[0, 0] = 0.0
     slots = torch.randperm(num_blocks * block_size, generator=gen)[:num_tokens]
     slots[torch.tensor([1, 5, num_tokens - 1])] = -1
     cache_shape = (num_blocks, block_size, kvh, d)
@@ -195,16 +236,31 @@ def make_store_inputs(spec: dict, device: str = "cpu", seed: int = 0) -> dict:
         "v_cache": torch.randn(cache_shape, generator=gen).to(cache_dtype),
         "slot_mapping": slots,
     }
+    if is_quantized_kv(cache_dtype):  # random prior contents: slots not stored to must keep them
+        t["k_scale"] = torch.rand(cache_shape[:3], generator=gen)
+        t["v_scale"] = torch.rand(cache_shape[:3], generator=gen)
     return {name: x.to(device) for name, x in t.items()}
 
 
 def store_error(spec: dict, store, device: str = "cpu") -> float:
-    """Largest |cache − reference cache| relative to the reference (0.0 when bit-identical)."""
+    """Largest |cache − reference cache| relative to the reference (0.0 when bit-identical); for a
+    quantized cache, over its dequantized values and its scales."""
     inputs = make_store_inputs(spec, device)
-    k_ref, v_ref = inputs["k_cache"].cpu().clone(), inputs["v_cache"].cpu().clone()
-    store(inputs["k"], inputs["v"], inputs["k_cache"], inputs["v_cache"], inputs["slot_mapping"])
-    kernels.store_kv_ref(inputs["k"].cpu(), inputs["v"].cpu(), k_ref, v_ref, inputs["slot_mapping"].cpu())
-    pairs = ((inputs["k_cache"].cpu().float(), k_ref.float()), (inputs["v_cache"].cpu().float(), v_ref.float()))
+    names = [n for n in ("k_cache", "v_cache", "k_scale", "v_scale") if n in inputs]
+    ref = {n: inputs[n].cpu().clone() for n in names}
+    scales = {n: inputs[n] for n in ("k_scale", "v_scale") if n in inputs}
+    store(inputs["k"], inputs["v"], inputs["k_cache"], inputs["v_cache"], inputs["slot_mapping"], **scales)
+    ref_scales = {n: ref[n] for n in scales}
+    kernels.store_kv_ref(
+        inputs["k"].cpu(), inputs["v"].cpu(), ref["k_cache"], ref["v_cache"], inputs["slot_mapping"].cpu(), **ref_scales
+    )
+    got = {n: inputs[n].cpu() for n in names}
+    if scales:
+        pairs = [(dequantize_kv_ref(got[f"{x}_cache"], got[f"{x}_scale"]),
+                  dequantize_kv_ref(ref[f"{x}_cache"], ref[f"{x}_scale"])) for x in "kv"]
+        pairs += [(got[n], ref[n]) for n in scales]
+    else:
+        pairs = [(got[n].float(), ref[n].float()) for n in names]
     return max(((c - r).abs() / r.abs().clamp_min(1e-6)).max().item() for c, r in pairs)
 
 
@@ -218,8 +274,8 @@ def _run_interpreter_cases() -> dict:
         try:
             launch = case.launch
 
-            def attention(*args):
-                return triton_unified_attention(*args, **launch)
+            def attention(*args, **scales):
+                return triton_unified_attention(*args, **scales, **launch)
 
             err, untouched = attention_error(case, make_attention_inputs(case), attention)
             results[f"attn/{name}"] = {"err": err, "untouched": untouched}
@@ -260,8 +316,9 @@ def test_store_kv_kernel_matches_reference(interpreter_results: dict, name: str)
     assert "error" not in result, result.get("error")
     spec = STORE_CASES[name]
     # The interpreter rounds fp32 -> bf16 toward zero (compiled Triton and torch round to nearest
-    # even): allow one bf16 ulp there; same-dtype copies must be exact.
-    assert result["err"] <= (0.0 if spec["dtype"] == spec["cache_dtype"] else 2.0**-7), result
+    # even): allow one bf16 ulp there; same-dtype copies and int8 quantization must be exact.
+    exact = spec["dtype"] == spec["cache_dtype"] or spec["cache_dtype"] == "int8"
+    assert result["err"] <= (0.0 if exact else 2.0**-7), result
 
 
 # Compiling for real GPU targets needs no GPU: it catches what the interpreter accepts but the
@@ -274,6 +331,8 @@ TRITON_TYPES = {
     torch.float32: "fp32",
     torch.int32: "i32",
     torch.int64: "i64",
+    torch.int8: "i8",
+    torch.float8_e4m3fn: "fp8e4nv",
 }
 COMPILE_CASES = {
     "gemma3-decode-bf16-window": (AttnCase((1,) * 8, (1,) * 8, head_dim=256, dtype="bfloat16", window=512), (89, 80)),
@@ -295,6 +354,24 @@ COMPILE_CASES = {
         (89,),
     ),
     "prefill-d64-bs32": (AttnCase((512,), (600,), heads=8, kv_heads=8, head_dim=64, block_size=32), (89,)),
+    "gemma3-decode-int8-kv": (
+        AttnCase((1,) * 8, (1,) * 8, head_dim=256, dtype="bfloat16", cache_dtype="int8", window=512), (80, 89, 90)
+    ),
+    "llama-prefill-int8-kv": (
+        AttnCase((512,), (600,), heads=32, kv_heads=8, head_dim=128, dtype="bfloat16", cache_dtype="int8"), (80, 89)
+    ),
+    "llama-graph-decode-split16-int8-kv": (
+        AttnCase((1,) * 2, (1,) * 2, heads=32, kv_heads=8, head_dim=128, cache_dtype="int8", launch={"num_splits": 16}),
+        (89,),
+    ),
+    # fp8 (e4m3) converts natively from sm_89 on; the engine refuses it on older GPUs.
+    "gemma3-decode-fp8-kv": (
+        AttnCase((1,) * 8, (1,) * 8, head_dim=256, dtype="bfloat16", cache_dtype="float8_e4m3fn"), (89, 90)
+    ),
+    "llama-prefill-fp8-kv": (
+        AttnCase((512,), (600,), heads=32, kv_heads=8, head_dim=128, dtype="bfloat16", cache_dtype="float8_e4m3fn"),
+        (89, 90),
+    ),
 }
 
 
@@ -304,7 +381,7 @@ def meta_attention_inputs(case: AttnCase) -> dict:
     num_seqs, num_tokens = len(case.q_lens), sum(case.q_lens)
     cache_shape = (1024, case.block_size, case.kv_heads, case.head_dim)
     meta = {"device": "meta"}
-    return {
+    t = {
         "q": torch.empty(num_tokens, case.heads, case.head_dim, dtype=dtype, **meta),
         "k_cache": torch.empty(cache_shape, dtype=cache_dtype, **meta),
         "v_cache": torch.empty(cache_shape, dtype=cache_dtype, **meta),
@@ -313,6 +390,10 @@ def meta_attention_inputs(case: AttnCase) -> dict:
         "seq_lens": torch.empty(num_seqs, dtype=torch.int32, **meta),
         "block_table": torch.empty(num_seqs, 256, dtype=torch.int32, **meta),
     }
+    if is_quantized_kv(cache_dtype):
+        t["k_scale"] = torch.empty(cache_shape[:3], dtype=torch.float32, **meta)
+        t["v_scale"] = torch.empty(cache_shape[:3], dtype=torch.float32, **meta)
+    return t
 
 
 def compile_launch(launch, arch: int):
@@ -379,8 +460,9 @@ def test_attention_compiles_for_gpu_targets(compiled_kernels, name: str) -> None
     case, archs = COMPILE_CASES[name]
     t = meta_attention_inputs(case)
     args = [t[n] for n in ("q", "k_cache", "v_cache", "out")]
+    scales = {n: t[n] for n in ("k_scale", "v_scale") if n in t}
     plan = triton_attention.plan_unified_attention(
-        *args, attention_metadata(t), 0.1, case.window, case.softcap, **case.launch
+        *args, attention_metadata(t), 0.1, case.window, case.softcap, **scales, **case.launch
     )
     for launch in plan:
         for arch in archs:
@@ -389,14 +471,27 @@ def test_attention_compiles_for_gpu_targets(compiled_kernels, name: str) -> None
             assert (local_memory_bytes(compiled) or 0) <= MAX_SPILL_BYTES, f"register spills on sm_{arch}"
 
 
-def test_store_kv_compiles_for_gpu_targets(compiled_kernels) -> None:
+@pytest.mark.parametrize(
+    ("kv_heads", "head_dim", "dtype", "cache_dtype"),
+    [
+        (1, 256, torch.bfloat16, torch.bfloat16),
+        (8, 128, torch.float16, torch.float16),
+        (3, 80, torch.float32, torch.float32),
+        (1, 256, torch.bfloat16, torch.int8),
+        (8, 128, torch.bfloat16, torch.float8_e4m3fn),
+    ],
+)
+def test_store_kv_compiles_for_gpu_targets(compiled_kernels, kv_heads, head_dim, dtype, cache_dtype) -> None:
     _, triton_store_kv = compiled_kernels
-    for kv_heads, head_dim, dtype in ((1, 256, torch.bfloat16), (8, 128, torch.float16), (3, 80, torch.float32)):
-        kv = torch.empty(64, kv_heads, head_dim, dtype=dtype, device="meta")
-        cache = torch.empty(128, 16, kv_heads, head_dim, dtype=dtype, device="meta")
-        slots = torch.empty(64, dtype=torch.int64, device="meta")
-        (launch,) = triton_store_kv.plan_store_kv(kv, kv, cache, cache, slots)
-        assert (local_memory_bytes(compile_launch(launch, 89)) or 0) == 0
+    kv = torch.empty(64, kv_heads, head_dim, dtype=dtype, device="meta")
+    cache = torch.empty(128, 16, kv_heads, head_dim, dtype=cache_dtype, device="meta")
+    slots = torch.empty(64, dtype=torch.int64, device="meta")
+    scales = {}
+    if is_quantized_kv(cache_dtype):
+        scale = torch.empty(128, 16, kv_heads, dtype=torch.float32, device="meta")
+        scales = {"k_scale": scale, "v_scale": scale}
+    (launch,) = triton_store_kv.plan_store_kv(kv, kv, cache, cache, slots, **scales)
+    assert (local_memory_bytes(compile_launch(launch, 89)) or 0) == 0
 
 
 def test_import_is_lazy() -> None:
