@@ -59,6 +59,18 @@ CUDA_CASES: dict[str, AttnCase] = {
     "split4-mixed-softcap": AttnCase(
         MIXED, MIXED_LENS, heads=8, kv_heads=2, head_dim=128, softcap=30.0, launch={"num_splits": 4}
     ),
+    # kv_cache_dtype int8 / fp8_e4m3 (scales per slot and KV head).
+    "gemma3-270m-local-bf16-int8-kv": AttnCase(
+        MIXED, MIXED_LENS, heads=4, kv_heads=1, head_dim=256, dtype="bfloat16", cache_dtype="int8", window=512
+    ),
+    "gqa4-d128-fp16-int8-kv": AttnCase(MIXED, MIXED_LENS, heads=32, kv_heads=8, head_dim=128, cache_dtype="int8"),
+    "split8-decode-int8-kv": AttnCase(
+        DECODE, DECODE_LENS, heads=4, kv_heads=1, head_dim=256, dtype="bfloat16", cache_dtype="int8",
+        launch={"num_splits": 8},
+    ),
+    "gemma3-270m-bf16-fp8-kv": AttnCase(
+        MIXED, MIXED_LENS, heads=4, kv_heads=1, head_dim=256, dtype="bfloat16", cache_dtype="float8_e4m3fn"
+    ),
 }
 
 CUDA_STORE_CASES = {
@@ -67,7 +79,16 @@ CUDA_STORE_CASES = {
     # Compiled Triton rounds fp32 -> bf16 to nearest even, like torch: bit-identical here.
     "fp32-into-bf16": {"kv_heads": 2, "head_dim": 64, "dtype": "float32", "cache_dtype": "bfloat16"},
     "fused-qkv-view": {"kv_heads": 4, "head_dim": 128, "dtype": "float16", "cache_dtype": "float16", "fused": True},
+    # IEEE divisions and round-to-nearest casts: the same codes and scales as the torch reference.
+    "gemma3-bf16-int8": {"kv_heads": 1, "head_dim": 256, "dtype": "bfloat16", "cache_dtype": "int8"},
+    "llama-fp16-int8-fused": {"kv_heads": 8, "head_dim": 128, "dtype": "float16", "cache_dtype": "int8", "fused": True},
+    "gemma3-bf16-fp8": {"kv_heads": 1, "head_dim": 256, "dtype": "bfloat16", "cache_dtype": "float8_e4m3fn"},
 }
+
+
+def _skip_without_fp8(cache_dtype: str | None) -> None:
+    if cache_dtype == "float8_e4m3fn" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 (e4m3) needs compute capability 8.9+")
 
 
 @pytest.mark.parametrize("name", list(CUDA_CASES))
@@ -75,10 +96,11 @@ def test_attention_kernel_matches_reference_on_gpu(name: str) -> None:
     from app.kernels.triton_attention import triton_unified_attention
 
     case = CUDA_CASES[name]
+    _skip_without_fp8(case.cache_dtype)
     inputs = make_attention_inputs(case, device="cuda")
 
-    def attention(*args):
-        return triton_unified_attention(*args, **case.launch)
+    def attention(*args, **scales):
+        return triton_unified_attention(*args, **scales, **case.launch)
 
     err, untouched = attention_error(case, inputs, attention)
     assert err < TOLERANCE[case.dtype], err
@@ -112,4 +134,5 @@ def test_dispatch_uses_triton_on_cuda() -> None:
 @pytest.mark.parametrize("name", list(CUDA_STORE_CASES))
 def test_store_kv_kernel_matches_reference_on_gpu(name: str) -> None:
     spec = dict(CUDA_STORE_CASES[name], num_tokens=700, num_blocks=64)
+    _skip_without_fp8(spec["cache_dtype"])
     assert store_error(spec, kernels.store_kv, device="cuda") == 0.0
