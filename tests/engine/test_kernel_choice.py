@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from app.engine.runtime import kernel_choice
-from app.engine.runtime.kernel_choice import HeadChoice, choose_head, crossover
+from app.engine.runtime.kernel_choice import KernelChoice, choose_int8_rows, crossover
 
 
 def test_crossover_is_the_last_row_count_before_int8_first_loses():
@@ -17,7 +17,7 @@ def test_crossover_is_the_last_row_count_before_int8_first_loses():
     assert crossover({"1": [30.0, 20.0], "2": [40.0, 21.0]}) == 0
     never_lost = {str(r): [1.0, 2.0] for r in (1, 2, 4, 8, 16, 32, 64)}
     assert crossover(never_lost) == 1 << 30
-    assert HeadChoice(4).use_int8(4) and not HeadChoice(4).use_int8(5) and not HeadChoice(0).use_int8(1)
+    assert KernelChoice(4).use_int8(4) and not KernelChoice(4).use_int8(5) and not KernelChoice(0).use_int8(1)
 
 
 class Counted:
@@ -35,42 +35,60 @@ class Counted:
 
 
 def test_choice_is_measured_once_then_read_from_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.delenv(kernel_choice.HEAD_KERNEL_ENV, raising=False)
+    monkeypatch.delenv(kernel_choice.KERNEL_ENV, raising=False)
     cache = tmp_path / "kernel_choice.json"
     int8, dense = Counted(1.0, 1.0), Counted(6.0, 0.0)  # int8 wins up to 4 rows, loses from 8
-    choice = choose_head(int8, dense, (100, 8), torch.float32, cache)
+    choice = choose_int8_rows(int8, dense, (100, 8), torch.float32, cache)
     assert choice.int8_max_rows == 4
     assert int8.calls and dense.calls
     entry = next(iter(json.loads(cache.read_text()).values()))
     assert entry["int8_max_rows"] == 4 and "16" in entry["timings_ms"] and "64" not in entry["timings_ms"]
     again_int8, again_dense = Counted(1.0, 1.0), Counted(6.0, 0.0)
-    assert choose_head(again_int8, again_dense, (100, 8), torch.float32, cache).int8_max_rows == 4
+    assert choose_int8_rows(again_int8, again_dense, (100, 8), torch.float32, cache).int8_max_rows == 4
     assert again_int8.calls == again_dense.calls == 0  # the cache answered
-    other = choose_head(Counted(1.0, 1.0), Counted(6.0, 0.0), (200, 8), torch.float32, cache)
+    other = choose_int8_rows(Counted(1.0, 1.0), Counted(6.0, 0.0), (200, 8), torch.float32, cache)
     assert other.int8_max_rows == 4 and len(json.loads(cache.read_text())) == 2  # keyed by shape
 
 
 def test_env_forces_a_kernel_and_a_broken_cache_is_remeasured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     cache = tmp_path / "kernel_choice.json"
-    monkeypatch.setenv(kernel_choice.HEAD_KERNEL_ENV, "dense")
-    assert choose_head(Counted(0, 0), Counted(0, 0), (10, 4), torch.float32, cache).int8_max_rows == 0
-    monkeypatch.setenv(kernel_choice.HEAD_KERNEL_ENV, "int8")
-    assert choose_head(Counted(0, 0), Counted(0, 0), (10, 4), torch.float32, cache).use_int8(10_000)
+    monkeypatch.setenv(kernel_choice.KERNEL_ENV, "dense")
+    assert choose_int8_rows(Counted(0, 0), Counted(0, 0), (10, 4), torch.float32, cache).int8_max_rows == 0
+    monkeypatch.setenv(kernel_choice.KERNEL_ENV, "int8")
+    assert choose_int8_rows(Counted(0, 0), Counted(0, 0), (10, 4), torch.float32, cache).use_int8(10_000)
     assert not cache.exists()
-    monkeypatch.delenv(kernel_choice.HEAD_KERNEL_ENV)
+    monkeypatch.delenv(kernel_choice.KERNEL_ENV)
     cache.write_text("{not json")
-    assert choose_head(Counted(0.0, 0.1), Counted(9.0, 0.0), (10, 4), torch.float32, cache).use_int8(64)
+    assert choose_int8_rows(Counted(0.0, 0.1), Counted(9.0, 0.0), (10, 4), torch.float32, cache).use_int8(64)
 
 
-def test_decoder_uses_the_chosen_head_per_row_count(monkeypatch: pytest.MonkeyPatch):
-    from app.engine.runtime.decoder import DecoderLM, Int8Head
+def test_linear_uses_the_chosen_kernel_per_row_count(monkeypatch: pytest.MonkeyPatch):
+    from app.engine.runtime.linear import Int8Weight, Linear
 
     w = (torch.randn(1000, 64) * 0.05).bfloat16()
-    if not Int8Head.supported(w):
+    if not Int8Weight.supported(w):
         pytest.skip("torch lacks _weight_int8pack_mm on this build")
-    model = DecoderLM.__new__(DecoderLM)  # only the head: no layers needed
-    model.lm_head, model.int8_head, model.head_choice = w, Int8Head(w), HeadChoice(2)
+    monkeypatch.setenv(kernel_choice.KERNEL_ENV, "int8")
+    linear = Linear(w)
+    linear.choice = KernelChoice(2)
     x = torch.randn(3, 64).bfloat16()
-    dense = torch.nn.functional.linear(x, w).float()
-    assert torch.equal(model.compute_logits(x), dense)  # 3 rows: above the crossover
-    assert torch.equal(model.compute_logits(x[:2]), model.int8_head(x[:2]).float())
+    assert torch.equal(linear(x), torch.nn.functional.linear(x, w))  # 3 rows: above the crossover
+    assert torch.equal(linear(x[:2]), linear.int8(x[:2]))
+    assert linear.tensors(2)[0] is linear.int8.q and linear.tensors(3) == [w]
+    monkeypatch.setenv(kernel_choice.KERNEL_ENV, "dense")
+    assert Linear(w).int8 is None  # no int8 copy where it never wins
+
+
+def test_int8_rows_are_batch_invariant_and_close_to_bf16():
+    """Within the int8 kernel each row's output is the same whatever else is in the batch."""
+    from app.engine.runtime.linear import Int8Weight
+
+    w = (torch.randn(1000, 64) * 0.05).bfloat16()
+    if not Int8Weight.supported(w):
+        pytest.skip("torch lacks _weight_int8pack_mm on this build")
+    int8 = Int8Weight(w)
+    x = torch.randn(11, 64).bfloat16()
+    together = int8(x)
+    assert torch.equal(together, torch.cat([int8(x[i : i + 1]) for i in range(11)]))
+    ref = torch.nn.functional.linear(x, w).float()
+    assert ((together.float() - ref).norm() / ref.norm()).item() < 0.02

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from app.engine.gguf.model_config import ModelConfig
 from app.engine.runtime.attention import paged_attention
-from app.engine.runtime.kernel_choice import HeadChoice, choose_head
+from app.engine.runtime.linear import Linear
 from app.kernels import AttentionMetadata
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -66,21 +66,19 @@ class DecoderLayer:
         self.window = cfg.layer_window(idx)
         self.rope = rope
         self.attn_norm = w[p + "attn_norm.weight"]
-        self.qkv = torch.cat([w[p + "attn_q.weight"], w[p + "attn_k.weight"], w[p + "attn_v.weight"]])
-        self.qkv_bias = (
-            torch.cat([w[p + "attn_q.bias"], w[p + "attn_k.bias"], w[p + "attn_v.bias"]]) if cfg.attn_bias else None
-        )
+        qkv_bias = torch.cat([w[p + "attn_q.bias"], w[p + "attn_k.bias"], w[p + "attn_v.bias"]]) if cfg.attn_bias else None
+        self.qkv = Linear(torch.cat([w[p + "attn_q.weight"], w[p + "attn_k.weight"], w[p + "attn_v.weight"]]), qkv_bias)
         # q and k are normalised and rotated as one [tokens, q_heads + kv_heads, head_dim] tensor:
         # half the small ops of doing them apart, the same numbers (both are per-head operations).
         self.qk_norm = None
         if cfg.qk_norm:
             q_norm, k_norm = w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"]
             self.qk_norm = torch.cat([q_norm.expand(cfg.num_heads, -1), k_norm.expand(cfg.num_kv_heads, -1)])
-        self.o_proj = w[p + "attn_output.weight"]
+        self.o_proj = Linear(w[p + "attn_output.weight"])
         self.post_attn_norm = w.get(p + "post_attention_norm.weight")
         self.ffn_norm = w[p + "ffn_norm.weight"]
-        self.gate_up = torch.cat([w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]])
-        self.down = w[p + "ffn_down.weight"]
+        self.gate_up = Linear(torch.cat([w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]]))
+        self.down = Linear(w[p + "ffn_down.weight"])
         self.post_ffw_norm = w.get(p + "post_ffw_norm.weight")
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
@@ -98,7 +96,7 @@ class DecoderLayer:
 
     def attention(self, x: torch.Tensor, rope: RopeTables, kv: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         cfg = self.cfg
-        qkv = F.linear(x, self.qkv, self.qkv_bias)
+        qkv = self.qkv(x)
         n = x.shape[0]
         qk = qkv[:, : self.q_size + self.kv_size].reshape(n, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
         v = qkv[:, self.q_size + self.kv_size :].reshape(n, cfg.num_kv_heads, cfg.head_dim)
@@ -106,38 +104,19 @@ class DecoderLayer:
             qk = rms_norm(qk, self.qk_norm, cfg.rms_norm_eps)
         q, k = self.rope(qk, rope).split([cfg.num_heads, cfg.num_kv_heads], dim=1)
         out = paged_attention(q.contiguous(), k.contiguous(), v.contiguous(), kv, meta, cfg.attn_scale, self.window)
-        return F.linear(out.reshape(n, self.q_size), self.o_proj)
+        return self.o_proj(out.reshape(n, self.q_size))
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
         act = F.gelu(gate, approximate="tanh") if self.cfg.hidden_act == "gelu_tanh" else F.silu(gate)
-        return F.linear(act * up, self.down)
+        return self.down(act * up)
 
+    def linears(self) -> list[Linear]:
+        return [self.qkv, self.o_proj, self.gate_up, self.down]
 
-class Int8Head:
-    """The output projection as int8 weights with per-row scales, for bf16 serving on the CPU.
-
-    Decoding is weight-bandwidth bound and the vocabulary projection is the biggest weight (262k x
-    640 for Gemma 3): int8 halves its bytes (B=1 decode step 30 -> 22 ms here). `_weight_int8pack_mm`
-    dequantises inside the kernel and computes each row independently, but its cost grows fast
-    with rows: above the measured crossover (`kernel_choice`) the bf16 weight serves instead, so a
-    row's logits carry int8 rounding in small batches and not in large ones (within the oracle's
-    tolerance either way)."""
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        w = weight.float()
-        scale = (w.abs().amax(1) / 127.0).clamp(min=1e-12)
-        self.q = torch.round(w / scale.unsqueeze(1)).clamp(-127, 127).to(torch.int8).contiguous()
-        self.scale = scale.to(torch.bfloat16)
-
-    @staticmethod
-    def supported(weight: torch.Tensor) -> bool:
-        return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and hasattr(torch, "_weight_int8pack_mm")
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 0:
-            return x.new_empty((0, self.q.shape[0]))
-        return torch._weight_int8pack_mm(x.to(torch.bfloat16), self.q, self.scale)
+    def norms(self) -> list[torch.Tensor]:
+        return [t for t in (self.attn_norm, self.post_attn_norm, self.ffn_norm, self.post_ffw_norm, self.qk_norm)
+                if t is not None]
 
 
 class DecoderLM:
@@ -151,8 +130,9 @@ class DecoderLM:
         self.lm_head = weights.get("output.weight", self.embed)  # tied unless the file has its own
         self.final_norm = weights["output_norm.weight"]
         self.dtype = self.embed.dtype
-        self.int8_head = Int8Head(self.lm_head) if Int8Head.supported(self.lm_head) else None
-        self.head_choice = self._choose_head() if self.int8_head is not None else None
+        # The output projection is the biggest matrix (262k x 640 for Gemma 3): its int8 copy halves
+        # the bytes a small batch reads; above its measured crossover the bf16 weight serves.
+        self.head = Linear(self.lm_head)
         rope_global = RotaryEmbedding(
             cfg.head_dim, cfg.max_position, cfg.rope_theta, cfg.rope_style, cfg.rope_scaling_factor, device
         )
@@ -165,22 +145,20 @@ class DecoderLM:
             for i in range(cfg.num_layers)
         ]
 
-    def _choose_head(self) -> HeadChoice:
-        lm_head, int8_head = self.lm_head, self.int8_head
-        return choose_head(int8_head, lambda x: F.linear(x, lm_head), tuple(lm_head.shape), lm_head.dtype)
-
     def weight_bytes_per_step(self, rows: int = 1) -> int:
-        """Bytes a forward reads from the weights whatever its batch: every layer tensor and the
-        output projection in the kernel `rows` logits rows use (the embedding table only for the
-        batch's rows: negligible)."""
-        tensors = [t for layer in self.layers for t in vars(layer).values() if isinstance(t, torch.Tensor)]
-        tensors.append(self.final_norm)
-        if self.int8_head is not None and self.head_choice.use_int8(rows):
-            tensors += [self.int8_head.q, self.int8_head.scale]
-        else:
-            tensors.append(self.lm_head)
-        sizes = {t.data_ptr(): t.numel() * t.element_size() for t in tensors}  # shared tensors once
-        return sum(sizes.values())
+        """Bytes a forward of `rows` logits rows reads from the weights whatever its batch: every
+        layer matrix and norm in the kernel that many rows use, and the output projection (the
+        embedding table only for the batch's rows: negligible)."""
+        linears = [lin for layer in self.layers for lin in layer.linears()]
+        tensors = [t for lin in linears for t in lin.tensors(rows)] + self.head.tensors(rows)
+        tensors += [t for layer in self.layers for t in layer.norms()] + [self.final_norm]
+        return _unique_bytes(tensors)
+
+    def resident_weight_bytes(self) -> int:
+        """Every weight byte held, int8 copies included (compare with the GGUF file's size)."""
+        linears = [lin for layer in self.layers for lin in layer.linears()] + [self.head]
+        tensors = [t for lin in linears for t in lin.resident()] + [self.embed, self.final_norm]
+        return _unique_bytes(tensors + [t for layer in self.layers for t in layer.norms()])
 
     @torch.inference_mode()
     def hidden_states(
@@ -207,6 +185,10 @@ class DecoderLM:
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden `[n, hidden_size]` -> fp32 logits `[n, vocab]`."""
-        if self.int8_head is not None and self.head_choice.use_int8(hidden.shape[0]):
-            return self.int8_head(hidden).float()
-        return F.linear(hidden, self.lm_head).float()
+        return self.head(hidden).float()
+
+
+def _unique_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of `tensors`, each storage once (a tied head is the embedding)."""
+    sizes = {t.data_ptr(): t.numel() * t.element_size() for t in tensors}
+    return sum(sizes.values())

@@ -1,10 +1,10 @@
 """Kernels chosen per shape by measurement, once per machine.
 
-The output projection is the step's biggest matmul (262,144 x 640 for Gemma 3). On the CPU the
-weight-only int8 kernel reads half the bytes of bf16 and wins at one row, but it scales badly with
-rows (measured here: 15.7 ms at 1 row, 68 ms at 16, 323 ms at 32, where bf16 stays at 26-65 ms).
-Which is faster at which row count depends on the CPU, so it is measured at the first start and
-kept in the user cache dir, keyed by CPU, torch version, thread count and shape.
+On the CPU the weight-only int8 kernel reads half the bytes of bf16 and wins at one row, but it
+scales badly with rows (Gemma 3's 262,144 x 640 output projection, measured here: 15.7 ms at 1
+row, 68 ms at 16, 323 ms at 32, where bf16 stays at 26-65 ms). Which is faster at which row count
+depends on the CPU and the shape, so it is measured at the first start and kept in the user cache
+dir, keyed by CPU, torch version, thread count and shape.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import torch
 
 log = logging.getLogger(__name__)
 
-HEAD_KERNEL_ENV = "LOCALBATCH_HEAD_KERNEL"  # "int8" | "dense" | "auto" (default): force a choice
+KERNEL_ENV = "LOCALBATCH_LINEAR_KERNEL"  # "int8" | "dense" | "auto" (default): force a choice
 _ROW_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 _REPEATS = 3
 
 
-class HeadChoice:
-    """int8 for logits of up to `int8_max_rows` rows, the dense (bf16) weight above that."""
+class KernelChoice:
+    """int8 for up to `int8_max_rows` rows, the dense (bf16) weight above that."""
 
     def __init__(self, int8_max_rows: int) -> None:
         self.int8_max_rows = int8_max_rows
@@ -36,27 +36,28 @@ class HeadChoice:
         return rows <= self.int8_max_rows
 
     def __repr__(self) -> str:
-        return f"HeadChoice(int8_max_rows={self.int8_max_rows})"
+        return f"KernelChoice(int8_max_rows={self.int8_max_rows})"
 
 
-def choose_head(int8_fn: Callable[[torch.Tensor], torch.Tensor], dense_fn: Callable[[torch.Tensor], torch.Tensor],
-                shape: tuple[int, int], dtype: torch.dtype, cache_path: Path | None = None) -> HeadChoice:
-    """The row counts at which `int8_fn` beats `dense_fn` on this machine (hidden `[rows, shape[1]]`),
-    from the cache or measured now (~2 s for Gemma 3's head) and cached."""
-    forced = os.environ.get(HEAD_KERNEL_ENV, "auto")
+def choose_int8_rows(int8_fn: Callable[[torch.Tensor], torch.Tensor], dense_fn: Callable[[torch.Tensor], torch.Tensor],
+                     shape: tuple[int, int], dtype: torch.dtype, cache_path: Path | None = None) -> KernelChoice:
+    """The row counts at which `int8_fn` beats `dense_fn` for a `shape` weight on this machine
+    (input `[rows, shape[1]]`), from the cache or measured now (~2 s for Gemma 3's output
+    projection, milliseconds for a layer's matrices) and cached."""
+    forced = os.environ.get(KERNEL_ENV, "auto")
     if forced == "int8":
-        return HeadChoice(1 << 30)
+        return KernelChoice(1 << 30)
     if forced == "dense":
-        return HeadChoice(0)
+        return KernelChoice(0)
     path = cache_path or default_cache_path()
     key = _machine_key(shape, dtype)
     cached = _read(path).get(key)
     if isinstance(cached, dict) and isinstance(cached.get("int8_max_rows"), int):
-        return HeadChoice(cached["int8_max_rows"])
+        return KernelChoice(cached["int8_max_rows"])
     started = time.perf_counter()
     timings = measure(int8_fn, dense_fn, shape[1], dtype)
-    choice = HeadChoice(crossover(timings))
-    log.info("output projection: %s, measured in %.1f s: %s", choice, time.perf_counter() - started, timings)
+    choice = KernelChoice(crossover(timings))
+    log.info("%s weight: %s, measured in %.2f s: %s", shape, choice, time.perf_counter() - started, timings)
     _write(path, key, {"int8_max_rows": choice.int8_max_rows, "timings_ms": timings})
     return choice
 
@@ -111,7 +112,7 @@ def _machine_key(shape: tuple[int, int], dtype: torch.dtype) -> str:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
-    return f"{cpu}|torch {torch.__version__}|{torch.get_num_threads()} threads|head {shape[0]}x{shape[1]}|{dtype}"
+    return f"{cpu}|torch {torch.__version__}|{torch.get_num_threads()} threads|linear {shape[0]}x{shape[1]}|{dtype}"
 
 
 def _read(path: Path) -> dict:
