@@ -1,5 +1,7 @@
 """`localbatch bench`: offline throughput on synthetic requests (seeded random prompt ids,
-`ignore_eos`), reported in `vllm bench` vocabulary, plus a concurrency sweep of decode tok/s.
+`ignore_eos`), reported in `vllm bench` vocabulary, plus a concurrency sweep of decode tok/s, and
+with `--json-schema` the cost of grammar-constrained decoding: decode tok/s at each concurrency
+with every other request constrained to the schema against the same requests unconstrained.
 
 The command line adds the arguments (`add_bench_args`) and hands `run_bench` the engine settings;
 this module does not import `app.cli`, and imports the engine (torch) only when a run starts, so
@@ -37,6 +39,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tui", default=None, metavar="N[,N...]",
                    help="drive the real terminal app with N tabs streaming and compare its decode tok/s "
                         "with the headless engine at concurrency N (use a long --output-len, e.g. 256)")
+    p.add_argument("--json-schema", default=None, metavar="FILE",
+                   help="also measure structured output: decode tok/s at each --concurrency (default 8) "
+                        "with half the requests constrained to this JSON schema, against none constrained")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -50,6 +55,14 @@ class RunResult:
     decode_time_s: float
     ttft_s: list[float]
     tpot_s: list[float]
+    # Decode steps that ran every one of `concurrency` streams: comparable even when some requests
+    # end early (constrained ones stop when their JSON is complete).
+    full_batch_tokens: int = 0
+    full_batch_time_s: float = 0.0
+
+    @property
+    def full_batch_tok_s(self) -> float:
+        return self.full_batch_tokens / self.full_batch_time_s if self.full_batch_time_s else 0.0
 
     def summary(self) -> dict:
         return {
@@ -86,19 +99,22 @@ def make_requests(args: argparse.Namespace, n: int, vocab: int, seed: int) -> li
     return [([rng.randrange(vocab) for _ in range(i)], o) for i, o in zip(ins, outs)]
 
 
-def run_requests(engine: LLMEngine, requests: list[tuple[list[int], int]], concurrency: int) -> RunResult:
-    """Keep at most `concurrency` requests in flight until all have finished."""
-    pending = list(requests)
+def run_requests(engine: LLMEngine, requests: list[tuple[list[int], int]], concurrency: int,
+                 schema: dict | None = None) -> RunResult:
+    """Keep at most `concurrency` requests in flight until all have finished. With `schema`, every
+    other request is constrained to it (greedy, like the rest: it ends when its JSON does)."""
+    pending = [(ids, n, schema if i % 2 == 0 else None) for i, (ids, n) in enumerate(requests)]
     live: dict[str, float] = {}
     firsts: dict[str, float] = {}
     ttft, tpot = [], []
-    out_tokens = decode_tokens = 0
-    decode_time = 0.0
+    out_tokens = decode_tokens = full_steps = 0
+    decode_time = full_time = 0.0
     start = time.perf_counter()
     while pending or live:
         while pending and len(live) < concurrency:
-            ids, out_len = pending.pop(0)
-            seq = engine.add_request(ids, SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True))
+            ids, out_len, constraint = pending.pop(0)
+            params = SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True, json_schema=constraint)
+            seq = engine.add_request(ids, params)
             live[seq.request_id] = time.perf_counter()
         t0 = time.perf_counter()
         deltas = engine.step()
@@ -107,6 +123,9 @@ def run_requests(engine: LLMEngine, requests: list[tuple[list[int], int]], concu
         if deltas and all(d.num_output_tokens > 1 for d in deltas) and last.num_tokens == last.batch_size:
             decode_time += t1 - t0
             decode_tokens += len(deltas)
+            if len(deltas) == concurrency:
+                full_time += t1 - t0
+                full_steps += 1
         for d in deltas:
             out_tokens += len(d.token_ids)
             if d.request_id not in firsts and d.token_ids:
@@ -117,7 +136,8 @@ def run_requests(engine: LLMEngine, requests: list[tuple[list[int], int]], concu
                     tpot.append((t1 - firsts[d.request_id]) / (d.num_output_tokens - 1))
                 live.pop(d.request_id)
     return RunResult(len(requests), sum(len(r[0]) for r in requests), out_tokens,
-                     time.perf_counter() - start, decode_tokens, decode_time, ttft, tpot)
+                     time.perf_counter() - start, decode_tokens, decode_time, ttft, tpot,
+                     full_steps * concurrency, full_time)
 
 
 def build_engine(args: argparse.Namespace, engine_kwargs: dict[str, Any],
@@ -135,6 +155,7 @@ def run_bench(args: argparse.Namespace, engine_kwargs: dict[str, Any],
     """`engine_kwargs`: the engine settings from the command line (`app.cli.engine_kwargs`)."""
     if args.tui:
         return _run_tui_bench(args, engine_kwargs, progress)
+    schema = load_schema(args.json_schema) if args.json_schema else None  # a bad file fails before the load
     engine = build_engine(args, engine_kwargs, progress)
     vocab = engine.model_config.vocab_size
     # Warm up so the first measured step does not pay one-time costs.
@@ -150,8 +171,42 @@ def run_bench(args: argparse.Namespace, engine_kwargs: dict[str, Any],
             sweep.append({"concurrency": c, "decode_tok_s": s["decode_tok_s"], "output_tok_s": s["output_tok_s"],
                           "ttft_ms_p50": s["ttft_ms"]["p50"], "tpot_ms_p50": s["tpot_ms"]["p50"]})
         report["sweep"] = sweep
+    if schema is not None:
+        report["structured"] = structured_sweep(engine, args, vocab, schema)
     print(json.dumps(report, indent=None) if args.json else _format(report))
     return 0
+
+
+def load_schema(path: str) -> dict:
+    """The --json-schema file as a dict; a LocalbatchError saying what is wrong otherwise."""
+    from app.engine.api.errors import LocalbatchError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            schema = json.load(f)
+    except OSError as e:
+        raise LocalbatchError(f"cannot read --json-schema {path}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise LocalbatchError(f"--json-schema {path} is not JSON: {e.msg} at line {e.lineno}") from None
+    if not isinstance(schema, dict):
+        raise LocalbatchError(f"--json-schema {path} must hold a JSON object (a schema)")
+    return schema
+
+
+def structured_sweep(engine: LLMEngine, args: argparse.Namespace, vocab: int, schema: dict) -> list[dict]:
+    """Per concurrency c: 2c requests, c in flight, every other one constrained to the schema, and
+    the same requests unconstrained. Decode tok/s counts only steps decoding all c streams."""
+    levels = [int(x) for x in args.concurrency.split(",")] if args.concurrency else [8]
+    run_requests(engine, make_requests(args, 2, vocab, args.seed + 998), 2, schema)  # compile outside the timing
+    rows = []
+    for c in levels:
+        requests = make_requests(args, 2 * c, vocab, args.seed + 2 * c)
+        free = run_requests(engine, requests, c)
+        constrained = run_requests(engine, requests, c, schema)
+        base, masked = free.full_batch_tok_s, constrained.full_batch_tok_s
+        rows.append({"concurrency": c, "decode_tok_s": round(base, 2), "decode_tok_s_constrained": round(masked, 2),
+                     "slowdown_pct": round(100 * (1 - masked / base), 1) if base and masked else None})
+    return rows
 
 
 def _format(r: dict) -> str:
@@ -171,6 +226,10 @@ def _format(r: dict) -> str:
     for s in r.get("sweep", []):
         lines.append(f"concurrency {s['concurrency']:>4}    decode {s['decode_tok_s']:8.1f} tok/s   "
                      f"output {s['output_tok_s']:8.1f} tok/s   TTFT p50 {s['ttft_ms_p50']:.0f} ms   TPOT p50 {s['tpot_ms_p50']:.1f} ms")
+    for s in r.get("structured", []):
+        slow = "n/a" if s["slowdown_pct"] is None else f"{s['slowdown_pct']:+.1f}% slower"
+        lines.append(f"json schema c={s['concurrency']:<3} half constrained: decode "
+                     f"{s['decode_tok_s_constrained']:8.1f} tok/s vs {s['decode_tok_s']:8.1f} unconstrained ({slow})")
     return "\n".join(lines)
 
 

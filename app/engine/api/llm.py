@@ -27,7 +27,11 @@ class LLM:
         prompts: PromptInput | list[PromptInput],
         params: SamplingParams | list[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion, batched together; outputs come back in prompt order."""
+        """Run every prompt to completion, batched together; outputs come back in prompt order.
+
+        Constraints (`json_schema`, `json_object`, `regex`, `grammar`, `structural_tag`) and
+        `logit_bias` ride on each prompt's SamplingParams; every request is validated, and its
+        grammar compiled, before any runs, so a bad one raises `RequestError` and nothing runs."""
         prompts = _as_prompt_list(prompts)
         params = params if params is not None else SamplingParams()
         param_list = params if isinstance(params, list) else [params] * len(prompts)

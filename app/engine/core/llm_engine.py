@@ -26,6 +26,7 @@ from app.engine.gguf.loader import load_gguf
 from app.engine.runtime.decoder import DecoderLM
 from app.engine.runtime.device import DeviceSetup, copy_bandwidth, kv_pool_blocks, resolve_device
 from app.engine.runtime.model_runner import ModelRunner, StepOutput
+from app.engine.structured.compiler import ConstraintCompiler
 from app.engine.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, kv_dtype)
         self.metrics = EngineMetrics(self.kv_bytes_per_token, self._memory_traffic(kv_dtype))
         self.outputs = OutputProcessor(self.tokenizer)
+        self.constraints = ConstraintCompiler(self.tokenizer, self.model_config.vocab_size)
         self.seqs: dict[str, Sequence] = {}
         self._ids = itertools.count()
 
@@ -162,7 +164,9 @@ class LLMEngine:
         params.check_token_ids(self.model_config.vocab_size)
         ids = self.tokenize_prompt(prompt)
         max_tokens = self._check_fits(len(ids), params)
-        return Sequence(request_id or f"req-{next(self._ids)}", ids, params, max_tokens)
+        seq = Sequence(request_id or f"req-{next(self._ids)}", ids, params, max_tokens)
+        seq.grammar = self.constraints.matcher_for(params)  # compiled here, off the step thread (cached)
+        return seq
 
     def add_sequence(self, seq: Sequence) -> None:
         """Queue a prepared sequence. Raises RequestError (id in use) or QueueFullError."""

@@ -46,20 +46,32 @@ class OutputProcessor:
     def on_token(self, seq: Sequence, token: int, max_model_len: int) -> StreamDelta:
         """Account for a newly sampled token; sets `seq.finish_reason` when the request is done."""
         st = self.states[seq.request_id]
+        if seq.grammar is not None and not seq.grammar.accept(token):
+            return self._reject(seq, st, token)
         if token in st.stop_ids:
             seq.finish_reason = "stop"
         elif st.detok is not None:
             st.text += st.detok.add([token])
             if seq.params.stop and self._find_stop(seq, st):
                 seq.finish_reason = "stop"
+        if seq.finish_reason is None and seq.grammar is not None and seq.grammar.is_terminated:
+            seq.finish_reason = "stop"  # the grammar is complete and took its stop token
         if seq.finish_reason is None and (seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= max_model_len):
             seq.finish_reason = "length"
         if seq.finish_reason == "length" and st.detok is not None:
             st.text += st.detok.flush()  # an unfinished UTF-8 character shows as U+FFFD, as decode() would
         return self._delta(seq, st)
 
+    def _reject(self, seq: Sequence, st: _OutputState, token: int) -> StreamDelta:
+        # The mask allows only tokens the grammar accepts, so this means a grammar no token of the
+        # vocabulary can continue: end the request rather than stream output that breaks it.
+        seq.error = f"structured output: no token of this vocabulary continues the grammar (sampled {token})"
+        seq.finish_reason = "error"
+        return self._delta(seq, st)
+
     def finish(self, seq: Sequence) -> StreamDelta:
         """The final delta of a request ended from outside (abort, engine error)."""
+        seq.grammar = None
         st = self.states.get(seq.request_id)
         if st is None:
             return StreamDelta(seq.request_id, "", [], seq.finish_reason or "abort", error=seq.error)
@@ -84,6 +96,7 @@ class OutputProcessor:
         st.sent_tokens = seq.num_output_tokens
         if done:
             self.states.pop(seq.request_id, None)
+            seq.grammar = None  # a finished request's matcher is not needed again
         return StreamDelta(
             request_id=seq.request_id,
             text=text,

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import enum
 import time
+from typing import TYPE_CHECKING
 
 from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.outputs import TopLogprobs
+
+if TYPE_CHECKING:
+    from app.engine.structured.matcher import SequenceGrammar
 
 
 class SequenceStatus(enum.Enum):
@@ -44,6 +48,9 @@ class Sequence:
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         self.num_preemptions = 0
+        # Structured output: the grammar's state, advanced by each kept token; None when the output
+        # is free, and again once the request has finished.
+        self.grammar: SequenceGrammar | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -18,6 +18,7 @@ import torch
 
 from app.engine.core.outputs import TopLogprobs
 from app.engine.core.sequence import Sequence
+from app.engine.structured.bitmask import GrammarBitmask
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, position) pairs over the 63-bit seed space
 # Top-k / top-p look at this many best tokens first; a full-vocabulary sort (0.1 s for a few rows of
@@ -28,11 +29,13 @@ _SHORTLIST = 1024
 class Sampler:
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = vocab_size
+        self.grammar_mask = GrammarBitmask(vocab_size)
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[TopLogprobs | None]]:
         """logits `[len(seqs), vocab]` (fp32) -> one token id per row, and its top-k logprobs if asked.
         Constrained rows of `logits` are masked in place."""
+        self.grammar_mask.apply(logits, seqs)
         raw = logits
         logits = apply_logit_bias(logits, seqs)
         logits = apply_penalties(logits, seqs)
