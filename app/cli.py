@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from app.bench import add_bench_args, run_bench
-from app.engine.api.engine_config import EngineConfig
+from app.engine.api.engine_config import KV_CACHE_DTYPES, EngineConfig
 from app.engine.api.errors import LocalbatchError
 
 ENGINE_FLAGS: dict[str, tuple[type, str]] = {
@@ -38,6 +38,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="disable automatic prefix caching")
     p.add_argument("--enforce-eager", action="store_true", default=None,
                    help="CUDA: run decode steps eagerly instead of replaying CUDA graphs")
+    p.add_argument("--kv-cache-dtype", default=None, choices=KV_CACHE_DTYPES,
+                   help="KV cache storage (default auto: the compute dtype); int8 and fp8_e4m3 (CUDA) "
+                        "hold ~2x the tokens, with a scale per token and KV head")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:

@@ -171,10 +171,10 @@ def _gather_context(
     ids = blocks[:num_blocks].long()
 
     def rows(pool: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
-        data = pool.index_select(0, ids).reshape(-1, pool.shape[2], pool.shape[3])[:seq_len]
+        data = _gather_blocks(pool, ids).view(-1, pool.shape[2], pool.shape[3])[:seq_len]
         if scales is None:
             return data
-        return dequantize_kv_ref(data, scales.index_select(0, ids).reshape(-1, pool.shape[2])[:seq_len])
+        return dequantize_kv_ref(data, _gather_blocks(scales, ids).view(-1, pool.shape[2])[:seq_len])
 
     return rows(cache.k, cache.k_scale), rows(cache.v, cache.v_scale)
 

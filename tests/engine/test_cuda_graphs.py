@@ -120,14 +120,14 @@ def test_padding_rows_write_no_kv(model_path):
     table = torch.arange(8, dtype=torch.int32).view(8, 1)
     graphs.run(torch.arange(8) + 5, torch.full((8,), 2),
                decode_meta(torch.arange(8) * 4 + 2, torch.full((8,), 3, dtype=torch.int32), table))
-    before = [k.clone() for k, _ in engine.runner.kv_caches]
+    before = [layer.k.clone() for layer in engine.runner.kv_caches]
     slots = torch.tensor([40, 44, 48])
     table = torch.tensor([[10], [11], [12]], dtype=torch.int32)
     hidden = graphs.run(torch.tensor([7, 8, 9]), torch.tensor([0, 0, 0]),
                         decode_meta(slots, torch.ones(3, dtype=torch.int32), table))
     assert hidden.shape == (3, engine.model_config.hidden_size)
-    for (k, _), old in zip(engine.runner.kv_caches, before):
-        changed = (k.flatten(0, 1) != old.flatten(0, 1)).flatten(1).any(1).nonzero().flatten()
+    for layer, old in zip(engine.runner.kv_caches, before):
+        changed = (layer.k.flatten(0, 1) != old.flatten(0, 1)).flatten(1).any(1).nonzero().flatten()
         assert changed.tolist() == slots.tolist()  # the three real slots, nothing for the padding row
 
 

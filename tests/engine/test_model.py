@@ -10,6 +10,7 @@ import torch
 
 from app.engine.gguf.loader import load_gguf
 from app.engine.runtime.decoder import DecoderLM
+from app.engine.runtime.kv_pool import allocate_kv_caches
 from app.kernels import AttentionMetadata
 from tests.support.reference_model import ReferenceModel
 from tests.support.tiny_gguf import ARCHITECTURES
@@ -23,9 +24,7 @@ class PagedRun:
     def __init__(self, path, num_blocks: int = 64) -> None:
         loaded = load_gguf(path, "cpu", torch.float32)
         self.model = DecoderLM(loaded.config, loaded.weights, torch.device("cpu"))
-        cfg = loaded.config
-        shape = (num_blocks, BLOCK, cfg.num_kv_heads, cfg.head_dim)
-        self.kv = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(cfg.num_layers)]
+        self.kv = allocate_kv_caches(loaded.config, num_blocks, BLOCK, torch.float32, torch.device("cpu"))
         self.free = list(range(num_blocks))
         random.Random(0).shuffle(self.free)  # block tables in shuffled order
 

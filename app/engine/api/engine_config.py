@@ -6,6 +6,10 @@ from dataclasses import dataclass, fields
 
 from app.engine.api.errors import LocalbatchError
 
+# vLLM's names; "auto" stores K/V in the compute dtype. int8 and fp8_e4m3 keep a per-token,
+# per-KV-head scale beside the data (app/kernels/kv_quant.py); fp8_e4m3 is CUDA only.
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "int8", "fp8_e4m3")
+
 
 @dataclass
 class EngineConfig:
@@ -19,6 +23,7 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None  # None: the model's context length
     enforce_eager: bool = False  # CUDA: run decode steps eagerly instead of replaying CUDA graphs
+    kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
 
     @classmethod
     def names(cls) -> list[str]:
@@ -35,5 +40,9 @@ class EngineConfig:
                 raise LocalbatchError(f"invalid {name}={value!r}: must be a positive integer")
         if not isinstance(self.enforce_eager, bool):
             raise LocalbatchError(f"invalid enforce_eager={self.enforce_eager!r}: must be True or False")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise LocalbatchError(
+                f"invalid kv_cache_dtype={self.kv_cache_dtype!r}: choose {', '.join(KV_CACHE_DTYPES)}"
+            )
         if not 0 < self.gpu_memory_utilization <= 1:
             raise LocalbatchError(f"invalid gpu_memory_utilization={self.gpu_memory_utilization!r}: must be in (0, 1]")

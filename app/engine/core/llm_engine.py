@@ -25,6 +25,7 @@ from app.engine.core.sequence import Sequence
 from app.engine.gguf.loader import load_gguf
 from app.engine.runtime.decoder import DecoderLM
 from app.engine.runtime.device import DeviceSetup, copy_bandwidth, kv_pool_blocks, resolve_device
+from app.engine.runtime.kv_pool import kv_sizes, resolve_kv_cache_dtype
 from app.engine.runtime.model_runner import ModelRunner, StepOutput
 from app.engine.structured.compiler import ConstraintCompiler
 from app.engine.text.tokenizer import Tokenizer
@@ -48,6 +49,8 @@ class LLMEngine:
         self.config = EngineConfig(**engine_kwargs)
         self.config.validate()
         self.setup: DeviceSetup = resolve_device(device, dtype)
+        # Before loading weights: an impossible kv_cache_dtype (fp8 on a CPU) fails at once.
+        self.kv_dtype = resolve_kv_cache_dtype(self.config.kv_cache_dtype, self.setup.dtype, self.setup.device)
         if random_weights is not None:
             self._init_random(random_weights)
         else:
@@ -89,8 +92,8 @@ class LLMEngine:
 
     def _build_pool(self) -> None:
         cfg = self.config
-        kv_dtype = self.setup.dtype
-        self.kv_bytes_per_token = self.model_config.kv_bytes_per_token(torch.finfo(kv_dtype).bits // 8)
+        kv_dtype = self.kv_dtype
+        self.kv_bytes_per_token = self.model_config.kv_bytes_per_token(**kv_sizes(kv_dtype))
         num_blocks = kv_pool_blocks(cfg, self.setup, self.kv_bytes_per_token, self._warmup)
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(
@@ -104,11 +107,10 @@ class LLMEngine:
         self._ids = itertools.count()
 
     def _memory_traffic(self, kv_dtype: torch.dtype) -> MemoryTraffic:
-        dtype_size = torch.finfo(kv_dtype).bits // 8
         return MemoryTraffic(
             weight_bytes_per_step=self.model.weight_bytes_per_step(),
             copy_bandwidth=copy_bandwidth(self.setup.device),
-            kv_bytes_read=functools.partial(self.model_config.kv_bytes_read, dtype_size=dtype_size),
+            kv_bytes_read=functools.partial(self.model_config.kv_bytes_read, **kv_sizes(kv_dtype)),
         )
 
     def _warmup(self) -> None:
@@ -128,7 +130,7 @@ class LLMEngine:
             seq.block_table = list(range(next_block, next_block + -(-length // bs)))
             next_block += len(seq.block_table)
             batch.add(seq, length)
-        runner = ModelRunner(self.model, next_block, bs, self.setup.dtype)
+        runner = ModelRunner(self.model, next_block, bs, self.kv_dtype)
         runner.run(batch)
         del runner
 

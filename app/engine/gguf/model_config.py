@@ -51,13 +51,15 @@ class ModelConfig:
     def layer_window(self, layer: int) -> int | None:
         return self.sliding_window if self.is_sliding(layer) else None
 
-    def kv_bytes_per_token(self, dtype_size: int) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_size
+    def kv_bytes_per_token(self, dtype_size: int, scale_bytes: int = 0) -> int:
+        """K and V bytes of one token over all layers; a quantized cache adds `scale_bytes` per
+        (KV head, K or V)."""
+        return 2 * self.num_layers * self.num_kv_heads * (self.head_dim * dtype_size + scale_bytes)
 
-    def kv_bytes_read(self, context_lens: Iterable[int], dtype_size: int) -> int:
+    def kv_bytes_read(self, context_lens: Iterable[int], dtype_size: int, scale_bytes: int = 0) -> int:
         """Bytes of K and V one step's attention reads for sequences of these context lengths:
         each layer reads its window (sliding-window layers at most `sliding_window` tokens)."""
-        per_layer_token = 2 * self.num_kv_heads * self.head_dim * dtype_size
+        per_layer_token = 2 * self.num_kv_heads * (self.head_dim * dtype_size + scale_bytes)
         windows = Counter(self.layer_window(i) for i in range(self.num_layers))
         return per_layer_token * sum(
             layers * min(ctx, window or ctx) for ctx in context_lens for window, layers in windows.items()

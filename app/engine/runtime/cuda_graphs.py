@@ -26,8 +26,8 @@ from typing import Protocol
 
 import torch
 
-from app.engine.runtime.decoder import DecoderLM, KVCache
-from app.kernels import AttentionMetadata
+from app.engine.runtime.decoder import DecoderLM
+from app.kernels import AttentionMetadata, KVCacheLayer
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class DecodeGraphs:
     for a bucket without a graph, runs the same forward eagerly)."""
 
     def __init__(
-        self, model: DecoderLM, kv_caches: list[KVCache], max_num_seqs: int, max_blocks_per_seq: int
+        self, model: DecoderLM, kv_caches: list[KVCacheLayer], max_num_seqs: int, max_blocks_per_seq: int
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches

@@ -14,9 +14,8 @@ import torch.nn.functional as F
 from app.engine.gguf.model_config import ModelConfig
 from app.engine.runtime.attention import paged_attention
 from app.engine.runtime.linear import Linear
-from app.kernels import AttentionMetadata
+from app.kernels import AttentionMetadata, KVCacheLayer
 
-KVCache = tuple[torch.Tensor, torch.Tensor]
 RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, sin at the step's positions
 
 
@@ -83,7 +82,7 @@ class DecoderLayer:
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
 
-    def __call__(self, x: torch.Tensor, rope: RopeTables, kv: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, rope: RopeTables, kv: KVCacheLayer, meta: AttentionMetadata) -> torch.Tensor:
         eps = self.cfg.rms_norm_eps
         h = self.attention(rms_norm(x, self.attn_norm, eps), rope, kv, meta)
         if self.post_attn_norm is not None:
@@ -94,7 +93,7 @@ class DecoderLayer:
             h = rms_norm(h, self.post_ffw_norm, eps)
         return x + h
 
-    def attention(self, x: torch.Tensor, rope: RopeTables, kv: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+    def attention(self, x: torch.Tensor, rope: RopeTables, kv: KVCacheLayer, meta: AttentionMetadata) -> torch.Tensor:
         cfg = self.cfg
         qkv = self.qkv(x)
         n = x.shape[0]
@@ -166,7 +165,7 @@ class DecoderLM:
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         meta: AttentionMetadata,
-        kv_caches: list[KVCache],
+        kv_caches: list[KVCacheLayer],
         logits_indices: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The final-normed hidden states at `logits_indices` (every row if None): what a CUDA graph

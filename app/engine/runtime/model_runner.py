@@ -9,8 +9,6 @@ step reaches the end of its tokens, plus every row of a chunk whose prompt logpr
 from __future__ import annotations
 
 import logging
-import math
-import mmap
 import time
 from dataclasses import dataclass
 
@@ -21,6 +19,7 @@ from app.engine.core.scheduler import ScheduledBatch
 from app.engine.core.sequence import Sequence
 from app.engine.runtime.cuda_graphs import DecodeGraphs
 from app.engine.runtime.decoder import DecoderLM
+from app.engine.runtime.kv_pool import allocate_kv_caches
 from app.engine.runtime.sampler import Sampler, top_logprobs_rows
 from app.kernels import AttentionMetadata
 
@@ -65,24 +64,14 @@ class StepOutput:
     logprobs: dict[str, TopLogprobs]
 
 
-def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zero-filled pool. Attention kernels may read (and mask) slots past a sequence's end, so they
-    must hold finite values. On the CPU the zeros come from an anonymous mmap: the OS maps zero
-    pages on first touch, so a pool of several GB costs no start-up time and no RSS until used."""
-    if device.type != "cpu":
-        return torch.zeros(shape, dtype=dtype, device=device)
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    return torch.frombuffer(mmap.mmap(-1, max(nbytes, 1)), dtype=dtype, count=math.prod(shape)).view(shape)
-
-
 class ModelRunner:
     def __init__(self, model: DecoderLM, num_blocks: int, block_size: int, kv_dtype: torch.dtype) -> None:
         cfg = model.cfg
         self.model = model
         self.device = model.device
         self.block_size = block_size
-        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        self.kv_caches = [(_zeros(shape, kv_dtype, self.device), _zeros(shape, kv_dtype, self.device)) for _ in range(cfg.num_layers)]
+        # kv_dtype int8 / float8_e4m3fn: each layer's pool comes with its scales (KVCacheLayer).
+        self.kv_caches = allocate_kv_caches(cfg, num_blocks, block_size, kv_dtype, self.device)
         self.sampler = Sampler(cfg.vocab_size)
         self.graphs: DecodeGraphs | None = None
 

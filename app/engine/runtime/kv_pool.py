@@ -1,0 +1,73 @@
+"""The KV pool: which dtype a layer's cache is stored in (`kv_cache_dtype`), what a token costs in
+it, and allocating it once at start."""
+
+from __future__ import annotations
+
+import math
+import mmap
+
+import torch
+
+from app.engine.api.errors import LocalbatchError
+from app.engine.gguf.model_config import ModelConfig
+from app.kernels import KVCacheLayer
+from app.kernels.kv_quant import SCALE_DTYPE, is_quantized_kv, scale_bytes
+
+_STORAGE = {"bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8,
+            "fp8_e4m3": torch.float8_e4m3fn}
+
+
+def resolve_kv_cache_dtype(name: str, compute_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The storage dtype for `kv_cache_dtype` `name` ("auto": the compute dtype). Raises
+    LocalbatchError where the device cannot run it."""
+    if name == "auto":
+        return compute_dtype
+    if name not in _STORAGE:
+        raise LocalbatchError(f"unknown kv_cache_dtype {name!r} (choose auto, {', '.join(_STORAGE)})")
+    if name == "fp8_e4m3":
+        _check_fp8(device)
+    return _STORAGE[name]
+
+
+def _check_fp8(device: torch.device) -> None:
+    if device.type != "cuda":
+        raise LocalbatchError("kv_cache_dtype fp8_e4m3 needs CUDA; on CPU use int8")
+    # Triton converts float8e4nv natively from sm_89 (Ada, Hopper) on.
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (8, 9):
+        raise LocalbatchError(
+            f"kv_cache_dtype fp8_e4m3 needs a GPU of compute capability 8.9 or newer (this one is "
+            f"{major}.{minor}); use int8"
+        )
+
+
+def kv_sizes(dtype: torch.dtype) -> dict[str, int]:
+    """The byte sizes `ModelConfig.kv_bytes_per_token` / `kv_bytes_read` take for a cache of
+    `dtype`: its element size and, quantized, the scale bytes per (token, KV head)."""
+    return {"dtype_size": dtype.itemsize, "scale_bytes": scale_bytes(dtype)}
+
+
+def allocate_kv_caches(
+    cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
+) -> list[KVCacheLayer]:
+    """One zeroed `KVCacheLayer` per layer, with fp32 scales when `dtype` is quantized."""
+    shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+
+    def layer() -> KVCacheLayer:
+        scales = (None, None)
+        if is_quantized_kv(dtype):
+            scales = (_zeros(shape[:3], SCALE_DTYPE, device), _zeros(shape[:3], SCALE_DTYPE, device))
+        return KVCacheLayer(_zeros(shape, dtype, device), _zeros(shape, dtype, device), *scales)
+
+    return [layer() for _ in range(cfg.num_layers)]
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero-filled pool. Attention kernels may read (and mask) slots past a sequence's end, so they
+    must hold finite values (scales included). On the CPU the zeros come from an anonymous mmap: the
+    OS maps zero pages on first touch, so a pool of several GB costs no start-up time and no RSS
+    until used."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * dtype.itemsize
+    return torch.frombuffer(mmap.mmap(-1, max(nbytes, 1)), dtype=dtype, count=math.prod(shape)).view(shape)
