@@ -6,7 +6,9 @@ leave the language). The constraint is compiled when the request is made, not on
 so a bad schema, regex or grammar is a `RequestError` naming its field.
 
 - `json_schema`: a JSON Schema, as a dict or as JSON text. Properties come out in the schema's
-  order; properties the schema does not list are not generated (xgrammar's strict mode).
+  order; properties the schema does not list are not generated (xgrammar's strict mode); runs of
+  whitespace between JSON tokens are capped (24 characters) so a small model cannot loop on
+  newlines.
 - `json_object`: any JSON object (OpenAI's `response_format: {"type": "json_object"}`).
 - `regex`: the whole output matches this regular expression.
 - `grammar`: EBNF in xgrammar's dialect (GBNF-like: `root ::= "yes" | "no"`; the start rule is
@@ -15,11 +17,15 @@ so a bad schema, regex or grammar is a `RequestError` naming its field.
   `{"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<tool_call>"],
   "tags": [{"begin": "<tool_call>", "content": {"type": "json_schema", "json_schema": {...}},
   "end": "</tool_call>"}], "at_least_one": false, "stop_after_first": false}}`. The text outside
-  the tags is free; inside, the content's format applies. Other formats xgrammar 0.2.8 accepts
-  for "format" (and for a tag's "content"): "const_string", "json_schema", "regex", "grammar",
-  "any_text", "sequence", "or", "tag", "triggered_tags", "tags_with_separator", "optional", "plus",
-  "star", "repeat". vLLM's older form `{"type": "structural_tag", "structures": [{"begin", "schema",
-  "end"}], "triggers": [...]}` is accepted too.
+  the tags is free; inside, the content's format applies ("type": "tag" on a tag is optional).
+  Formats xgrammar 0.2.8 compiles for "format" and for a tag's "content": "const_string",
+  "json_schema" (JSON whitespace capped as for json_schema unless it sets "max_whitespace_cnt"),
+  "regex", "grammar", "any_text", "sequence", "or", "tag", "triggered_tags",
+  "tags_with_separator", "optional", "plus", "star", "repeat". Token-level formats ("token",
+  "exclude_token", "any_tokens", "token_triggered_tags", "token_dispatch") do not work here:
+  control tokens are never generated inside a constraint, so write tags as text. vLLM's older form
+  `{"type": "structural_tag", "structures": [{"begin", "schema", "end"}], "triggers": [...]}` is
+  accepted too.
 
 `logit_bias` ({token id: bias}, each bias in [-100, 100], as OpenAI) is added to the logits before
 penalties and temperature: +100 all but forces a token, -100 all but bans it. Token ids may come as
