@@ -4,6 +4,8 @@ pool in the same bytes, and settings the device cannot run fail in one line."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -81,6 +83,15 @@ def test_int8_pool_holds_about_twice_the_bf16_tokens(model_path):
     assert ratio == pytest.approx(per_head["bfloat16"] / per_head["int8"], rel=0.02)  # 1.78 at head_dim 32; 1.97 at 256
     # A bf16 pool under fp32 compute serves too (stored rounded, attended in fp32).
     assert len(run_all(engines["bfloat16"], prompts(2, seed=3), max_tokens=4)[0]) == 4
+
+
+def test_bench_reports_the_kv_cache(model_path):
+    proc = run_cli("bench", "--model", str(model_path), "--num-prompts", "2", "--input-len", "8", "--output-len", "3",
+                   "--kv-cache-dtype", "int8", "--kv-cache-blocks", "40", "--block-size", "4", "--json",
+                   "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["kv_cache_dtype"] == "int8" and report["kv_cache_tokens"] == 160
 
 
 def test_fp8_on_cpu_is_refused_in_one_line(model_path):
