@@ -4,7 +4,11 @@ function's `parameters` schema.
 
 - "auto": free text until the model writes `<tool_call>`; from there the call must be complete
   and valid (a "triggered tag"), so a model may answer or call.
-- "required" / a named function: the output starts with a call (of that function), at least one.
+- "required": one or more calls and nothing else, back to back. No separator between them: a
+  newline would be the likeliest token after `</tool_call>` and, allowed only as a separator,
+  would commit a small model to another call (SmolLM2 then repeated calls until max_tokens);
+  without it the model chooses between ending and another `<tool_call>`.
+- A named function: exactly one call of it (as vLLM answers a named tool_choice).
 - `parallel_tool_calls: false`: the grammar ends after the first call.
 
 The prefix up to the function name is part of each tag's `begin`, so the name is chosen from the
@@ -37,12 +41,13 @@ def tool_structural_tag(tools: list[ToolDefinition], choice: ToolChoice, paralle
         return None
     if not isinstance(choice, str):
         tools = [t for t in tools if t.function.name == choice.function.name]
+        parallel = False
     tags = [_tag(t) for t in tools]
     if choice == "auto" and answer_schema is None:
         fmt: dict[str, Any] = {"type": "triggered_tags", "triggers": [CALL_OPEN], "tags": tags,
                                "at_least_one": False, "stop_after_first": not parallel}
     else:
-        fmt = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True,
+        fmt = {"type": "tags_with_separator", "tags": tags, "separator": "", "at_least_one": True,
                "stop_after_first": not parallel}
         if answer_schema is not None and choice == "auto":
             fmt = {"type": "or", "elements": [fmt, {"type": "json_schema", "json_schema": answer_schema}]}

@@ -98,10 +98,10 @@ TOWN = '<tool_call>\n{"name": "get_weather", "arguments": {"town": "x"}}\n</tool
 
 @pytest.mark.parametrize(("choice", "parallel", "accepted", "refused"), [
     ("auto", True, ["Sunny.", f"Checking {PING}"], [TOWN]),
-    ("required", True, [f"{PING}\n{PARIS}"], ["Sunny.", f"Hi {PING}"]),
-    ("required", False, [PING], [f"{PING}\n{PING}"]),
-    (NamedToolChoice.model_validate({"type": "function", "function": {"name": "get_weather"}}), False,
-     [PARIS], [PING]),
+    ("required", True, [PING, f"{PING}{PARIS}"], ["Sunny.", f"Hi {PING}", f"{PING}\n"]),
+    ("required", False, [PING], [f"{PING}{PING}"]),
+    (NamedToolChoice.model_validate({"type": "function", "function": {"name": "get_weather"}}), True,
+     [PARIS], [PING, f"{PARIS}{PARIS}"]),
 ])
 def test_structural_tags_accept_exactly_the_calls_allowed(choice: object, parallel: bool, accepted: list[str],
                                                           refused: list[str]) -> None:

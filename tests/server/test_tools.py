@@ -98,19 +98,19 @@ def test_fallback_prompt_lists_the_tools_in_a_system_turn(client: httpx.Client, 
     assert system.startswith("Be brief.\n\n") and json.dumps(WEATHER) in system and "<tool_call>" in system
 
 
-@pytest.mark.parametrize(("choice", "kind", "names", "at_least_one"), [
-    ("auto", "triggered_tags", ["get_weather", "get_time"], False),
-    (None, "triggered_tags", ["get_weather", "get_time"], False),
-    ("required", "tags_with_separator", ["get_weather", "get_time"], True),
-    ({"type": "function", "function": {"name": "get_time"}}, "tags_with_separator", ["get_time"], True),
+@pytest.mark.parametrize(("choice", "kind", "names", "at_least_one", "one_call"), [
+    ("auto", "triggered_tags", ["get_weather", "get_time"], False, False),
+    (None, "triggered_tags", ["get_weather", "get_time"], False, False),
+    ("required", "tags_with_separator", ["get_weather", "get_time"], True, False),
+    ({"type": "function", "function": {"name": "get_time"}}, "tags_with_separator", ["get_time"], True, True),
 ])
 def test_tool_choice_becomes_a_structural_tag(client: httpx.Client, engine: FakeEngine, choice: Any, kind: str,
-                                              names: list[str], at_least_one: bool) -> None:
+                                              names: list[str], at_least_one: bool, one_call: bool) -> None:
     body = {"messages": USER, "tools": TOOLS, "max_tokens": 2}
     r = client.post(CHAT, json=body if choice is None else {**body, "tool_choice": choice})
     assert r.status_code == 200, r.text
     fmt = tag_format(engine)
-    assert fmt["type"] == kind and fmt["at_least_one"] is at_least_one and fmt["stop_after_first"] is False
+    assert fmt["type"] == kind and fmt["at_least_one"] is at_least_one and fmt["stop_after_first"] is one_call
     assert [t["begin"] for t in fmt["tags"]] == [f'<tool_call>\n{{"name": "{n}", "arguments": ' for n in names]
     schemas = {t["begin"]: t["content"]["json_schema"] for t in fmt["tags"]}
     assert WEATHER["function"]["parameters"] in schemas.values() or names == ["get_time"]
