@@ -108,7 +108,7 @@ class LLMEngine:
 
     def _memory_traffic(self, kv_dtype: torch.dtype) -> MemoryTraffic:
         return MemoryTraffic(
-            weight_bytes_per_step=self.model.weight_bytes_per_step(),
+            weight_bytes_per_step=self.model.weight_bytes_per_step,
             copy_bandwidth=copy_bandwidth(self.setup.device),
             kv_bytes_read=functools.partial(self.model_config.kv_bytes_read, **kv_sizes(kv_dtype)),
         )

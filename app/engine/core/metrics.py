@@ -36,7 +36,7 @@ class StepRecord:
 class MemoryTraffic:
     """What a step reads from memory: the weights once, and each sequence's K/V."""
 
-    weight_bytes_per_step: int
+    weight_bytes_per_step: Callable[[int], int]  # tokens in the step -> weight bytes read (int8 or bf16 by rows)
     copy_bandwidth: float  # bytes/s, measured on the engine's device
     kv_bytes_read: Callable[[list[int]], int]  # context lengths -> K/V bytes read
 
@@ -99,7 +99,7 @@ class EngineMetrics:
             num_preemptions=sched.num_preemptions,
             total_prompt_tokens=self.total_prompt_tokens,
             total_output_tokens=self.total_output_tokens,
-            weight_bytes_per_step=self.traffic.weight_bytes_per_step,
+            weight_bytes_per_step=self.traffic.weight_bytes_per_step(max(self.last.prefill_tokens + self.last.decode_tokens, 1)),
             last_kv_bytes_read=self.last.kv_bytes_read,
             copy_bandwidth=self.traffic.copy_bandwidth,
             num_blocks_shared=len({b for s in seqs for b in s.block_table if bm.blocks[b].ref_count > 1}),
