@@ -38,8 +38,8 @@ def quantize_kv_ref(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, 
     xf = x.float()
     scale = xf.abs().amax(-1) / qmax
     y = xf / torch.where(scale > 0, scale, 1.0).unsqueeze(-1)
-    if dtype == torch.int8:
-        y = torch.where(y >= 0, torch.floor(y + 0.5), torch.ceil(y - 0.5))
+    if dtype == torch.int8:  # floor(|y| + 0.5) with y's sign: the Triton store's where(floor, ceil), bit for bit
+        y = y.abs().add_(0.5).floor_().copysign_(y)
     # Division can land a hair past QMAX; fp8 has no inf, so an overflow would store NaN.
     return y.clamp(-qmax, qmax).to(dtype), scale
 
