@@ -211,7 +211,8 @@ class RemoteEngine:
             raise RemoteError(f"{self.base_url} has no usable /detokenize endpoint")
         return text
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> str:
         raise RequestError("a remote backend applies its chat template itself: send the messages instead")
 
     async def aclose(self) -> None:

@@ -191,3 +191,17 @@ def test_gemma_encode_chat_matches_oracle(embedded_model_path, tmp_path):
     tok = Tokenizer.from_gguf_metadata(GGUFFile(embedded_model_path).metadata, cache_dir=tmp_path)
     case = next(c for c in json.loads(ORACLE.read_text())["tokenize"] if c["text"].startswith("<start_of_turn>"))
     assert tok.encode_chat([user("What is 2+2?")]) == case["ids"]
+
+
+def test_tools_reach_templates_that_render_them():
+    """OpenAI function definitions go into the template's `tools` (Qwen and Hermes templates list
+    them in the system turn); a template that ignores them renders as without."""
+    from app.engine.text.chat_template import ChatTemplate
+
+    template = ChatTemplate(
+        "{% if tools %}<tools>{% for t in tools %}{{ t.function.name }};{% endfor %}</tools>{% endif %}"
+        "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}", "gguf")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    messages = [{"role": "user", "content": "hi"}]
+    assert template.render(messages, True, {}, tools) == "<tools>get_weather;</tools>[user]hi"
+    assert template.render(messages, True, {}) == "[user]hi"

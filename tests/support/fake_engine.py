@@ -290,7 +290,8 @@ class FakeEngine:
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> str:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt)
 
     def stats(self) -> EngineStats:

@@ -117,8 +117,9 @@ class AsyncEngine:
     def decode(self, token_ids: list[int]) -> str:
         return self.engine.require_tokenizer().decode(token_ids)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        return self.engine.require_tokenizer().apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> str:
+        return self.engine.require_tokenizer().apply_chat_template(messages, add_generation_prompt, tools)
 
     async def aclose(self) -> None:
         # The join takes up to a step; off the loop, so the UI keeps drawing meanwhile.

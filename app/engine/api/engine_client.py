@@ -59,7 +59,8 @@ class EngineClient(Protocol):
 
     def decode(self, token_ids: list[int]) -> str: ...
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str: ...
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> str: ...
 
     async def aclose(self) -> None:
         """Stop the engine (or drop the connection) and release what it holds; call it from the

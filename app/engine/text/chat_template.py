@@ -43,13 +43,16 @@ class ChatTemplate:
         return cls((CHAT_TEMPLATE_DIR / f"{name}.jinja").read_text("utf-8"), name)
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool,
-               special_tokens: Mapping[str, str]) -> str:
-        """The conversation as prompt text; `special_tokens` fills `bos_token`, `eos_token`...
+               special_tokens: Mapping[str, str], tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """The conversation as prompt text; `special_tokens` fills `bos_token`, `eos_token`...;
+        `tools` (OpenAI function definitions) reach templates that render them (Qwen's, Hermes').
         Every failure, the template's own included, is a RequestError about the messages."""
         _check_messages(messages)
         template = self._template()
         context: dict[str, Any] = {"messages": messages, "add_generation_prompt": add_generation_prompt,
                                    **special_tokens}
+        if tools:
+            context["tools"] = list(tools)
         try:
             return template.render(context)
         except RequestError:

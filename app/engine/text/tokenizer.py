@@ -348,14 +348,16 @@ class Tokenizer:
         """"gguf" for the file's own template, else the shipped fallback's name."""
         return self._chat.name
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
-        """Render the conversation with the model's chat template (the file's, else the one
-        shipped for its architecture) in a sandboxed Jinja2 environment."""
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+                            tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """Render the conversation (and `tools`, for templates that take them) with the model's
+        chat template (the file's, else the one shipped for its architecture) in a sandboxed
+        Jinja2 environment."""
         special_tokens: dict[str, str] = {}
         for name in ("bos", "eos", "unk", "pad"):
             token_id = getattr(self, f"{name}_token_id")
             special_tokens[f"{name}_token"] = self._tokens[token_id] if token_id is not None else ""
-        return self._chat.render(messages, add_generation_prompt, special_tokens)
+        return self._chat.render(messages, add_generation_prompt, special_tokens, tools)
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> list[int]:
         """Token ids of the rendered conversation, with exactly one BOS whether or not the
