@@ -135,8 +135,8 @@ class LocalbatchApp(App):
         previous = self.model
         # The old model goes first: the new one sizes its KV pool from the memory left free.
         await self.close_engine()
-        self.switch_screen(self._loading_screen(target, fallback=_DEFAULT if previous is None else previous))
         self._remember = target
+        self.switch_screen(self._loading_screen(target, fallback=_DEFAULT if previous is None else previous))
 
     def _engine_loaded(self, engine: EngineClient, elapsed_s: float) -> None:
         self.engine = engine
