@@ -5,7 +5,6 @@ document valid for the schema it is given)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -13,7 +12,7 @@ import openai
 import pydantic
 import pytest
 
-from tests.support.fake_engine import FakeEngine, ServerThread
+from tests.support.fake_engine import FakeEngine
 
 USER = [{"role": "user", "content": "Describe a person."}]
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -28,23 +27,6 @@ PERSON = {"type": "object", "properties": {
 @pytest.fixture(scope="module")
 def engine() -> FakeEngine:
     return FakeEngine(max_model_len=512, step_delay=0.001)
-
-
-@pytest.fixture(scope="module")
-def server(engine: FakeEngine) -> Iterator[ServerThread]:
-    with ServerThread(engine) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerThread) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=10) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def oai(server: ServerThread) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=10)
 
 
 def last_params(engine: FakeEngine) -> Any:

@@ -9,7 +9,6 @@ import math
 import re
 import socket
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -30,23 +29,6 @@ COMPLETIONS = "/v1/completions"
 @pytest.fixture(scope="module")
 def engine() -> FakeEngine:
     return FakeEngine(max_model_len=512, step_delay=0.002)
-
-
-@pytest.fixture(scope="module")
-def server(engine: FakeEngine) -> Iterator[ServerThread]:
-    with ServerThread(engine) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerThread) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=10) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def oai(server: ServerThread) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=10)
 
 
 def prompt_tokens(messages: list[dict[str, str]]) -> int:

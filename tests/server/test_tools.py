@@ -5,7 +5,6 @@ calls parsed back into OpenAI's `message.tool_calls` and streamed `delta.tool_ca
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -41,23 +40,6 @@ def auto_reply(_: Any) -> list[str]:
 @pytest.fixture(scope="module")
 def engine() -> FakeEngine:
     return FakeEngine(max_model_len=4096, num_blocks=1024, step_delay=0.001)
-
-
-@pytest.fixture(scope="module")
-def server(engine: FakeEngine) -> Iterator[ServerThread]:
-    with ServerThread(engine) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerThread) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=10) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def oai(server: ServerThread) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=10)
 
 
 def stream_events(client: httpx.Client, body: dict[str, Any]) -> list[dict[str, Any]]:
