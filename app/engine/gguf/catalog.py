@@ -101,7 +101,7 @@ def installed_path(name: str) -> Path | None:
         if path.is_file() and path.stat().st_size == entry.size:
             return path
     except OSError:
-        pass
+        pass  # unreadable counts as not installed
     return None
 
 

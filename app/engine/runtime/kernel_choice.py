@@ -111,7 +111,7 @@ def _machine_key(shape: tuple[int, int], dtype: torch.dtype) -> str:
         with open("/proc/cpuinfo") as f:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
-        pass
+        pass  # no /proc (not Linux): platform's name keys the cache instead
     return f"{cpu}|torch {torch.__version__}|{torch.get_num_threads()} threads|linear {shape[0]}x{shape[1]}|{dtype}"
 
 
