@@ -8,6 +8,8 @@ layer makes three matmuls instead of six.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
@@ -164,19 +166,23 @@ class DecoderLM:
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        meta: AttentionMetadata,
+        meta: AttentionMetadata | list[AttentionMetadata],
         kv_caches: list[KVCacheLayer],
         logits_indices: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The final-normed hidden states at `logits_indices` (every row if None): what a CUDA graph
-        captures. The vocabulary projection stays outside, so graphs skip it for padding rows."""
+        captures. The vocabulary projection stays outside, so graphs skip it for padding rows.
+
+        `meta` is one step's metadata, or one per layer: with a hybrid KV cache each KV cache group
+        (full-attention layers, sliding-window layers) has its own block tables and slots."""
         x = self.embed[input_ids]
         if self.cfg.embed_scale is not None:
             x = (x.float() * self.cfg.embed_scale).to(self.dtype)
         # Gathered inside the forward (so a CUDA graph captures the gather), once per RoPE base.
         tables = {rope: rope.tables(positions) for rope in self.ropes}
-        for layer, kv in zip(self.layers, kv_caches):
-            x = layer(x, tables[layer.rope], kv, meta)
+        metas = meta if isinstance(meta, list) else itertools.repeat(meta)
+        for layer, kv, layer_meta in zip(self.layers, kv_caches, metas):
+            x = layer(x, tables[layer.rope], kv, layer_meta)
         if logits_indices is not None:
             x = x[logits_indices]
         return rms_norm(x, self.final_norm, self.cfg.rms_norm_eps)
