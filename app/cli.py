@@ -38,6 +38,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="disable automatic prefix caching")
     p.add_argument("--enforce-eager", action="store_true", default=None,
                    help="CUDA: run decode steps eagerly instead of replaying CUDA graphs")
+    p.add_argument("--disable-hybrid-kv-cache-manager", action="store_true", default=None,
+                   help="keep every token in sliding-window layers too (one block table for all layers)")
     p.add_argument("--kv-cache-dtype", default=None, choices=KV_CACHE_DTYPES,
                    help="KV cache storage (default auto: the compute dtype); int8 and fp8_e4m3 (CUDA) "
                         "hold ~2x the tokens, with a scale per token and KV head")

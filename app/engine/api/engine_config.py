@@ -24,6 +24,9 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's context length
     enforce_eager: bool = False  # CUDA: run decode steps eagerly instead of replaying CUDA graphs
     kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
+    # One block table for all layers, every layer keeping every token (vLLM's flag): turns off the
+    # freeing of sliding-window layers' blocks behind their window.
+    disable_hybrid_kv_cache_manager: bool = False
 
     @classmethod
     def names(cls) -> list[str]:
