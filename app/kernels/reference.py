@@ -77,8 +77,12 @@ def unified_attention_ref(
         start, end = cu[i], cu[i + 1]
         if end == start or i in batched:
             continue
-        k, v = _gather_context(cache, meta.block_table[i], seq_len, block_size)
-        out[start:end] = _attend(q[start:end], k, v, seq_len, scale, sliding_window, softcap).to(out.dtype)
+        # Blocks before the first query's window are never read: a hybrid KV cache has freed them.
+        first_block = 0 if sliding_window is None else max(0, seq_len - (end - start) - sliding_window + 1) // block_size
+        k, v = _gather_context(cache, meta.block_table[i], seq_len, block_size, first_block)
+        out[start:end] = _attend(
+            q[start:end], k, v, seq_len, scale, sliding_window, softcap, first_block * block_size
+        ).to(out.dtype)
     return out
 
 
@@ -165,17 +169,19 @@ def _gather_scales(scales: torch.Tensor, ids: torch.Tensor, num_seqs: int) -> to
 
 
 def _gather_context(
-    cache: KVCacheLayer, blocks: torch.Tensor, seq_len: int, block_size: int
+    cache: KVCacheLayer, blocks: torch.Tensor, seq_len: int, block_size: int, first_block: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence's keys and values `[seq_len, KVH, D]`: as stored, or dequantized to fp32."""
+    """One sequence's keys and values from block `first_block` on, `[seq_len - first_block *
+    block_size, KVH, D]`: as stored, or dequantized to fp32."""
     num_blocks = -(-seq_len // block_size)
-    ids = blocks[:num_blocks].long()
+    ids = blocks[first_block:num_blocks].long()
+    length = seq_len - first_block * block_size
 
     def rows(pool: torch.Tensor, scales: torch.Tensor | None) -> torch.Tensor:
-        data = _gather_blocks(pool, ids).view(-1, pool.shape[2], pool.shape[3])[:seq_len]
+        data = _gather_blocks(pool, ids).view(-1, pool.shape[2], pool.shape[3])[:length]
         if scales is None:
             return data
-        return dequantize_kv_ref(data, _gather_blocks(scales, ids).view(-1, pool.shape[2])[:seq_len])
+        return dequantize_kv_ref(data, _gather_blocks(scales, ids).view(-1, pool.shape[2])[:length])
 
     return rows(cache.k, cache.k_scale), rows(cache.v, cache.v_scale)
 
@@ -188,12 +194,14 @@ def _attend(
     scale: float,
     sliding_window: int | None,
     softcap: float | None,
+    key_start: int = 0,
 ) -> torch.Tensor:
-    """q `[n, H, D]` are the last n positions of a context of `seq_len`; k/v `[seq_len, KVH, D]`."""
+    """q `[n, H, D]` are the last n positions of a context of `seq_len`; k/v `[seq_len - key_start,
+    KVH, D]` its keys and values from position `key_start` on."""
     n = q.shape[0]
     dtype = q.dtype
     q_pos = torch.arange(seq_len - n, seq_len, device=q.device).unsqueeze(1)
-    k_pos = torch.arange(seq_len, device=q.device).unsqueeze(0)
+    k_pos = torch.arange(key_start, seq_len, device=q.device).unsqueeze(0)
     mask = k_pos <= q_pos
     if sliding_window is not None:
         mask &= k_pos > q_pos - sliding_window

@@ -173,7 +173,9 @@ def _unified_attention_kernel(
 
     for tile in range(tile_begin, tile_end):
         keys = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        key_ok = keys < key_hi
+        # Keys before key_lo are invisible to every row of the tile: their block-table entries are
+        # not even read (a hybrid KV cache may have freed those blocks).
+        key_ok = (keys >= key_lo) & (keys < key_hi)
         blocks = tl.load(bt_row + keys // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
         in_block = keys % BLOCK_SIZE
         # K is loaded transposed, [HEAD_DIM_PAD, BLOCK_N], ready for q @ k.

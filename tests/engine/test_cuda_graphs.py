@@ -35,7 +35,8 @@ class _EagerReplay:
 
 class EagerGraphs(DecodeGraphs):
     def _capture(self, size: int) -> _Captured:
-        self.meta.slot_mapping.fill_(-1)
+        for meta in self.metas:
+            meta.slot_mapping.fill_(-1)
         replay = _EagerReplay(self, size)
         return _Captured(replay, replay.hidden)
 
@@ -51,7 +52,8 @@ def decode_meta(slots: torch.Tensor, seq_lens: torch.Tensor, table: torch.Tensor
 def with_eager_graphs(engine, max_num_seqs: int = 8):
     cfg = engine.config
     width = -(-engine.max_model_len // cfg.block_size)
-    engine.runner.graphs = EagerGraphs(engine.model, engine.runner.kv_caches, max_num_seqs, width)
+    runner = engine.runner
+    runner.graphs = EagerGraphs(engine.model, runner.kv_caches, max_num_seqs, width, runner.layer_groups)
     engine.runner.graphs.capture_all()
     return engine.runner.graphs
 
@@ -118,13 +120,14 @@ def test_padding_rows_write_no_kv(model_path):
     graphs = with_eager_graphs(engine)
     # A step of 8 leaves real rows behind; then a step of 3 (bucket 4) must store exactly 3 slots.
     table = torch.arange(8, dtype=torch.int32).view(8, 1)
+    groups = engine.kv_spec.num_groups  # every group stores into the same slots here
     graphs.run(torch.arange(8) + 5, torch.full((8,), 2),
-               decode_meta(torch.arange(8) * 4 + 2, torch.full((8,), 3, dtype=torch.int32), table))
+               [decode_meta(torch.arange(8) * 4 + 2, torch.full((8,), 3, dtype=torch.int32), table)] * groups)
     before = [layer.k.clone() for layer in engine.runner.kv_caches]
     slots = torch.tensor([40, 44, 48])
     table = torch.tensor([[10], [11], [12]], dtype=torch.int32)
     hidden = graphs.run(torch.tensor([7, 8, 9]), torch.tensor([0, 0, 0]),
-                        decode_meta(slots, torch.ones(3, dtype=torch.int32), table))
+                        [decode_meta(slots, torch.ones(3, dtype=torch.int32), table)] * groups)
     assert hidden.shape == (3, engine.model_config.hidden_size)
     for layer, old in zip(engine.runner.kv_caches, before):
         changed = (layer.k.flatten(0, 1) != old.flatten(0, 1)).flatten(1).any(1).nonzero().flatten()
@@ -192,7 +195,7 @@ def test_memory_probe_runs_the_biggest_step(model_path, monkeypatch):
     (batch,) = seen
     assert len(batch) == 7 and batch.total_tokens == 50
     assert batch.seqs[0].params.prompt_logprobs == 1  # one slice of prompt-logprob logits too
-    blocks = [b for s in batch.seqs for b in s.block_table]
+    blocks = [b for s in batch.seqs for table in s.block_tables for b in table]
     assert len(blocks) == len(set(blocks))  # no two warm-up prompts share a block
 
 

@@ -12,10 +12,16 @@ from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.llm_engine import LLMEngine
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
+# The tiny Gemma 3 has 7 layers, one of them full attention: its KV cache has 7 groups of one layer,
+# so a pool block holds one layer's keys and values, and a token takes up to 7 blocks' worth.
+GROUPS = 7
+# A pool the 8 reference requests (up to 52 tokens each) overflow once they decode: preemptions.
+# Sliding-window groups keep 3 blocks of a decoding sequence, the full one all 13.
+PREEMPTING_POOL = 100
 
 
 def make_engine(path, **kw) -> LLMEngine:
-    settings = dict(device="cpu", dtype="float32", block_size=4, kv_cache_blocks=256, max_num_batched_tokens=512)
+    settings = dict(device="cpu", dtype="float32", block_size=4, kv_cache_blocks=2048, max_num_batched_tokens=512)
     settings.update(kw)
     return LLMEngine(str(path), **settings)
 
@@ -76,16 +82,15 @@ def test_packed_prompts_in_one_step(model_path, reference):
 
 def test_preempted_sequence_gives_same_tokens(model_path, reference):
     reqs, alone = reference
-    # 24 blocks of 4 tokens cannot hold 8 requests of up to 52 tokens at once: decodes preempt.
-    engine = make_engine(model_path, kv_cache_blocks=24, enable_prefix_caching=False)
+    engine = make_engine(model_path, kv_cache_blocks=PREEMPTING_POOL, enable_prefix_caching=False)
     assert run_all(engine, reqs) == alone
     assert engine.scheduler.num_preemptions > 0
-    assert engine.block_manager.num_free_blocks == 24
+    assert engine.block_manager.num_free_blocks == PREEMPTING_POOL
 
 
 def test_preemption_then_prefix_cache_hit(model_path, reference):
     reqs, alone = reference
-    engine = make_engine(model_path, kv_cache_blocks=24)
+    engine = make_engine(model_path, kv_cache_blocks=PREEMPTING_POOL)
     assert run_all(engine, reqs) == alone
     assert engine.scheduler.num_preemptions > 0
     assert engine.block_manager.hit_rate > 0  # recompute found its own blocks still cached
@@ -172,7 +177,7 @@ def test_no_stall_while_long_prompt_prefills(tiny_gguf_factory):
 
 
 def test_rejects_what_can_never_fit(model_path):
-    engine = make_engine(model_path, kv_cache_blocks=8)  # 32 tokens of pool, context 256
+    engine = make_engine(model_path, kv_cache_blocks=8 * GROUPS)  # 32 tokens of pool, context 256
     with pytest.raises(RequestError, match="KV pool"):
         engine.add_request(list(range(5, 25)), SamplingParams(max_tokens=20))
     with pytest.raises(RequestError, match="context"):
@@ -181,7 +186,7 @@ def test_rejects_what_can_never_fit(model_path):
         engine.add_request("", SamplingParams())
     with pytest.raises(RequestError, match="out of range"):
         engine.add_request([10**9], SamplingParams())
-    assert not engine.has_unfinished() and engine.block_manager.num_free_blocks == 8
+    assert not engine.has_unfinished() and engine.block_manager.num_free_blocks == 8 * GROUPS
 
 
 def test_waiting_queue_bound(model_path):
@@ -199,7 +204,7 @@ def test_seeded_sampling_independent_of_batch(model_path):
     alone = run_alone(engine, reqs[:1], **params)
     together = run_all(engine, reqs, **params)
     assert together[0] == alone[0]
-    small = make_engine(model_path, kv_cache_blocks=24, enable_prefix_caching=False)
+    small = make_engine(model_path, kv_cache_blocks=PREEMPTING_POOL, enable_prefix_caching=False)
     assert run_all(small, reqs, **params)[0] == alone[0]  # and under preemption
 
 

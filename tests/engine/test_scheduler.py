@@ -24,6 +24,7 @@ def fake_step(sched: Scheduler, next_token: int = 7) -> list[Sequence]:
     for seq, n in zip(batch.seqs, batch.num_tokens):
         seq.num_computed_tokens += n
         sched.bm.cache_full_blocks(seq)
+        sched.bm.free_skipped_blocks(seq)
         if seq.num_computed_tokens == seq.num_tokens:
             seq.append_token(next_token)
             if seq.num_output_tokens >= seq.max_tokens:
@@ -36,7 +37,7 @@ def check_accounting(bm: BlockManager, seqs: list[Sequence]) -> None:
     assert bm.num_used_blocks + bm.num_free_blocks == bm.num_blocks
     held = {}
     for s in seqs:
-        for b in s.block_table:
+        for b in bm.held_blocks(s):
             held[b] = held.get(b, 0) + 1
     for block in bm.blocks:
         assert block.ref_count == held.get(block.block_id, 0)

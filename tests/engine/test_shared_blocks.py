@@ -17,8 +17,11 @@ def test_stats_count_shared_prefix_blocks_once(model_path):  # noqa: F811 - the 
     assert fork.num_cached_tokens == 20  # the parent's prompt blocks, not recomputed
     stats = engine.stats()
     by_id = {r.request_id: r for r in stats.requests}
-    assert by_id[parent.request_id].num_shared_blocks == by_id[fork.request_id].num_shared_blocks == 5
-    assert stats.num_blocks_shared == 5
+    # The full-attention group shares all 5 blocks; each of the 6 sliding-window groups only the
+    # one its window still reads (block 4: positions 16-19, the window of position 24 starts at 17).
+    shared = 5 + 6
+    assert by_id[parent.request_id].num_shared_blocks == by_id[fork.request_id].num_shared_blocks == shared
+    assert stats.num_blocks_shared == shared
     held = sum(r.num_blocks for r in stats.requests) - stats.num_blocks_shared
     assert held == stats.num_blocks_used
 

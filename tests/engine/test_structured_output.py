@@ -20,6 +20,7 @@ from app.engine.api.errors import RequestError
 from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.llm_engine import LLMEngine
 from app.engine.core.sequence import Sequence
+from tests.engine.test_engine import GROUPS
 
 SEEDS = range(4)
 PROMPT = "hello world"
@@ -63,7 +64,7 @@ TOOL_CALL = {
 
 
 def make_engine(path, **kw) -> LLMEngine:
-    settings = {"device": "cpu", "dtype": "float32", "block_size": 4, "kv_cache_blocks": 256,
+    settings = {"device": "cpu", "dtype": "float32", "block_size": 4, "kv_cache_blocks": 256 * GROUPS,
                 "max_num_batched_tokens": 512}
     settings.update(kw)
     return LLMEngine(str(path), **settings)
@@ -203,11 +204,11 @@ def test_preemption_keeps_the_grammar_state(gemma_path):
     prompts = [PROMPT + " " + "the " * k for k in range(6)]
     params = [SamplingParams(max_tokens=40, temperature=0.8, seed=s, json_schema=PERSON) for s in range(6)]
     roomy = run(make_engine(gemma_path), prompts, params)
-    tight = make_engine(gemma_path, kv_cache_blocks=40)  # 160 slots for 6 requests of up to 60 tokens
+    tight = make_engine(gemma_path, kv_cache_blocks=20 * GROUPS)  # 80 slots per group for 6 requests of up to 60 tokens
     squeezed = run(tight, prompts, params)
     assert tight.scheduler.num_preemptions > 0
     assert [s.output_token_ids for s in squeezed] == [s.output_token_ids for s in roomy]
-    assert tight.block_manager.num_free_blocks == 40
+    assert tight.block_manager.num_free_blocks == 20 * GROUPS
 
 
 def test_n_sequences_get_their_own_matchers_from_one_compiled_grammar(gemma):
@@ -278,7 +279,7 @@ def test_logit_bias_outside_the_vocabulary_is_a_request_error(qwen):
 def test_llm_generate_takes_constraints(gemma_path):
     from app.engine.api.llm import LLM
 
-    llm = LLM(str(gemma_path), device="cpu", dtype="float32", kv_cache_blocks=128)
+    llm = LLM(str(gemma_path), device="cpu", dtype="float32", kv_cache_blocks=128 * GROUPS)
     outs = llm.generate([PROMPT, PROMPT], [SamplingParams(max_tokens=20, regex="[0-9]{4}", seed=1),
                                            SamplingParams(max_tokens=5, temperature=0.0)])
     assert re.fullmatch("[0-9]{4}", outs[0].text) and outs[0].finish_reason == "stop"

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -54,6 +54,9 @@ class AttnCase:
     window: int | None = None
     softcap: float | None = None
     pad_tokens: int = 0
+    # A hybrid KV cache: table entries before each sequence's window point at the NaN block, as
+    # blocks a sliding-window group has given back would.
+    freed_before_window: bool = False
     launch: dict = field(default_factory=dict, hash=False)
 
 
@@ -110,6 +113,17 @@ ATTN_CASES: dict[str, AttnCase] = {
     "int8-split4-decode": AttnCase((1, 1, 1), SPLIT_LENS, cache_dtype="int8", launch={"num_splits": 4, "block_n": 16}),
     "int8-padding-tokens": AttnCase((3, 0, 1), (10, 4, 30), cache_dtype="int8", pad_tokens=3, launch={"block_m": 16}),
     "fp8-mixed-bf16": AttnCase(MIXED, MIXED_LENS, dtype="bfloat16", cache_dtype="float8_e4m3fn", window=10),
+    # Key tiles (32) wider than blocks (8) straddle the window's start: the part before it must not
+    # be read, its blocks are gone.
+    "window-freed-tile32": AttnCase(
+        MIXED, MIXED_LENS, block_size=8, window=12, freed_before_window=True, launch={"block_n": 32, "block_m": 16}
+    ),
+    "split4-window-freed": AttnCase(
+        (1, 1, 1), SPLIT_LENS, block_size=8, window=20, freed_before_window=True, launch={"num_splits": 4, "block_n": 16}
+    ),
+    "int8-window-freed": AttnCase(
+        MIXED, MIXED_LENS, block_size=4, cache_dtype="int8", window=9, freed_before_window=True, launch={"block_m": 16}
+    ),
 }
 
 
@@ -137,6 +151,9 @@ def make_attention_inputs(case: AttnCase, device: str = "cpu", seed: int = 0) ->
             used = min(bs, n - j * bs)
             k_cache[block, :used] = torch.randn(used, case.kv_heads, case.head_dim, generator=gen).to(cache_dtype)
             v_cache[block, :used] = torch.randn(used, case.kv_heads, case.head_dim, generator=gen).to(cache_dtype)
+    if case.freed_before_window:
+        for i, (n, q_len) in enumerate(zip(case.seq_lens, case.q_lens)):
+            block_table[i, : max(0, n - q_len - case.window + 1) // bs] = poison
     num_tokens = sum(case.q_lens) + case.pad_tokens
     cu = [0]
     for n in case.q_lens:
@@ -510,6 +527,27 @@ def test_cpu_dispatch_is_the_reference(name: str) -> None:
     kernels.unified_attention(*args, out, attention_metadata(inputs), 0.25, case.window, case.softcap)
     kernels.unified_attention_ref(*args, ref, attention_metadata(inputs), 0.25, case.window, case.softcap)
     assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("name", ["window-freed-tile32", "split4-window-freed", "int8-window-freed"])
+def test_reference_reads_nothing_before_the_window(name: str) -> None:
+    """The CPU path attends with the NaN blocks a hybrid KV cache freed still in the table: the
+    rows are those of the same cache with the freed entries intact."""
+    case = ATTN_CASES[name]
+    freed = make_attention_inputs(case)
+    intact = make_attention_inputs(replace(case, freed_before_window=False))
+    outs = []
+    for inputs in (freed, intact):
+        # Finite everywhere but in the poison block (the last one), which freed entries point at.
+        q, k, v = inputs["q"].float(), inputs["k_cache"].nan_to_num(nan=0.0), inputs["v_cache"].nan_to_num(nan=0.0)
+        scales = {n: inputs[n].nan_to_num(nan=1.0) for n in ("k_scale", "v_scale") if n in inputs}
+        for poisoned in scales.values() if scales else (k, v):
+            poisoned[-1] = float("nan")
+        out = torch.full_like(q, SENTINEL)
+        kernels.unified_attention(q, k, v, out, attention_metadata(inputs), 0.25, case.window, case.softcap, **scales)
+        outs.append(out[: sum(case.q_lens)])
+    assert not outs[0].isnan().any()
+    assert torch.equal(outs[0], outs[1])
 
 
 def test_cpu_store_dispatch_is_the_reference() -> None:

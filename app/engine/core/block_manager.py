@@ -1,44 +1,76 @@
-"""The KV block pool: allocation with reference counts, per-sequence block tables, and automatic
-prefix caching.
+"""The KV block pool: allocation with reference counts, per-sequence block tables (one per KV cache
+group, `kv_cache_spec`), and automatic prefix caching.
 
 A full block is identified by the hash of (parent block's hash, its token ids), so equal hashes
-mean equal prefixes. When its last user frees it, a cached block keeps its hash and joins the free
-list at the most-recently-used end; allocation takes from the least-recently-used end and only
-then forgets the old hash. A later request with the same prefix takes the block back from the free
-list instead of recomputing it.
+mean equal prefixes; each group keeps its own hash -> block map, since its blocks hold other
+layers. When its last user frees it, a cached block keeps its hash and joins the free list at the
+most-recently-used end; allocation takes from the least-recently-used end and only then forgets the
+old hash. A later request with the same prefix takes the block back from the free list instead of
+recomputing it.
+
+Sliding-window groups give back the blocks that fell behind every future query's window as the
+sequence advances (`free_skipped_blocks`); their table entries become `NULL_BLOCK`. A cached prefix
+of k blocks is usable when the full-attention groups hold all k and each sliding group holds the
+blocks the window of the first uncomputed position still reads.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
 
+from app.engine.core.kv_cache_spec import NULL_BLOCK, KVCacheGroup, KVCacheSpec
 from app.engine.core.sequence import Sequence
 
 
 class Block:
-    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
+    __slots__ = ("block_id", "ref_count", "hash", "token_ids", "group")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_count = 0
         self.hash: int | None = None
         self.token_ids: tuple[int, ...] | None = None  # kept to rule out hash collisions
+        self.group = 0  # the KV cache group whose layers it holds (meaningful while it has a hash)
 
 
 def block_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent, token_ids))
 
 
+@dataclass
+class CachedPrefix:
+    """The first `len(hashes)` blocks of a prompt, found in the cache: per group, their block ids
+    (NULL_BLOCK before a sliding group's window)."""
+
+    hashes: list[int]
+    tables: list[list[int]]
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.hashes)
+
+    def block_ids(self) -> Iterator[int]:
+        return (b for table in self.tables for b in table if b != NULL_BLOCK)
+
+
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True, spec: KVCacheSpec | None = None
+    ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need at least one block of at least one token (got {num_blocks} x {block_size})")
+        self.spec = spec or KVCacheSpec((KVCacheGroup((0,), None),), block_size)
+        if self.spec.block_size != block_size:
+            raise ValueError(f"the KV cache spec has blocks of {self.spec.block_size} tokens, not {block_size}")
+        self.groups = self.spec.groups
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))  # LRU first
-        self.cached: dict[int, int] = {}  # prefix hash -> block id
+        self.cached: list[dict[int, int]] = [{} for _ in self.groups]  # per group: prefix hash -> block id
         self._num_cached_free = 0  # free blocks that still hold a reusable prefix
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
@@ -63,90 +95,159 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    @staticmethod
+    def held_blocks(seq: Sequence) -> Iterator[int]:
+        """Every pool block `seq` holds, over all groups."""
+        return (b for table in seq.block_tables for b in table if b != NULL_BLOCK)
+
     # ---- prefix cache -----------------------------------------------------------------------
-    def find_cached_prefix(self, seq: Sequence) -> list[int]:
-        """Block ids of the longest cached prefix of full blocks, leaving at least the last token
-        to compute (its logits are needed to sample)."""
+    def find_cached_prefix(self, seq: Sequence) -> CachedPrefix:
+        """The longest cached prefix of full blocks every group can serve, leaving at least the
+        last token to compute (its logits are needed to sample)."""
         if not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
-            return []
-        hits: list[int] = []
+            return CachedPrefix([], [[] for _ in self.groups])
+        blocks = self._prompt_blocks(seq)
+        hits = [self._hits(g, blocks) for g in range(len(self.groups))]
+        k = min((len(h) for g, h in zip(self.groups, hits) if g.sliding_window is None), default=len(blocks))
+        # A sliding group needs only the blocks its window reads from position k * block_size on:
+        # run[i] = cached blocks in a row ending at block i.
+        runs = [_runs(h) for h in hits]
+        while k > 0 and not all(
+            runs[g][k - 1] >= k - self.spec.first_needed_block(group, k * self.block_size)
+            for g, group in enumerate(self.groups)
+            if group.sliding_window is not None
+        ):
+            k -= 1
+        tables = [
+            [h[i] if i >= self.spec.first_needed_block(group, k * self.block_size) else NULL_BLOCK for i in range(k)]
+            for group, h in zip(self.groups, hits)
+        ]
+        return CachedPrefix([h for h, _ in blocks[:k]], tables)
+
+    def _prompt_blocks(self, seq: Sequence) -> list[tuple[int, tuple[int, ...]]]:
+        """(prefix hash, token ids) of each full block of `seq` but the one holding its last token."""
+        blocks: list[tuple[int, tuple[int, ...]]] = []
         parent: int | None = None
-        max_blocks = (seq.num_tokens - 1) // self.block_size
-        for i in range(max_blocks):
+        for i in range((seq.num_tokens - 1) // self.block_size):
             tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
-            h = block_hash(parent, tokens)
-            block_id = self.cached.get(h)
-            if block_id is None or self.blocks[block_id].token_ids != tokens:
+            parent = block_hash(parent, tokens)
+            blocks.append((parent, tokens))
+        return blocks
+
+    def _hits(self, group: int, blocks: list[tuple[int, tuple[int, ...]]]) -> list[int | None]:
+        """Per prompt block, the group's cached block with that prefix (None: not cached). A full
+        group stops at its first miss: later blocks cannot make a prefix without it."""
+        cached = self.cached[group]
+        full = self.groups[group].sliding_window is None
+        hits: list[int | None] = []
+        for h, tokens in blocks:
+            block_id = cached.get(h)
+            if block_id is not None and self.blocks[block_id].token_ids != tokens:
+                block_id = None  # a hash collision
+            if block_id is None and full:
                 break
             hits.append(block_id)
-            parent = h
         return hits
 
-    def can_admit(self, seq: Sequence, cached: list[int], num_new_tokens: int) -> bool:
-        revived = sum(1 for b in cached if self.blocks[b].ref_count == 0)
-        needed = self.blocks_needed(len(cached) * self.block_size + num_new_tokens) - len(cached)
+    def can_admit(self, seq: Sequence, cached: CachedPrefix, num_new_tokens: int) -> bool:
+        revived = sum(1 for b in cached.block_ids() if self.blocks[b].ref_count == 0)
+        end = cached.num_blocks * self.block_size + num_new_tokens
+        needed = len(self.groups) * max(0, self.blocks_needed(end) - cached.num_blocks)
         return needed + revived <= self.num_free_blocks
 
-    def admit(self, seq: Sequence, cached: list[int]) -> None:
+    def admit(self, seq: Sequence, cached: CachedPrefix) -> None:
         """Give a waiting sequence its cached prefix blocks (it computes the rest)."""
         self.num_queried_tokens += seq.num_prompt_tokens
-        self.num_hit_tokens += min(len(cached) * self.block_size, seq.num_prompt_tokens)
-        for block_id in cached:
+        self.num_hit_tokens += min(cached.num_blocks * self.block_size, seq.num_prompt_tokens)
+        for block_id in cached.block_ids():
             block = self.blocks[block_id]
             if block.ref_count == 0:
                 del self.free[block_id]
                 self._num_cached_free -= 1
             block.ref_count += 1
-            seq.block_table.append(block_id)
-            seq.block_hashes.append(block.hash)
-        seq.num_computed_tokens = seq.num_cached_tokens = len(cached) * self.block_size
+        seq.block_tables = [list(table) for table in cached.tables]
+        seq.block_hashes = list(cached.hashes)
+        seq.num_computed_tokens = seq.num_cached_tokens = cached.num_blocks * self.block_size
 
     # ---- allocation -------------------------------------------------------------------------
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
-        return self._new_blocks_needed(seq, num_new_tokens) <= self.num_free_blocks
+        return self._new_blocks_needed(seq, num_new_tokens) * len(self.groups) <= self.num_free_blocks
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
-        """Grow the block table to hold `num_computed_tokens + num_new_tokens` tokens."""
+        """Grow every group's block table to hold `num_computed_tokens + num_new_tokens` tokens
+        (all groups' tables have one length; sliding ones are NULL_BLOCK before their window)."""
+        if not seq.block_tables:
+            seq.block_tables = [[] for _ in self.groups]
         for _ in range(self._new_blocks_needed(seq, num_new_tokens)):
-            seq.block_table.append(self._take_free_block())
+            for table in seq.block_tables:
+                table.append(self._take_free_block())
 
     def _new_blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
-        return max(0, self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table))
+        """Per group."""
+        held = len(seq.block_tables[0]) if seq.block_tables else 0
+        return max(0, self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - held)
 
     def _take_free_block(self) -> int:
         block_id, _ = self.free.popitem(last=False)
         block = self.blocks[block_id]
         if block.hash is not None:
             self._num_cached_free -= 1
-            if self.cached.get(block.hash) == block_id:
-                del self.cached[block.hash]
+            if self.cached[block.group].get(block.hash) == block_id:
+                del self.cached[block.group][block.hash]
         block.hash, block.token_ids, block.ref_count = None, None, 1
         return block_id
+
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.free[block_id] = None
+            self._num_cached_free += block.hash is not None
 
     def free_seq(self, seq: Sequence) -> None:
         """Return a sequence's blocks. Tail blocks go in first so they are evicted before the shared
         head of the prefix, which other requests are more likely to reuse."""
-        for block_id in reversed(seq.block_table):
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self.free[block_id] = None
-                self._num_cached_free += block.hash is not None
-        seq.block_table = []
+        for table in seq.block_tables:
+            for block_id in reversed(table):
+                if block_id != NULL_BLOCK:
+                    self._release(block_id)
+        seq.block_tables = []
         seq.block_hashes = []
         seq.num_computed_tokens = 0
 
+    def free_skipped_blocks(self, seq: Sequence) -> None:
+        """Give back the sliding groups' blocks before the window of the next position computed:
+        no later query of this sequence reads them. Cached ones stay reusable until evicted."""
+        for group, table in zip(self.groups, seq.block_tables):
+            first = self.spec.first_needed_block(group, seq.num_computed_tokens)
+            for i in range(min(first, len(table))):
+                if table[i] != NULL_BLOCK:
+                    self._release(table[i])
+                    table[i] = NULL_BLOCK
+
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Register the hashes of blocks that became full of computed tokens."""
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or not seq.block_tables:
             return
-        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_tables[0]))
         for i in range(len(seq.block_hashes), num_full):
             parent = seq.block_hashes[-1] if seq.block_hashes else None
             tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
             h = block_hash(parent, tokens)
             seq.block_hashes.append(h)
-            block = self.blocks[seq.block_table[i]]
-            if block.hash is None and h not in self.cached:
-                block.hash, block.token_ids = h, tokens
-                self.cached[h] = block.block_id
+            for g, table in enumerate(seq.block_tables):
+                if table[i] == NULL_BLOCK:
+                    continue
+                block = self.blocks[table[i]]
+                if block.hash is None and h not in self.cached[g]:
+                    block.hash, block.token_ids, block.group = h, tokens, g
+                    self.cached[g][h] = block.block_id
+
+
+def _runs(hits: list[int | None]) -> list[int]:
+    """runs[i]: how many blocks in a row up to and including i are cached."""
+    runs, run = [], 0
+    for block_id in hits:
+        run = run + 1 if block_id is not None else 0
+        runs.append(run)
+    return runs

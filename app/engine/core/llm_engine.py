@@ -17,6 +17,7 @@ from app.engine.api.errors import LocalbatchError, RequestError
 from app.engine.api.progress import ProgressFn
 from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.block_manager import BlockManager
+from app.engine.core.kv_cache_spec import kv_cache_spec
 from app.engine.core.metrics import EngineMetrics, MemoryTraffic
 from app.engine.core.output_processor import OutputProcessor
 from app.engine.core.outputs import EngineStats, StreamDelta
@@ -93,13 +94,16 @@ class LLMEngine:
     def _build_pool(self) -> None:
         cfg = self.config
         kv_dtype = self.kv_dtype
+        self.kv_spec = kv_cache_spec(self.model_config, cfg.block_size, hybrid=not cfg.disable_hybrid_kv_cache_manager)
         self.kv_bytes_per_token = self.model_config.kv_bytes_per_token(**kv_sizes(kv_dtype))
-        num_blocks = kv_pool_blocks(cfg, self.setup, self.kv_bytes_per_token, self._warmup)
-        self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+        # A pool block holds block_size tokens of one group's layers (layers_per_block of them).
+        page_bytes_per_token = self.kv_bytes_per_token * self.kv_spec.layers_per_block // self.model_config.num_layers
+        num_blocks = kv_pool_blocks(cfg, self.setup, page_bytes_per_token, self._warmup)
+        self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, self.kv_spec)
         self.scheduler = Scheduler(
             SchedulerConfig(cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_waiting), self.block_manager
         )
-        self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, kv_dtype)
+        self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, kv_dtype, self.kv_spec)
         self.metrics = EngineMetrics(self.kv_bytes_per_token, self._memory_traffic(kv_dtype))
         self.outputs = OutputProcessor(self.tokenizer)
         self.constraints = ConstraintCompiler(self.tokenizer, self.model_config.vocab_size)
@@ -127,10 +131,11 @@ class LLMEngine:
         for i, length in enumerate(lengths):
             params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1 if i == 0 else None)
             seq = Sequence(f"warmup-{i}", [0] * length, params, 1)
-            seq.block_table = list(range(next_block, next_block + -(-length // bs)))
-            next_block += len(seq.block_table)
+            for _ in range(self.kv_spec.num_groups):
+                seq.block_tables.append(list(range(next_block, next_block + -(-length // bs))))
+                next_block += len(seq.block_tables[-1])
             batch.add(seq, length)
-        runner = ModelRunner(self.model, next_block, bs, self.kv_dtype)
+        runner = ModelRunner(self.model, next_block, bs, self.kv_dtype, self.kv_spec)
         runner.run(batch)
         del runner
 
@@ -191,7 +196,8 @@ class LLMEngine:
                 f"the prompt has {num_prompt} tokens but the context holds {limit} (and at least one must be generated)",
                 param="prompt",
             )
-        pool_tokens = self.block_manager.num_blocks * self.block_manager.block_size
+        # A prefill chunk holds its sliding-window blocks until the step ends: count the biggest.
+        pool_tokens = self.kv_spec.max_tokens(self.block_manager.num_blocks, self.config.max_num_batched_tokens)
         if params.max_tokens is None:
             max_tokens = min(limit, pool_tokens) - num_prompt
             if max_tokens < 1:
@@ -270,6 +276,7 @@ class LLMEngine:
                 continue
             seq.num_computed_tokens += n
             self.block_manager.cache_full_blocks(seq)
+            self.block_manager.free_skipped_blocks(seq)
             token = output.sampled.get(seq.request_id)
             if token is None:
                 continue  # mid-prompt chunk

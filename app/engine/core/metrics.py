@@ -102,7 +102,7 @@ class EngineMetrics:
             weight_bytes_per_step=self.traffic.weight_bytes_per_step(max(self.last.prefill_tokens + self.last.decode_tokens, 1)),
             last_kv_bytes_read=self.last.kv_bytes_read,
             copy_bandwidth=self.traffic.copy_bandwidth,
-            num_blocks_shared=len({b for s in seqs for b in s.block_table if bm.blocks[b].ref_count > 1}),
+            num_blocks_shared=len({b for s in seqs for b in bm.held_blocks(s) if bm.blocks[b].ref_count > 1}),
             requests=tuple(request_stats(s, bm) for s in seqs),
         )
 
@@ -118,10 +118,10 @@ def request_stats(seq: Sequence, bm: BlockManager | None = None) -> RequestStats
         status=status,
         num_prompt_tokens=seq.num_prompt_tokens,
         num_output_tokens=seq.num_output_tokens,
-        num_blocks=len(seq.block_table),
+        num_blocks=sum(1 for _ in BlockManager.held_blocks(seq)),
         num_cached_tokens=seq.num_cached_tokens,
         ttft_s=timing.ttft_s,
         itl_s=timing.itl_s,
         tokens_per_s=timing.tokens_per_s,
-        num_shared_blocks=sum(bm.blocks[b].ref_count > 1 for b in seq.block_table) if bm is not None else 0,
+        num_shared_blocks=sum(bm.blocks[b].ref_count > 1 for b in bm.held_blocks(seq)) if bm is not None else 0,
     )

@@ -106,9 +106,9 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             cached = self.bm.find_cached_prefix(seq)
-            if self._prefix_in_flight(seq, len(cached)):
+            if self._prefix_in_flight(seq, cached.num_blocks):
                 break  # a step or two later those blocks are cached: shared, not computed twice
-            n = min(seq.num_tokens - len(cached) * self.bm.block_size, budget)
+            n = min(seq.num_tokens - cached.num_blocks * self.bm.block_size, budget)
             if not self.bm.can_admit(seq, cached, n):
                 break  # backpressure: wait for blocks to come back
             self.waiting.popleft()

@@ -21,7 +21,7 @@ class SequenceStatus(enum.Enum):
 
 class Sequence:
     """Token ids (prompt + output so far), how many of them have KV in the cache
-    (`num_computed_tokens`), and the blocks holding that KV (`block_table`).
+    (`num_computed_tokens`), and the blocks holding that KV (`block_tables`, one per KV cache group).
 
     The scheduler needs no prefill/decode flag: each step a sequence contributes
     `num_tokens - num_computed_tokens` tokens (or a chunk of them). A sequence samples when its
@@ -38,7 +38,9 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at (last) admission
-        self.block_table: list[int] = []
+        # One block table per KV cache group (`kv_cache_spec`), all of one length; empty while the
+        # sequence holds no blocks.
+        self.block_tables: list[list[int]] = []
         self.block_hashes: list[int] = []  # prefix hash of each full block, in order
         self.finish_reason: str | None = None
         self.error: str | None = None
@@ -51,6 +53,11 @@ class Sequence:
         # Structured output: the grammar's state, advanced by each kept token; None when the output
         # is free, and again once the request has finished.
         self.grammar: SequenceGrammar | None = None
+
+    @property
+    def block_table(self) -> list[int]:
+        """The first group's block table: the only one of a model without sliding-window layers."""
+        return self.block_tables[0] if self.block_tables else []
 
     @property
     def num_tokens(self) -> int:
@@ -87,5 +94,5 @@ class Sequence:
     def __repr__(self) -> str:
         return (
             f"Sequence({self.request_id!r}, tokens={self.num_tokens}, computed={self.num_computed_tokens}, "
-            f"blocks={len(self.block_table)}, {self.status.value})"
+            f"blocks={sum(map(len, self.block_tables))}, {self.status.value})"
         )

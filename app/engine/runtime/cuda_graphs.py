@@ -55,26 +55,39 @@ class DecodeGraphs:
     for a bucket without a graph, runs the same forward eagerly)."""
 
     def __init__(
-        self, model: DecoderLM, kv_caches: list[KVCacheLayer], max_num_seqs: int, max_blocks_per_seq: int
+        self, model: DecoderLM, kv_caches: list[KVCacheLayer], max_num_seqs: int, max_blocks_per_seq: int,
+        layer_groups: list[int] | None = None,
     ) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.sizes = graph_batch_sizes(max_num_seqs)
         self.max_blocks_per_seq = max_blocks_per_seq
+        # The KV cache group of each layer (kv_cache_spec): each group has its own tables and slots.
+        self.layer_groups = layer_groups or [0] * len(kv_caches)
         n, dev = self.sizes[-1], model.device
         self.input_ids = torch.zeros(n, dtype=torch.long, device=dev)
         self.positions = torch.zeros(n, dtype=torch.long, device=dev)
-        # The largest bucket's metadata; a bucket's forward reads a prefix of it.
-        self.meta = AttentionMetadata(
-            # One query per sequence in every bucket: cu_seqlens_q never changes.
-            cu_seqlens_q=torch.arange(n + 1, dtype=torch.int32, device=dev),
-            seq_lens=torch.ones(n, dtype=torch.int32, device=dev),
-            block_table=torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=dev),
-            slot_mapping=torch.full((n,), -1, dtype=torch.long, device=dev),
-        )
+        # One query per sequence in every bucket: cu_seqlens_q never changes.
+        cu_seqlens_q = torch.arange(n + 1, dtype=torch.int32, device=dev)
+        seq_lens = torch.ones(n, dtype=torch.int32, device=dev)
+        # The largest bucket's metadata per group; a bucket's forward reads a prefix of it.
+        self.metas = [
+            AttentionMetadata(
+                cu_seqlens_q=cu_seqlens_q,
+                seq_lens=seq_lens,
+                block_table=torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=dev),
+                slot_mapping=torch.full((n,), -1, dtype=torch.long, device=dev),
+            )
+            for _ in range(max(self.layer_groups) + 1)
+        ]
         self.graphs: dict[int, _Captured] = {}  # empty: every bucket runs eagerly
         self._stream: torch.cuda.Stream | None = None
         self._pool = None
+
+    @property
+    def meta(self) -> AttentionMetadata:
+        """The first group's static metadata (the only one without sliding-window groups)."""
+        return self.metas[0]
 
     @property
     def max_batch_size(self) -> int:
@@ -97,21 +110,26 @@ class DecodeGraphs:
     def fits(self, meta: AttentionMetadata) -> bool:
         return meta.num_seqs <= self.max_batch_size and meta.block_table.shape[1] <= self.max_blocks_per_seq
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """One decode token per sequence (pinned host or device tensors; `meta.cu_seqlens_q` is not
-        read) -> final hidden states `[num_seqs, hidden_size]`, a view of the graph's output valid
-        until the next replay."""
+    def run(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, metas: AttentionMetadata | list[AttentionMetadata]
+    ) -> torch.Tensor:
+        """One decode token per sequence (pinned host or device tensors; `cu_seqlens_q` is not read)
+        -> final hidden states `[num_seqs, hidden_size]`, a view of the graph's output valid until
+        the next replay. `metas`: one per KV cache group (or the one of a single group)."""
+        metas = metas if isinstance(metas, list) else [metas]
         n = input_ids.shape[0]
         size = self.sizes[bisect.bisect_left(self.sizes, n)]
-        static = self.meta
+        first = self.metas[0]
         # Columns past the step's widest table keep stale block ids: no sequence reads that far.
-        for buffer, value in ((self.input_ids, input_ids), (self.positions, positions),
-                              (static.slot_mapping, meta.slot_mapping), (static.seq_lens, meta.seq_lens)):
+        for buffer, value in ((self.input_ids, input_ids), (self.positions, positions), (first.seq_lens, metas[0].seq_lens)):
             buffer[:n].copy_(value, non_blocking=True)
-        static.block_table[:n, : meta.block_table.shape[1]].copy_(meta.block_table, non_blocking=True)
-        # Padding rows: whatever an earlier, larger step left there must not store KV or read far.
-        static.slot_mapping[n:size].fill_(-1)
-        static.seq_lens[n:size].fill_(1)
+        for static, meta in zip(self.metas, metas):
+            static.slot_mapping[:n].copy_(meta.slot_mapping, non_blocking=True)
+            static.block_table[:n, : meta.block_table.shape[1]].copy_(meta.block_table, non_blocking=True)
+            # Padding rows: whatever an earlier, larger step left there must not store KV.
+            static.slot_mapping[n:size].fill_(-1)
+        # ...nor read far: a padding row is a context of one token.
+        first.seq_lens[n:size].fill_(1)
         captured = self.graphs.get(size)
         if captured is None:  # eager: the same padded bucket, launched op by op
             return self._forward(size)[:n]
@@ -119,19 +137,23 @@ class DecodeGraphs:
         return captured.hidden[:n]
 
     def _forward(self, size: int) -> torch.Tensor:
-        static = self.meta
-        # Views of the static buffers: a graph records their addresses, not this object.
-        meta = AttentionMetadata(
-            cu_seqlens_q=static.cu_seqlens_q[: size + 1],
-            seq_lens=static.seq_lens[:size],
-            block_table=static.block_table[:size],
-            slot_mapping=static.slot_mapping[:size],
-        )
-        return self.model.hidden_states(self.input_ids[:size], self.positions[:size], meta, self.kv_caches)
+        # Views of the static buffers: a graph records their addresses, not these objects.
+        metas = [
+            AttentionMetadata(
+                cu_seqlens_q=static.cu_seqlens_q[: size + 1],
+                seq_lens=static.seq_lens[:size],
+                block_table=static.block_table[:size],
+                slot_mapping=static.slot_mapping[:size],
+            )
+            for static in self.metas
+        ]
+        layer_metas = [metas[g] for g in self.layer_groups]
+        return self.model.hidden_states(self.input_ids[:size], self.positions[:size], layer_metas, self.kv_caches)
 
     def _capture(self, size: int) -> _Captured:
         # Every slot is -1 here: neither the warm-up nor the capture writes into the KV cache.
-        self.meta.slot_mapping.fill_(-1)
+        for static in self.metas:
+            static.slot_mapping.fill_(-1)
         self.meta.seq_lens.fill_(1)
         if self._stream is None:
             self._stream = torch.cuda.Stream()

@@ -9,6 +9,7 @@ import mmap
 import torch
 
 from app.engine.api.errors import LocalbatchError
+from app.engine.core.kv_cache_spec import KVCacheSpec
 from app.engine.gguf.model_config import ModelConfig
 from app.kernels import KVCacheLayer
 from app.kernels.kv_quant import SCALE_DTYPE, is_quantized_kv, scale_bytes
@@ -48,9 +49,13 @@ def kv_sizes(dtype: torch.dtype) -> dict[str, int]:
 
 
 def allocate_kv_caches(
-    cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
+    cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device,
+    spec: KVCacheSpec | None = None,
 ) -> list[KVCacheLayer]:
-    """One zeroed `KVCacheLayer` per layer, with fp32 scales when `dtype` is quantized."""
+    """One `KVCacheLayer` per layer, zeroed, with fp32 scales when `dtype` is quantized. With a KV
+    cache spec, a page holds `spec.layers_per_block` layers: the pool has that many tensors, and
+    layer l is handed the one of its slot (layers of different groups share a tensor, in different
+    blocks)."""
     shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
 
     def layer() -> KVCacheLayer:
@@ -59,7 +64,10 @@ def allocate_kv_caches(
             scales = (_zeros(shape[:3], SCALE_DTYPE, device), _zeros(shape[:3], SCALE_DTYPE, device))
         return KVCacheLayer(_zeros(shape, dtype, device), _zeros(shape, dtype, device), *scales)
 
-    return [layer() for _ in range(cfg.num_layers)]
+    if spec is None:
+        return [layer() for _ in range(cfg.num_layers)]
+    pool = [layer() for _ in range(spec.layers_per_block)]
+    return [pool[s.slot] for s in spec.layer_slots()]
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

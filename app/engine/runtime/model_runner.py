@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from app.engine.core.kv_cache_spec import KVCacheSpec, kv_cache_spec
 from app.engine.core.outputs import TopLogprobs
 from app.engine.core.scheduler import ScheduledBatch
 from app.engine.core.sequence import Sequence
@@ -30,15 +31,20 @@ PROMPT_LOGPROB_ROWS = 256
 
 @dataclass
 class StepInputs:
-    """One step's batch as host tensors (pinned on CUDA, so uploads can be asynchronous)."""
+    """One step's batch as host tensors (pinned on CUDA, so uploads can be asynchronous). `metas`:
+    one AttentionMetadata per KV cache group, sharing `cu_seqlens_q` and `seq_lens`."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
-    meta: AttentionMetadata
+    metas: list[AttentionMetadata]
     logits_indices: torch.Tensor
     sample_rows: list[int]  # row in the logits of each sampling sequence
     sample_seqs: list[Sequence]
     prompt_rows: list[tuple[Sequence, int, int, int]]  # (seq, first logits row, first position, count)
+
+    @property
+    def meta(self) -> AttentionMetadata:
+        return self.metas[0]
 
     @property
     def is_decode_only(self) -> bool:
@@ -53,8 +59,12 @@ class StepInputs:
         def up(t: torch.Tensor) -> torch.Tensor:
             return t.to(device, non_blocking=True)
 
-        meta = self.meta.to(device, non_blocking=True)
-        return StepInputs(up(self.input_ids), up(self.positions), meta, up(self.logits_indices),
+        first = self.meta.to(device, non_blocking=True)
+        metas = [first] + [
+            AttentionMetadata(first.cu_seqlens_q, first.seq_lens, up(m.block_table), up(m.slot_mapping))
+            for m in self.metas[1:]
+        ]
+        return StepInputs(up(self.input_ids), up(self.positions), metas, up(self.logits_indices),
                           self.sample_rows, self.sample_seqs, self.prompt_rows)
 
 
@@ -65,13 +75,17 @@ class StepOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: DecoderLM, num_blocks: int, block_size: int, kv_dtype: torch.dtype) -> None:
+    def __init__(
+        self, model: DecoderLM, num_blocks: int, block_size: int, kv_dtype: torch.dtype, spec: KVCacheSpec | None = None
+    ) -> None:
         cfg = model.cfg
         self.model = model
         self.device = model.device
         self.block_size = block_size
+        self.spec = spec or kv_cache_spec(cfg, block_size, hybrid=False)
+        self.layer_groups = [s.group for s in self.spec.layer_slots()]
         # kv_dtype int8 / float8_e4m3fn: each layer's pool comes with its scales (KVCacheLayer).
-        self.kv_caches = allocate_kv_caches(cfg, num_blocks, block_size, kv_dtype, self.device)
+        self.kv_caches = allocate_kv_caches(cfg, num_blocks, block_size, kv_dtype, self.device, self.spec)
         self.sampler = Sampler(cfg.vocab_size)
         self.graphs: DecodeGraphs | None = None
 
@@ -79,7 +93,9 @@ class ModelRunner:
         """Run decode-only steps on static buffers bucketed up to `max_num_seqs` sequences and
         `max_model_len` tokens of context, as CUDA graphs if `capture` (else eagerly, with the same
         numbers). A capture failure costs speed, not service: the buckets then run eagerly."""
-        self.graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs, -(-max_model_len // self.block_size))
+        self.graphs = DecodeGraphs(
+            self.model, self.kv_caches, max_num_seqs, -(-max_model_len // self.block_size), self.layer_groups
+        )
         if not capture:
             return
         start, (free_before, _) = time.perf_counter(), torch.cuda.mem_get_info()
@@ -110,17 +126,19 @@ class ModelRunner:
     def _hidden_states(self, inputs: StepInputs) -> torch.Tensor:
         """Final hidden states at `inputs.logits_indices`: a graph replay for decode-only steps that
         fit one, else eager."""
-        meta = inputs.meta
-        if self.graphs is not None and inputs.is_decode_only and self.graphs.fits(meta):
-            return self.graphs.run(inputs.input_ids, inputs.positions, meta)
+        if self.graphs is not None and inputs.is_decode_only and self.graphs.fits(inputs.meta):
+            return self.graphs.run(inputs.input_ids, inputs.positions, inputs.metas)
         dev = inputs.to(self.device)
-        return self.model.hidden_states(dev.input_ids, dev.positions, dev.meta, self.kv_caches, dev.logits_indices)
+        metas = [dev.metas[g] for g in self.layer_groups]
+        return self.model.hidden_states(dev.input_ids, dev.positions, metas, self.kv_caches, dev.logits_indices)
 
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
         ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
-        cu, seq_lens, tables, logits_idx, sample_rows, sample_seqs, prompt_rows = [0], [], [], [], [], [], []
+        groups = range(self.spec.num_groups)
+        slots: list[list[int]] = [[] for _ in groups]
+        tables: list[list[list[int]]] = [[] for _ in groups]
+        cu, seq_lens, logits_idx, sample_rows, sample_seqs, prompt_rows = [0], [], [], [], [], []
         bs = self.block_size
         for seq, n in zip(batch.seqs, batch.num_tokens):
             start = seq.num_computed_tokens
@@ -128,14 +146,14 @@ class ModelRunner:
             row0 = len(ids)
             ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
-            table = seq.block_table
-            if n == 1:  # decodes: most rows of most steps
-                slots.append(table[start // bs] * bs + start % bs)
-            else:
-                slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            for group_slots, group_tables, table in zip(slots, tables, seq.block_tables):
+                if n == 1:  # decodes: most rows of most steps
+                    group_slots.append(table[start // bs] * bs + start % bs)
+                else:
+                    group_slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+                group_tables.append(table)
             cu.append(len(ids))
             seq_lens.append(end)
-            tables.append(table)
             if seq.params.prompt_logprobs is not None and start < seq.num_prompt_tokens - 1:
                 count = min(end, seq.num_prompt_tokens - 1) - start
                 prompt_rows.append((seq, len(logits_idx), start, count))
@@ -144,23 +162,29 @@ class ModelRunner:
                 sample_rows.append(len(logits_idx))
                 sample_seqs.append(seq)
                 logits_idx.append(len(ids) - 1)
-        width = max(len(t) for t in tables)
-        table_rows = [t + [0] * (width - len(t)) for t in tables]
-        meta = AttentionMetadata(
-            cu_seqlens_q=self._host(cu, torch.int32),
-            seq_lens=self._host(seq_lens, torch.int32),
-            block_table=self._host(table_rows, torch.int32),
-            slot_mapping=self._host(slots, torch.int64),
-        )
+        cu_seqlens_q, lens = self._host(cu, torch.int32), self._host(seq_lens, torch.int32)
+        metas = [
+            AttentionMetadata(cu_seqlens_q, lens, self._block_table(tables[g]), self._host(slots[g], torch.int64))
+            for g in groups
+        ]
         return StepInputs(
             input_ids=self._host(ids, torch.long),
             positions=self._host(positions, torch.long),
-            meta=meta,
+            metas=metas,
             logits_indices=self._host(logits_idx, torch.long),
             sample_rows=sample_rows,
             sample_seqs=sample_seqs,
             prompt_rows=prompt_rows,
         )
+
+    def _block_table(self, tables: list[list[int]]) -> torch.Tensor:
+        """Rows padded to the widest. Entries a sliding window left behind (NULL_BLOCK) read as
+        block 0: no kernel visits them, and a valid id keeps any stray read in bounds."""
+        width = max(len(t) for t in tables)
+        host = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+        if self.spec.is_hybrid:
+            host.clamp_(min=0)
+        return host.pin_memory() if self.device.type == "cuda" else host
 
     def _host(self, values: list, dtype: torch.dtype) -> torch.Tensor:
         """Host list -> tensor; pinned on CUDA so the step's uploads are non-blocking copies that
