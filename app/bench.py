@@ -164,7 +164,7 @@ def run_bench(args: argparse.Namespace, engine_kwargs: dict[str, Any],
     report = {"model": engine.model_name, "device": str(engine.setup.device),
               "dtype": str(engine.setup.dtype).removeprefix("torch."),
               "kv_cache_dtype": str(engine.kv_dtype).removeprefix("torch."),
-              "kv_cache_tokens": engine.block_manager.num_blocks * engine.block_manager.block_size,
+              "kv_cache_tokens": engine.stats().kv_cache_tokens,
               **result.summary()}
     if args.concurrency:
         sweep = []

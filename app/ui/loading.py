@@ -88,7 +88,8 @@ class EngineInfo:
 def engine_info(engine: EngineClient) -> EngineInfo:
     """What the status line shows; empty figures (a remote server's dtype, KV budget) are left out."""
     stats = engine.stats()
-    kv_tokens = stats.num_blocks_total * stats.block_size
+    # A hybrid pool's blocks hold one KV cache group's layers each: kv_cache_tokens says what they hold.
+    kv_tokens = stats.kv_cache_tokens or stats.num_blocks_total * stats.block_size
     return EngineInfo(
         model_name=engine.model_name or "model",
         device=engine.device,

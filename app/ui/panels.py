@@ -142,15 +142,26 @@ def render_kv(stats: EngineStats, owners: dict[str, Owner], width: int, source: 
     cached = stats.num_blocks_cached_free
     text.append("\n▒ ", style=CACHED_COLOR)
     text.append(f"{'cached prefix (free)':<{width - 14}}{fmt_int(cached):>8} blk")
-    fit = max(total - used, 0) * stats.block_size
+    # The engine's figure accounts for sliding-window layers; a remote's falls back to blocks.
+    fit = stats.num_tokens_fit if stats.num_tokens_fit is not None else max(total - used, 0) * stats.block_size
     text.append(f"\n{fmt_int(fit)} more tokens fit", style="bold")
-    sizes = [f"{stats.block_size} tok/block"]
-    if stats.kv_bytes_per_token:
-        sizes.insert(0, f"{fmt_bytes(stats.kv_bytes_per_token)}/token")
-    text.append("\n" + " · ".join(sizes))
+    for line in kv_sizes(stats):
+        text.append("\n" + line)
     text.append(f"\nprefix cache hits {stats.prefix_cache_hit_rate:.0%}")
     _append_waiting(text, stats)
     return text
+
+
+def kv_sizes(stats: EngineStats) -> list[str]:
+    """Lines of at most ~40 cells: the cache dtype, what a token costs and the block size; with
+    sliding-window layers, what a token costs once past their window."""
+    first = [stats.kv_cache_dtype] if stats.kv_cache_dtype else []
+    if stats.kv_bytes_per_token:
+        first.append(f"{fmt_bytes(stats.kv_bytes_per_token)}/token")
+    lines = [" · ".join(first + [f"{stats.block_size} tok/block"])]
+    if stats.kv_bytes_per_token_past_window:
+        lines.append(f"{fmt_bytes(stats.kv_bytes_per_token_past_window)}/token past the window")
+    return lines
 
 
 def _append_waiting(text: Text, stats: EngineStats) -> None:

@@ -15,7 +15,7 @@ from app.engine.core.block_manager import BlockManager
 from app.engine.core.kv_cache_spec import NULL_BLOCK, KVCacheGroup, KVCacheSpec, kv_cache_spec
 from app.engine.core.scheduler import Scheduler, SchedulerConfig
 from app.engine.gguf.model_config import ModelConfig
-from tests.engine.test_engine import GREEDY, make_engine, model_path, prompts, run_all, run_alone  # noqa: F401
+from tests.engine.test_engine import GREEDY, GROUPS as GROUPS_TINY, make_engine, model_path, prompts, run_all, run_alone  # noqa: F401
 from tests.engine.test_scheduler import check_accounting, fake_step, make_seq
 
 GEMMA3_270M = ModelConfig(
@@ -249,3 +249,29 @@ def test_gemma3_270m_greedy_tokens_with_the_window_cap(embedded_model_path):
     del keep_all
     capped = LLM(str(embedded_model_path), max_num_batched_tokens=384, **common)
     assert generate(capped, reqs) == alone
+
+
+def test_stats_panel_and_metrics_count_the_real_cost(model_path):  # noqa: F811 - the fixture
+    from app.server.prometheus import _engine_lines
+    from app.ui.panels import render_kv
+
+    engine = make_engine(model_path)
+    idle = engine.stats()
+    assert idle.kv_cache_dtype == "float32"
+    assert idle.kv_bytes_per_token_past_window * GROUPS_TINY == idle.kv_bytes_per_token  # 1 of 7 layers
+    assert idle.kv_cache_tokens == 2048 * 4 // GROUPS_TINY
+    assert idle.num_tokens_fit == idle.kv_cache_tokens  # a new sequence grows in every group
+    seq = engine.add_request(list(range(10, 70)), SamplingParams(max_tokens=40, **GREEDY))
+    for _ in range(3):
+        engine.step()
+    # Past its window only the full-attention group grows: a token costs one block in 4 tokens.
+    stats = engine.stats()
+    assert stats.num_tokens_fit == stats.block_size * (stats.num_blocks_total - stats.num_blocks_used)
+    panel = render_kv(stats, {}, 40).plain
+    assert "float32 · 3.5 KiB/token · 4 tok/block" in panel
+    assert "512 B/token past the window" in panel
+    assert f"{stats.num_tokens_fit:,} more tokens fit" in panel
+    metrics = "\n".join(_engine_lines(stats, {}))
+    assert f"localbatch:kv_bytes_per_token {stats.kv_bytes_per_token}" in metrics
+    assert f"localbatch:kv_cache_tokens_fit {stats.num_tokens_fit}" in metrics
+    engine.abort(seq.request_id)

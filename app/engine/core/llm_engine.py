@@ -18,7 +18,7 @@ from app.engine.api.progress import ProgressFn
 from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.block_manager import BlockManager
 from app.engine.core.kv_cache_spec import kv_cache_spec
-from app.engine.core.metrics import EngineMetrics, MemoryTraffic
+from app.engine.core.metrics import EngineMetrics, KVCacheInfo, MemoryTraffic
 from app.engine.core.output_processor import OutputProcessor
 from app.engine.core.outputs import EngineStats, StreamDelta
 from app.engine.core.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
@@ -104,11 +104,16 @@ class LLMEngine:
             SchedulerConfig(cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_waiting), self.block_manager
         )
         self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, kv_dtype, self.kv_spec)
-        self.metrics = EngineMetrics(self.kv_bytes_per_token, self._memory_traffic(kv_dtype))
+        self.metrics = EngineMetrics(self._kv_info(), self._memory_traffic(kv_dtype))
         self.outputs = OutputProcessor(self.tokenizer)
         self.constraints = ConstraintCompiler(self.tokenizer, self.model_config.vocab_size)
         self.seqs: dict[str, Sequence] = {}
         self._ids = itertools.count()
+
+    def _kv_info(self) -> KVCacheInfo:
+        full_layers = sum(len(g.layers) for g in self.kv_spec.groups if g.sliding_window is None)
+        past_window = self.kv_bytes_per_token * full_layers // self.model_config.num_layers if self.kv_spec.is_hybrid else 0
+        return KVCacheInfo(str(self.kv_dtype).removeprefix("torch."), self.kv_bytes_per_token, past_window)
 
     def _memory_traffic(self, kv_dtype: torch.dtype) -> MemoryTraffic:
         return MemoryTraffic(

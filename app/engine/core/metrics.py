@@ -41,9 +41,19 @@ class MemoryTraffic:
     kv_bytes_read: Callable[[list[int]], int]  # context lengths -> K/V bytes read
 
 
+@dataclass(frozen=True, slots=True)
+class KVCacheInfo:
+    """What a token costs in the pool, for the stats."""
+
+    dtype: str  # the storage dtype's name
+    bytes_per_token: int  # every layer
+    bytes_per_token_past_window: int  # the full-attention layers only; 0 without sliding-window groups
+
+
 class EngineMetrics:
-    def __init__(self, kv_bytes_per_token: int, traffic: MemoryTraffic) -> None:
-        self.kv_bytes_per_token = kv_bytes_per_token
+    def __init__(self, kv: KVCacheInfo, traffic: MemoryTraffic) -> None:
+        self.kv = kv
+        self.kv_bytes_per_token = kv.bytes_per_token
         self.traffic = traffic
         self.window: deque[StepRecord] = deque()
         self.num_steps = 0
@@ -103,8 +113,22 @@ class EngineMetrics:
             last_kv_bytes_read=self.last.kv_bytes_read,
             copy_bandwidth=self.traffic.copy_bandwidth,
             num_blocks_shared=len({b for s in seqs for b in bm.held_blocks(s) if bm.blocks[b].ref_count > 1}),
+            kv_cache_dtype=self.kv.dtype,
+            kv_bytes_per_token_past_window=self.kv.bytes_per_token_past_window,
+            kv_cache_tokens=bm.num_blocks * bm.block_size // bm.spec.num_groups,
+            num_tokens_fit=tokens_fit(bm, sched.running),
             requests=tuple(request_stats(s, bm) for s in seqs),
         )
+
+
+def tokens_fit(bm: BlockManager, running: list[Sequence]) -> int:
+    """More tokens the free blocks hold if the running sequences grow evenly: each takes a block
+    per block_size tokens in every group still growing (a sliding group stops at its window). With
+    nothing running, at the cost of a new sequence (every group grows)."""
+    spec = bm.spec
+    growing = [spec.growing_groups(s.num_computed_tokens) for s in running] or [spec.num_groups]
+    per_token_groups = max(sum(growing) / len(growing), 1.0)
+    return int(bm.num_free_blocks * bm.block_size / per_token_groups)
 
 
 def request_stats(seq: Sequence, bm: BlockManager | None = None) -> RequestStats:

@@ -77,4 +77,10 @@ class EngineStats:
     last_kv_bytes_read: int = 0  # K/V bytes the last step's attention read
     copy_bandwidth: float = 0.0  # bytes/s of a plain copy on the engine's device, measured at start
     num_blocks_shared: int = 0  # distinct blocks held by two or more live requests (counted once in num_blocks_used)
+    # KV memory with a hybrid cache (sliding-window layers keep only their window): a token costs
+    # kv_bytes_per_token while it is inside the windows, then only the full-attention layers' bytes.
+    kv_cache_dtype: str = ""  # e.g. "bfloat16", "int8"; "" unknown
+    kv_bytes_per_token_past_window: int = 0  # 0: no sliding-window layers (or unknown)
+    kv_cache_tokens: int = 0  # tokens the pool holds if every sequence stays inside its windows; 0 unknown
+    num_tokens_fit: int | None = None  # more tokens the free blocks hold at the running mix's cost; None unknown
     requests: tuple[RequestStats, ...] = field(default_factory=tuple)
