@@ -13,7 +13,12 @@ import re
 from textual.content import Content
 from textual.widgets import Markdown, Static
 
-FRAME_HZ = 10  # repaints per second while replies stream (the shown tab's reply, then the panels)
+# Repaints per second while replies stream (the shown tab's reply; the panels every few frames).
+# Each paint costs the UI thread ~2-4 ms of Textual compositing whatever it adds, and on a 2-core
+# machine every such millisecond holds the GIL the engine's step thread needs between torch ops:
+# with 4 tabs streaming the UI thread used 7.4% of a core at 10 Hz, 5.5% at 5 Hz
+# (benchmarks/ui_cost.py, paced fake engine). 5 Hz still reads as a steady stream.
+FRAME_HZ = 5
 _FENCE = re.compile(r"^ {0,3}(```|~~~)", re.MULTILINE)
 
 

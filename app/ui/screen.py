@@ -77,6 +77,7 @@ class ChatScreen(Screen):
         self._poll_interval = poll_interval
         self.history = ThroughputHistory()
         self._endpoint_note = ""
+        self._engine_busy = False  # the last stats snapshot had requests running or waiting
 
     # layout
 
@@ -125,8 +126,15 @@ class ChatScreen(Screen):
         pane = self.active_pane()
         if pane is not None:
             await pane.paint_reply()
-        if self._frames_per_poll and self._frame % self._frames_per_poll == 0:
+        if self._frames_per_poll and self._frame % self._poll_every() == 0:
             self.poll_stats()
+
+    def _poll_every(self) -> int:
+        """Frames between panel refreshes: the configured period while anything runs; idle, only
+        the recent rates decay (and an API request may arrive), so once a second is enough."""
+        if self._engine_busy or any(p.generating for p in self.panes()):
+            return self._frames_per_poll
+        return max(self._frames_per_poll, FRAME_HZ)
 
     def _focus_active(self) -> None:
         pane = self.active_pane()
@@ -357,6 +365,7 @@ class ChatScreen(Screen):
         except LocalbatchError as e:
             self.query_one("#endpoint-status", PanelText).show(Text(f"engine: {first_line(e)}", style="bold red"))
             return
+        self._engine_busy = bool(stats.num_running or stats.num_waiting)
         panes = self.panes()
         owners = {p.request_id: Owner(p.id, p.chat.title, p.color) for p in panes if p.request_id}
         self.query_one(KVBudgetPanel).show(stats, owners, self.engine.stats_source)

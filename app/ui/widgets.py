@@ -38,6 +38,9 @@ class PromptInput(TextArea):
             placeholder="Message — enter sends, ctrl+j adds a line",
             **kwargs,
         )
+        # A blinking cursor repaints the input (and re-composites the screen around it) twice a
+        # second, streaming or idle.
+        self.cursor_blink = False
 
     async def _on_key(self, event: events.Key) -> None:
         if event.key == "enter":
