@@ -3,7 +3,12 @@
 Decoding is weight-bandwidth bound. On a bf16 CPU, `torch._weight_int8pack_mm` reads int8 weights
 (half the bytes) and dequantises them in the kernel, so it wins at a few rows; it computes rows one
 by one, so it loses from some row count on (and badly at prefill sizes). Each matrix shape gets its
-crossover measured once per machine (`kernel_choice`); the int8 copy exists only where it wins.
+crossover measured once per machine (`kernel_choice`); the packed copy exists only where it wins.
+
+A matrix that came from a 4-bit GGUF type (Q4_0, Q4_1, Q4_K: 16 levels per 32 weights) is packed
+as int4 instead (torch's CPU int4 kernel, a bf16 scale and zero per 32 weights): a quarter of the
+bf16 bytes, and no new rounding, since its values already lie on that grid. Others (Q5_0, Q6_K,
+Q8_0, F32 sources) get int8: re-quantizing them to 4 bits would cost accuracy.
 """
 
 from __future__ import annotations
@@ -37,18 +42,81 @@ class Int8Weight:
         return self.q.numel() + self.scale.numel() * self.scale.element_size()
 
 
+class Int4Weight:
+    """4-bit weights for `torch.ops.aten._weight_int4pack_mm_for_cpu`: groups of `GROUP` along each
+    row, w = (q - 8) * scale + zero with bf16 scale and zero per group. Made only by `from_grid`."""
+
+    GROUP = 32
+    _CHUNK_ROWS = 4096  # the grid check's fp32 temporaries stay small even for a 262k-row head
+    # A 4-bit source rebuilt from its bf16 copy misses by bf16 rounding (measured ≤ 0.07 of a
+    # level step on SmolLM2's Q4_1 matrices); a 5-bit or finer one misses by up to half a step.
+    _TOLERANCE = 0.2
+
+    def __init__(self, packed: torch.Tensor, scale_zero: torch.Tensor, out_features: int) -> None:
+        self.q = packed
+        self.scale = scale_zero  # [in_features / GROUP, out_features, 2] bf16
+        self.out_features = out_features
+
+    @classmethod
+    def from_grid(cls, weight: torch.Tensor) -> Int4Weight | None:
+        """The int4 copy of `weight` if every group of 32 already holds at most 16 evenly spaced
+        levels (a dequantized Q4 tensor), else None. Checked chunk by chunk, so a matrix that is
+        not 4-bit costs one chunk."""
+        n, k = weight.shape
+        if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") or k % cls.GROUP or n % 16:
+            return None
+        levels, scale_zero = [], []
+        for start in range(0, n, cls._CHUNK_ROWS):
+            found = cls._grid(weight[start : start + cls._CHUNK_ROWS])
+            if found is None:
+                return None
+            levels.append(found[0])
+            scale_zero.append(found[1])
+        try:
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.cat(levels), 1)
+        except RuntimeError:
+            return None  # a shape or build this torch's int4 kernel does not take
+        return cls(packed, torch.cat(scale_zero, 1).contiguous(), n)
+
+    @classmethod
+    def _grid(cls, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(levels int32 `[rows, k]`, scale/zero `[k / GROUP, rows, 2]`) or None if off the grid."""
+        w = rows.float().view(rows.shape[0], -1, cls.GROUP)
+        low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+        step = ((high - low) / 15).clamp(min=1e-12)
+        q = torch.round((w - low) / step).clamp(0, 15)
+        scale_zero = torch.cat((step, low + 8 * step), -1).to(torch.bfloat16)  # as the kernel reads them
+        rebuilt = (q - 8) * scale_zero[..., :1].float() + scale_zero[..., 1:].float()
+        if bool(((rebuilt - w).abs() > cls._TOLERANCE * step).any()):
+            return None
+        return q.to(torch.int32).view(rows.shape), scale_zero.transpose(0, 1)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 0:
+            return x.new_empty((0, self.out_features))
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.q, self.GROUP, self.scale)
+
+    @property
+    def nbytes(self) -> int:
+        return self.q.numel() * self.q.element_size() + self.scale.numel() * self.scale.element_size()
+
+
 class Linear:
-    """`y = x @ weight.T + bias`, through the int8 copy for up to `choice.int8_max_rows` rows."""
+    """`y = x @ weight.T + bias`, through the packed (int4 or int8) copy for up to
+    `choice.int8_max_rows` rows."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, allow_int8: bool = True) -> None:
         self.weight = weight
         self.bias = bias
-        self.int8: Int8Weight | None = None
+        # The packed copy: int4 for a 4-bit source, else int8 (the attribute keeps its first name).
+        self.int8: Int8Weight | Int4Weight | None = None
         self.choice = KernelChoice(0)
         if allow_int8 and Int8Weight.supported(weight):
-            int8 = Int8Weight(weight)
-            self.choice = choose_int8_rows(int8, lambda x: F.linear(x, weight), tuple(weight.shape), weight.dtype)
-            self.int8 = int8 if self.choice.int8_max_rows > 0 else None  # no copy where it never wins
+            packed = Int4Weight.from_grid(weight) or Int8Weight(weight)
+            kind = "int4" if isinstance(packed, Int4Weight) else "int8"
+            self.choice = choose_int8_rows(packed, lambda x: F.linear(x, weight), tuple(weight.shape), weight.dtype,
+                                           kind=kind)
+            self.int8 = packed if self.choice.int8_max_rows > 0 else None  # no copy where it never wins
 
     def uses_int8(self, rows: int) -> bool:
         return self.int8 is not None and self.choice.use_int8(rows)
