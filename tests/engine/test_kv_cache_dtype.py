@@ -90,10 +90,11 @@ def test_int8_pool_holds_about_twice_the_bf16_tokens(model_path):
 
 def test_bench_reports_the_kv_cache(model_path):
     proc = run_cli("bench", "--model", str(model_path), "--num-prompts", "2", "--input-len", "8", "--output-len", "3",
-                   "--kv-cache-dtype", "int8", "--kv-cache-blocks", "40", "--block-size", "4", "--json",
+                   "--kv-cache-dtype", "int8", "--kv-cache-blocks", "280", "--block-size", "4", "--json",
                    "--device", "cpu")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
+    # 280 blocks of 4 tokens, each of one layer of 7: 160 tokens in every layer.
     assert report["kv_cache_dtype"] == "int8" and report["kv_cache_tokens"] == 160
 
 
