@@ -39,15 +39,20 @@ def main() -> int:
 
         path = str(default_model_path())
     batches = [int(b) for b in args.batches.split(",")]
+    # Other processes on a 2-core machine slow both engines unevenly (descheduled OpenMP threads
+    # stall every parallel op): the load average before the runs says whether the figures count
+    # (after them it is mostly the runs' own).
+    load_before = os.getloadavg()[0]
     peer = run_llama_cpp(path, args.batches)
     ours = run_localbatch(path, args.batches, args.bench_args.split())
     rows = [(b, ours.get(b, 0.0), peer.get(b, 0.0)) for b in batches]
-    report = {"model": path, "cpu": cpu_name(), "rows": [
+    report = {"model": path, "cpu": cpu_name(), "load_1min_before": load_before, "rows": [
         {"concurrency": b, "localbatch_tok_s": o, "llama_cpp_tok_s": l, "ratio": round(o / l, 3) if l else None}
         for b, o, l in rows]}
     if args.svg:
         args.svg.write_text(scaling_svg(rows, Path(path).stem, report["cpu"]))
-    print(json.dumps(report) if args.json else format_table(rows) + "\n\n" + terminal_chart(rows))
+    load = f"load average (1 min) before the runs: {load_before:.2f}"
+    print(json.dumps(report) if args.json else format_table(rows) + "\n" + load + "\n\n" + terminal_chart(rows))
     return 0
 
 

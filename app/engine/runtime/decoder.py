@@ -18,7 +18,7 @@ from app.engine.runtime.attention import paged_attention
 from app.engine.runtime.linear import Linear
 from app.kernels import AttentionMetadata, KVCacheLayer
 
-RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, sin at the step's positions
+RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin at the step's positions
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -45,19 +45,23 @@ class RotaryEmbedding:
         self.style = style
 
     def tables(self, positions: torch.Tensor) -> RopeTables:
-        """cos and sin rows `[N, 1, d/2]` at `positions`: gathered once per step, used by every layer."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        """cos and signed sin rows `[N, 1, d]` at `positions`, laid out like the pairs `__call__`
+        rotates: gathered once per step, used by every layer."""
+        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        if self.style == "neox":
+            return torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)
+        return cos.repeat_interleave(2, -1), torch.stack((-sin, sin), -1).flatten(-2)
 
     def __call__(self, x: torch.Tensor, tables: RopeTables) -> torch.Tensor:
+        """x * cos + partner(x) * signed sin, where partner swaps each rotated pair: five ops per
+        call instead of a dozen, the same fp32 products and sums as rotating the halves apart
+        (a - b*s == a + b*(-s) exactly). bf16 x times the fp32 tables computes in fp32."""
         cos, sin = tables
-        xf = x.float()
         if self.style == "neox":
-            x1, x2 = xf.chunk(2, dim=-1)
-            out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+            partner = x.roll(x.shape[-1] // 2, -1)
         else:
-            x1, x2 = xf[..., 0::2], xf[..., 1::2]
-            out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-        return out.to(x.dtype)
+            partner = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+        return (x * cos + partner * sin).to(x.dtype)
 
 
 class DecoderLayer:
