@@ -13,6 +13,7 @@ import logging
 import queue
 import sys
 import threading
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator
@@ -30,6 +31,9 @@ log = logging.getLogger(__name__)
 
 _SWITCH_INTERVAL_S = 0.002
 _IDLE_WAIT_S = 0.5  # requests and aborts wake the loop at once; this only paces the idle rate decay
+# Readers poll the snapshot a few times a second (the panels, /metrics); taking one every step
+# (a pass over every live request's block tables) cost the step thread time for nobody.
+_STATS_PERIOD_S = 0.1
 
 
 class AsyncEngine:
@@ -140,7 +144,7 @@ class AsyncEngine:
     def _main(self, model: str | None, device: str, dtype: str, progress: ProgressFn | None, kwargs: dict) -> None:
         try:
             self.engine = LLMEngine(model, device=device, dtype=dtype, progress=progress, **kwargs)
-            self._stats = self.engine.stats()
+            self._stats, self._stats_at = self.engine.stats(), time.monotonic()
             # The model, its tokenizer tables and the KV pool are millions of long-lived objects:
             # a full collection walked them all, holding the GIL, whenever the app's rendering
             # churned enough garbage (~25% of the UI thread's samples while streaming). Frozen
@@ -178,9 +182,12 @@ class AsyncEngine:
                 self._wake.wait(_IDLE_WAIT_S)
                 self._wake.clear()
             self._publish(deltas)
-            # Idle, the snapshot only changes while the recent rates decay to zero.
+            # Idle, the snapshot only changes while the recent rates decay to zero; busy, it is
+            # retaken every _STATS_PERIOD_S, and at once when the last request ends.
             if busy or deltas or engine.metrics.window:
-                self._stats = engine.stats()
+                now = time.monotonic()
+                if now - self._stats_at >= _STATS_PERIOD_S or not engine.has_unfinished():
+                    self._stats, self._stats_at = engine.stats(), now
 
     def _drain_inbox(self) -> list[StreamDelta | tuple[str, BaseException]]:
         out: list = []
