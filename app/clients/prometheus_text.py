@@ -20,6 +20,8 @@ _METRIC_KEYS = MappingProxyType({
     "kv_cache_blocks_total": "blocks_total",
     "kv_cache_block_size": "block_size",
     "kv_bytes_per_token": "kv_bytes_per_token",
+    "kv_bytes_per_token_past_window": "kv_bytes_past_window",
+    "kv_cache_tokens_fit": "tokens_fit",
     "prefix_cache_hit_rate": "prefix_hit_rate",
     "avg_prompt_throughput_toks_per_s": "prefill_rate",
     "avg_generation_throughput_toks_per_s": "decode_rate",

@@ -285,8 +285,12 @@ class RemoteEngine:
         total = int(m.get("blocks_total", 0))
         block_size = int(m.get("block_size", 0))
         if total and block_size:
+            # A localbatch server says what fits at its running mix (its blocks may each hold one
+            # KV cache group's layers); other servers leave it to free blocks x block size.
+            fit = {"num_tokens_fit": int(m["tokens_fit"])} if "tokens_fit" in m else {}
             return {"num_blocks_total": total, "num_blocks_used": round(usage * total), "block_size": block_size,
-                    "kv_bytes_per_token": int(m.get("kv_bytes_per_token", 0))}
+                    "kv_bytes_per_token": int(m.get("kv_bytes_per_token", 0)),
+                    "kv_bytes_per_token_past_window": int(m.get("kv_bytes_past_window", 0)), **fit}
         return {"num_blocks_total": _USAGE_RESOLUTION, "num_blocks_used": round(usage * _USAGE_RESOLUTION), "block_size": 0}
 
     def _ensure_metrics_task(self) -> None:

@@ -685,6 +685,23 @@ localbatch:generation_tokens_total{model_name="m"} 1200
     assert parse_metrics("process_cpu_seconds_total 3\n") == {}
 
 
+def test_remote_kv_figures_of_a_hybrid_localbatch_server() -> None:
+    """A localbatch server says what fits at its running mix and what a token costs past the
+    sliding window; the remote panel shows those instead of free blocks x block size."""
+    text = """localbatch:kv_cache_usage_perc 0.5
+localbatch:kv_cache_blocks_total 600
+localbatch:kv_cache_block_size 16
+localbatch:kv_bytes_per_token 18432
+localbatch:kv_bytes_per_token_past_window 3072
+localbatch:kv_cache_tokens_fit 4800
+"""
+    fields = RemoteEngine._kv_fields(parse_metrics(text))
+    assert fields["num_tokens_fit"] == 4800 and fields["kv_bytes_per_token_past_window"] == 3072
+    panel = render_kv(EngineStats(**fields), {}, 40).plain
+    assert "4,800 more tokens fit" in panel and "3.0 KiB/token past the window" in panel
+    assert "num_tokens_fit" not in RemoteEngine._kv_fields(parse_metrics(text.replace("kv_cache_tokens_fit", "x")))
+
+
 async def test_remote_engine_against_localbatch_server_reads_its_metrics() -> None:
     with ServerThread(FakeEngine(model_name="served", step_delay=0.002)) as server:
         engine = await asyncio.to_thread(RemoteEngine.connect, server.url + "/v1")
