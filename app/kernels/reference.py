@@ -136,12 +136,12 @@ def _decode_attention(
     kv_heads, head_dim = cache.k.shape[2], cache.k.shape[3]
     ids, mask = plan
     num_seqs, heads = q.shape[0], q.shape[1]
-    k = _gather_blocks(cache.k, ids).view(num_seqs, -1, kv_heads, head_dim).transpose(1, 2)  # [S, KVH, L, D]
-    v = _gather_blocks(cache.v, ids).view(num_seqs, -1, kv_heads, head_dim).transpose(1, 2)
+    k = _as_fp32_heads(_gather_blocks(cache.k, ids).view(num_seqs, -1, kv_heads, head_dim))  # [S, KVH, L, D]
+    v = _as_fp32_heads(_gather_blocks(cache.v, ids).view(num_seqs, -1, kv_heads, head_dim))
     # Plain batched matmuls in fp32: SDPA with a mask falls back to a slow path for one query row.
     groups = heads // kv_heads
     qh = q.float().reshape(num_seqs, kv_heads, groups, head_dim)
-    scores = torch.matmul(qh, k.float().transpose(2, 3))  # [S, KVH, G, L]
+    scores = torch.matmul(qh, k.transpose(2, 3))  # [S, KVH, G, L]
     if cache.k_scale is not None:
         scores = scores * _gather_scales(cache.k_scale, ids, num_seqs)
     scores = scores * scale
@@ -153,8 +153,19 @@ def _decode_attention(
     probs = torch.softmax(scores, -1)
     if cache.v_scale is not None:
         probs = probs * _gather_scales(cache.v_scale, ids, num_seqs)
-    out = torch.matmul(probs, v.float())  # [S, KVH, G, D]
+    out = torch.matmul(probs, v)  # [S, KVH, G, D]
     return out.reshape(num_seqs, heads, head_dim).to(q.dtype)
+
+
+def _as_fp32_heads(rows: torch.Tensor) -> torch.Tensor:
+    """`[S, L, KVH, D]` -> fp32 `[S, KVH, L, D]`. With several KV heads the layout is made
+    contiguous in the same copy as the conversion: the batched matmul would otherwise copy the
+    strided operand again, which took most of the decode attention (measured 4.4 -> 2.8 ms per
+    layer at 16 sequences of 200 tokens, 3 KV heads). One KV head is contiguous already."""
+    heads = rows.transpose(1, 2)
+    if rows.shape[2] == 1:
+        return heads.float()
+    return heads.to(torch.float32, memory_format=torch.contiguous_format)
 
 
 def _gather_blocks(pool: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
