@@ -14,6 +14,7 @@ from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.block_manager import BlockManager
 from app.engine.core.kv_cache_spec import NULL_BLOCK, KVCacheGroup, KVCacheSpec, kv_cache_spec
 from app.engine.core.scheduler import Scheduler, SchedulerConfig
+from app.engine.core.sequence import Sequence
 from app.engine.gguf.model_config import ModelConfig
 from tests.engine.test_engine import GREEDY, GROUPS as GROUPS_TINY, make_engine, model_path, prompts, run_all, run_alone  # noqa: F401
 from tests.engine.test_scheduler import check_accounting, fake_step, make_seq
@@ -93,13 +94,19 @@ def test_sliding_groups_give_back_blocks_behind_the_window():
     assert bm.num_free_blocks == 200
 
 
-def test_a_cached_prefix_needs_the_window_blocks_of_its_sliding_groups():
+def one_prompt_run(num_tokens: int) -> tuple[BlockManager, Scheduler, Sequence]:
+    """A manager of window 8 whose cache holds the blocks of one finished `num_tokens` prompt."""
     bm = hybrid_manager(400, window=8)
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64), bm)
-    first = make_seq("a", 40, max_tokens=1)
+    first = make_seq("a", num_tokens, max_tokens=1)
     sched.add(first)
     fake_step(sched)
     assert first.is_finished
+    return bm, sched, first
+
+
+def test_a_cached_prefix_needs_the_window_blocks_of_its_sliding_groups():
+    bm, _, first = one_prompt_run(40)
     again = make_seq("b", 40, max_tokens=1)
     hit = bm.find_cached_prefix(again)
     assert hit.num_blocks == 9  # (40 - 1) // 4: all but the block of the last token
@@ -117,20 +124,13 @@ def test_a_cached_prefix_needs_the_window_blocks_of_its_sliding_groups():
     assert bm.find_cached_prefix(again).num_blocks == 2
 
 
-def forget(bm: BlockManager, group: int, index: int, seq) -> None:
+def forget(bm: BlockManager, group: int, index: int, seq: Sequence) -> None:
     """Evict one group's cached block of `seq`'s prompt, as allocation would."""
-    h = seq.block_hashes[index] if seq.block_hashes else None
-    if h is None:
-        h = bm._prompt_blocks(seq)[index][0]
-    del bm.cached[group][h]
+    del bm.cached[group][bm._prompt_blocks(seq)[index][0]]
 
 
 def test_admitting_a_hit_revives_only_what_the_window_reads():
-    bm = hybrid_manager(400, window=8)
-    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64), bm)
-    a = make_seq("a", 40, max_tokens=1)
-    sched.add(a)
-    fake_step(sched)
+    bm, sched, _ = one_prompt_run(40)
     b = make_seq("b", 41, max_tokens=1)  # a's prompt and one more token
     sched.add(b)
     batch = sched.schedule()
