@@ -121,6 +121,14 @@ def json_schema_format(schema: dict[str, Any]) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}}
 
 
+def record_concurrently(check: Check, one: Callable[[int], tuple[bool, str]], count: int) -> Check:
+    """Run `one(0..count-1)` as concurrent requests and record each outcome in `check`."""
+    with ThreadPoolExecutor(count) as pool:
+        for ok, note in pool.map(one, range(count)):
+            check.record(ok, note)
+    return check
+
+
 def schema_requests(client: openai.OpenAI, model: str, count: int) -> Check:
     check = Check(f"json_schema at temperature 0.8 ({count} concurrent requests)")
 
@@ -130,10 +138,7 @@ def schema_requests(client: openai.OpenAI, model: str, count: int) -> Check:
             messages=[{"role": "user", "content": f"Invent person number {i} and describe them as JSON."}])
         return check_json(reply.choices[0].message.content, reply.choices[0].finish_reason, PERSON)
 
-    with ThreadPoolExecutor(count) as pool:
-        for ok, note in pool.map(one, range(count)):
-            check.record(ok, note)
-    return check
+    return record_concurrently(check, one, count)
 
 
 def sdk_parse(client: openai.OpenAI, model: str) -> Check:
@@ -190,10 +195,7 @@ def forced_calls(client: openai.OpenAI, model: str, choice: Any, count: int) -> 
             messages=[{"role": "user", "content": questions[i % len(questions)]}])
         return check_calls(reply.choices[0].message, reply.choices[0].finish_reason, allowed)
 
-    with ThreadPoolExecutor(count) as pool:
-        for ok, note in pool.map(one, range(count)):
-            check.record(ok, note)
-    return check
+    return record_concurrently(check, one, count)
 
 
 def streamed_call(client: openai.OpenAI, model: str) -> Check:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -80,17 +79,10 @@ def near_valid(path: str) -> st.SearchStrategy[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[ServerThread]:
-    # A short context and fast steps keep the requests that are valid quick.
-    engine = FakeEngine(max_model_len=64, step_delay=0.0005, max_num_seqs=256, max_waiting=1024, num_blocks=4096)
-    with ServerThread(engine) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerThread) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=10) as c:
-        yield c
+def engine() -> FakeEngine:
+    """Served by tests/server/conftest.py's `server` and `client`. A short context and fast steps
+    keep the requests that are valid quick."""
+    return FakeEngine(max_model_len=64, step_delay=0.0005, max_num_seqs=256, max_waiting=1024, num_blocks=4096)
 
 
 def check(response: httpx.Response, streaming: bool) -> None:
