@@ -35,6 +35,11 @@ class Block:
         self.group = 0  # the KV cache group whose layers it holds (meaningful while it has a hash)
 
 
+def live_blocks(tables: list[list[int]]) -> Iterator[int]:
+    """The pool blocks in per-group block tables, skipping entries a sliding window left behind."""
+    return (b for table in tables for b in table if b != NULL_BLOCK)
+
+
 def block_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent, token_ids))
 
@@ -52,7 +57,7 @@ class CachedPrefix:
         return len(self.hashes)
 
     def block_ids(self) -> Iterator[int]:
-        return (b for table in self.tables for b in table if b != NULL_BLOCK)
+        return live_blocks(self.tables)
 
 
 class BlockManager:
@@ -98,7 +103,7 @@ class BlockManager:
     @staticmethod
     def held_blocks(seq: Sequence) -> Iterator[int]:
         """Every pool block `seq` holds, over all groups."""
-        return (b for table in seq.block_tables for b in table if b != NULL_BLOCK)
+        return live_blocks(seq.block_tables)
 
     # ---- prefix cache -----------------------------------------------------------------------
     def find_cached_prefix(self, seq: Sequence) -> CachedPrefix:

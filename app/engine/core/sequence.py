@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 from app.engine.api.sampling_params import SamplingParams
+from app.engine.core.kv_cache_spec import NULL_BLOCK
 from app.engine.core.outputs import TopLogprobs
 
 if TYPE_CHECKING:
@@ -94,5 +95,5 @@ class Sequence:
     def __repr__(self) -> str:
         return (
             f"Sequence({self.request_id!r}, tokens={self.num_tokens}, computed={self.num_computed_tokens}, "
-            f"blocks={sum(map(len, self.block_tables))}, {self.status.value})"
+            f"blocks={sum(b != NULL_BLOCK for t in self.block_tables for b in t)}, {self.status.value})"
         )

@@ -181,10 +181,8 @@ class ModelRunner:
         """Rows padded to the widest. Entries a sliding window left behind (NULL_BLOCK) read as
         block 0: no kernel visits them, and a valid id keeps any stray read in bounds."""
         width = max(len(t) for t in tables)
-        host = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
-        if self.spec.is_hybrid:
-            host.clamp_(min=0)
-        return host.pin_memory() if self.device.type == "cuda" else host
+        host = self._host([t + [0] * (width - len(t)) for t in tables], torch.int32)
+        return host.clamp_(min=0) if self.spec.is_hybrid else host
 
     def _host(self, values: list, dtype: torch.dtype) -> torch.Tensor:
         """Host list -> tensor; pinned on CUDA so the step's uploads are non-blocking copies that
