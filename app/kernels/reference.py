@@ -88,9 +88,9 @@ def unified_attention_ref(
 
 def _decode_plan(
     meta: AttentionMetadata, decodes: list[int] | None, block_size: int, sliding_window: int | None
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Pool rows to gather for the single-query sequences `decodes` (None: all of them), each from
-    its window start, and the key mask.
+    its window start, the key mask, and a place for that mask as an additive one per dtype.
 
     Which sequences decode depends on `meta` alone, so every layer of a step shares one plan, kept
     on `meta`, instead of making it with ~15 small ops in every layer."""
@@ -116,14 +116,14 @@ def _decode_plan(
     mask = in_range.repeat_interleave(block_size, 1) & (k_pos <= q_pos)
     if sliding_window is not None:
         mask &= k_pos > q_pos - sliding_window
-    meta.derived[key] = ids, mask
-    return ids, mask
+    meta.derived[key] = ids, mask, {}
+    return meta.derived[key]
 
 
 def _decode_attention(
     q: torch.Tensor,
     cache: KVCacheLayer,
-    plan: tuple[torch.Tensor, torch.Tensor],
+    plan: tuple[torch.Tensor, torch.Tensor, dict],
     scale: float,
     softcap: float | None,
 ) -> torch.Tensor:
@@ -134,7 +134,7 @@ def _decode_attention(
     the probability columns (V): the same products as scaling every element, G x L multiplies per
     KV head instead of L x D."""
     kv_heads, head_dim = cache.k.shape[2], cache.k.shape[3]
-    ids, mask = plan
+    ids, mask, biases = plan
     num_seqs, heads = q.shape[0], q.shape[1]
     groups = heads // kv_heads
     if cache.k_scale is None and softcap is None:
@@ -143,7 +143,9 @@ def _decode_attention(
         # 1-16 sequences, and in the compute dtype like the prefill path's SDPA.
         k = _gather_blocks(cache.k, ids).view(num_seqs, -1, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
         v = _gather_blocks(cache.v, ids).view(num_seqs, -1, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
-        bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+        if q.dtype not in biases:
+            biases[q.dtype] = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+        bias = biases[q.dtype]
         qh = q.reshape(num_seqs, kv_heads, groups, head_dim)
         out = F.scaled_dot_product_attention(qh, k, v, attn_mask=bias[:, None, None, :], scale=scale)
         return out.reshape(num_seqs, heads, head_dim)
