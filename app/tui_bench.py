@@ -53,8 +53,8 @@ class _BenchEngine:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
-    def stream(self, prompt: Any, params: SamplingParams, request_id: str | None = None) -> Any:
-        return self._engine.stream(prompt, replace(params, ignore_eos=True), request_id)
+    def stream(self, prompt: Any, params: SamplingParams, request_id: str | None = None, **kwargs: Any) -> Any:
+        return self._engine.stream(prompt, replace(params, ignore_eos=True), request_id, **kwargs)
 
     async def aclose(self) -> None:
         """The app's quit leaves the shared engine running for the next run."""

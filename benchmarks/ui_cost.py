@@ -70,7 +70,8 @@ class PacedEngine:
         self._stats = EngineStats()
         threading.Thread(target=self._run, name="paced-engine", daemon=True).start()
 
-    async def stream(self, prompt: Any, params: Any, request_id: str | None = None) -> AsyncIterator[StreamDelta]:
+    async def stream(self, prompt: Any, params: Any, request_id: str | None = None,
+                     max_delay_s: float = 0.0) -> AsyncIterator[StreamDelta]:
         inbox: asyncio.Queue = asyncio.Queue()
         with self._lock:
             self._live[request_id] = [asyncio.get_running_loop(), inbox, 0, time.monotonic()]

@@ -118,7 +118,11 @@ class RemoteEngine:
 
     # EngineClient
 
-    async def stream(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None) -> AsyncIterator[StreamDelta]:
+    async def stream(
+        self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *, max_delay_s: float = 0.0
+    ) -> AsyncIterator[StreamDelta]:
+        # max_delay_s: the server's SSE events arrive as it sends them; holding them here would
+        # not spare a wake-up.
         request_id = request_id or f"remote-{uuid.uuid4().hex[:12]}"
         path, body = self._request_body(prompt, params)
         live = _Live(started=time.monotonic())

@@ -28,7 +28,7 @@ from app.engine.core.outputs import StreamDelta
 from app.engine.core.timing import ReplyClock
 from app.ui.format import fmt_rate, fmt_seconds
 from app.ui.loading import first_line
-from app.ui.reply_stream import ReplyWriter
+from app.ui.reply_stream import DELTA_MAX_DELAY_S, ReplyWriter
 from app.ui.store import ChatRecord, ChatStore, MessageRecord
 from app.ui.widgets import (
     EarlierMessages,
@@ -362,7 +362,7 @@ class ChatPane(TabPane):
             if self._stop_requested:
                 return "abort", None
             prompt, params = self.request()
-            deltas = self._engine.stream(prompt, params, request_id)
+            deltas = self._engine.stream(prompt, params, request_id, max_delay_s=DELTA_MAX_DELAY_S)
             async for delta in deltas:
                 if self._stop_requested:
                     return "abort", None

@@ -19,6 +19,10 @@ from textual.widgets import Markdown, Static
 # with 4 tabs streaming the UI thread used 7.4% of a core at 10 Hz, 5.5% at 5 Hz
 # (benchmarks/ui_cost.py, paced fake engine). 5 Hz still reads as a steady stream.
 FRAME_HZ = 5
+# How long the engine may hold a reply's deltas before waking the UI with them: half a frame, so a
+# paint shows text at most that much staler, and the UI thread wakes ~10 times a second instead
+# of at every engine step (each wake-up holds the GIL the step thread needs between torch ops).
+DELTA_MAX_DELAY_S = 0.5 / FRAME_HZ
 _FENCE = re.compile(r"^ {0,3}(```|~~~)", re.MULTILINE)
 
 

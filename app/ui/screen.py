@@ -4,6 +4,7 @@ Panels are redrawn from one `engine.stats()` snapshot per timer tick (~10 Hz).""
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -120,6 +121,10 @@ class ChatScreen(Screen):
         self._frame = 0
         self.set_interval(1 / FRAME_HZ, self._on_frame)
         self.call_after_refresh(self._focus_active)
+        self.call_after_refresh(freeze_long_lived_objects)
+
+    def on_unmount(self) -> None:
+        gc.unfreeze()  # this screen's objects may be garbage now (a model switch, the app's exit)
 
     async def _on_frame(self) -> None:
         self._frame += 1
@@ -417,3 +422,12 @@ def _pane_rate(pane: ChatPane, req: RequestStats | None) -> TabRate:
 def _fork_title(title: str) -> str:
     base = title.removesuffix(" (fork)")
     return f"{base} (fork)"
+
+
+def freeze_long_lived_objects() -> None:
+    """Move every object alive now (the widgets, styles and caches of a freshly built screen) out
+    of the collector's reach. Streaming churns enough garbage for a full collection every few
+    seconds, and each walked all of them: 80 ms holding the GIL (the engine's step thread stalls)
+    and a tab switch of ~250 ms instead of ~110. Objects made later are collected as usual."""
+    gc.collect()
+    gc.freeze()

@@ -74,6 +74,54 @@ async def test_breaking_out_aborts_and_frees_blocks(engine):
     wait_idle(engine)
 
 
+async def test_held_deltas_arrive_in_fewer_wake_ups_and_complete(engine, monkeypatch):
+    """max_delay_s lets a stream's deltas wait for one hand-off: the first token and the last delta
+    come at once, the ones between together, in order, nothing lost; a stream beside it that
+    does not wait still gets a hand-off per step."""
+    from app.engine.api import async_engine
+
+    handoffs: list[list[str]] = []
+    deliver = async_engine._deliver
+
+    def counting(batch):
+        handoffs.append([payload.request_id for _, payload in batch])
+        deliver(batch)
+
+    monkeypatch.setattr(async_engine, "_deliver", counting)
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    alone = await collect(engine, "the world is", params)
+
+    async def held():
+        return [d async for d in engine.stream("the world is", params, request_id="held", max_delay_s=60.0)]
+
+    handoffs.clear()
+    deltas, prompt_wise = await asyncio.gather(held(), collect(engine, "the world is", params, request_id="eager"))
+    ids = [t for d in deltas for t in d.token_ids]
+    assert ids == [t for d in alone for t in d.token_ids] == [t for d in prompt_wise for t in d.token_ids]
+    assert "".join(d.text for d in deltas) == "".join(d.text for d in alone)
+    assert deltas[0].num_output_tokens == 1 and deltas[-1].finish_reason == "length"
+    # The eager stream's 30 steps each woke the loop; the held stream rode along on those.
+    assert sum("eager" in h for h in handoffs) >= 30 - 1
+    alone_handoffs = len(handoffs)
+    handoffs.clear()
+    await held()
+    assert len(handoffs) == 2 < alone_handoffs, handoffs  # the first token, then the rest with the last delta
+    wait_idle(engine)
+
+
+async def test_held_deltas_fall_due(engine):
+    """A held delta is handed over once it has waited max_delay_s, also while the engine is busy
+    with nothing else to send."""
+    params = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
+    arrivals = []
+    async for delta in engine.stream("hello", params, request_id="slow", max_delay_s=0.05):
+        arrivals.append((time.monotonic(), delta.num_output_tokens))
+        if delta.num_output_tokens >= 3 and len(arrivals) >= 3:
+            break
+    assert arrivals[1][1] > 1  # the second hand-off came by time, not at the end
+    wait_idle(engine)
+
+
 def test_is_an_engine_client(engine):
     assert isinstance(engine, EngineClient)
     assert (engine.device, engine.dtype, engine.is_remote, engine.stats_source) == ("cpu", "float32", False, "")

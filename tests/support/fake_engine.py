@@ -300,8 +300,10 @@ class FakeEngine:
         return self.frozen_stats if self.frozen_stats is not None else self._snapshot
 
     def stream(self, prompt: Prompt, params: SamplingParams,
-               request_id: str | None = None) -> AsyncIterator[StreamDelta]:
-        """Validates and queues at once (errors are raised here, before any delta)."""
+               request_id: str | None = None, *, max_delay_s: float = 0.0) -> AsyncIterator[StreamDelta]:
+        """Validates and queues at once (errors are raised here, before any delta). Deltas are
+        never held: `max_delay_s` is only recorded."""
+        self.last_max_delay_s = max_delay_s
         if self._dead or self.closed:
             raise EngineDeadError("the fake engine was killed" if self._dead else "the fake engine was closed")
         if self.fail_next is not None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from textual.widgets import TabbedContent
 
 from app.ui.chat import HISTORY_PAGE
+from app.ui.reply_stream import DELTA_MAX_DELAY_S
 from app.ui.store import ChatStore
 from app.ui.widgets import EarlierMessages, MessageView
 from tests.ui.test_tui import SIZE, chat_engine, chat_screen, idle, make_app, until
@@ -47,6 +48,20 @@ async def test_a_200_message_chat_opens_with_one_page_mounted(tmp_path: Path) ->
         assert views.last()._content == pane.messages[-1].content
     # A loose bound (CI machines are slow and shared); what it guards is "not seconds per 100 messages".
     assert opened_s < 10
+
+
+async def test_the_built_screen_is_frozen_out_of_garbage_collection(tmp_path: Path) -> None:
+    """Full collections while replies stream walked every widget of the screen (80 ms holding the
+    GIL, a tab switch of 250 ms): the built screen is frozen, and thawed when it goes."""
+    import gc
+
+    long_chat(tmp_path, 40)
+    app, _ = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await chat_screen(pilot)
+        await until(pilot, lambda: gc.get_freeze_count() > 1000)
+        assert screen.panes()[0].is_mounted
+    assert gc.get_freeze_count() == 0
 
 
 async def test_switching_tabs_is_quick_with_long_chats(tmp_path: Path) -> None:
@@ -96,6 +111,7 @@ async def test_a_hidden_tab_buffers_its_stream_and_shows_it_complete(tmp_path: P
         expected = "Reply to: " + words
         assert second.messages[-1].content == expected
         assert view.markdown.source == expected and not view.tail.display
+        assert engine.last_max_delay_s == DELTA_MAX_DELAY_S  # the UI need not be woken every step
 
 
 async def test_history_never_takes_the_focus_and_scrolls_by_keys(tmp_path: Path) -> None:

@@ -38,9 +38,13 @@ class EngineClient(Protocol):
         ...
 
     def stream(
-        self, prompt: Prompt, params: SamplingParams, request_id: str | None = None
+        self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *, max_delay_s: float = 0.0
     ) -> AsyncIterator[StreamDelta]:
         """Submit a request and iterate its deltas; the last one has `finish_reason` set.
+
+        `max_delay_s`: deltas may wait up to this long and arrive together, for a consumer that
+        does not need every step (the TUI paints a few times a second); the first token and the
+        last delta never wait.
 
         Raises `RequestError` (invalid request, prompt longer than the context: nothing was queued)
         or `QueueFullError` (backpressure) before the first delta. Breaking out of the iteration
