@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from textual.app import App, ComposeResult
 from textual.containers import VerticalScroll
+from textual.content import Content
 
 from app import ASSETS_DIR
-from app.ui.reply_stream import ReplyWriter, split_finished_blocks
+from app.ui.reply_stream import TAIL_SPARE_LINES, ReplyWriter, split_finished_blocks
 from app.ui.widgets import MessageView
 
 REPLY = """Here is a plan:
@@ -141,3 +142,34 @@ async def test_tail_wraps_at_the_full_width_as_it_grows() -> None:
             await writer.flush()
             await pilot.pause()
         assert app.view.tail.size.width >= SIZE[0] - 4
+
+
+async def test_a_growing_tail_asks_for_a_layout_once_per_few_lines(monkeypatch: Any) -> None:
+    """Each layout pass re-arranges the whole screen: the tail keeps spare lines to grow into
+    and asks for one only when it outgrows them. Its text is always whole and visible."""
+    app = OneMessage()
+    async with app.run_test(size=SIZE) as pilot:
+        tail = app.view.tail
+        layouts = []
+        refresh = type(tail).refresh
+
+        def counting(self, *args: Any, layout: bool = False, **kwargs: Any) -> Any:
+            if self is tail and layout:
+                layouts.append(flushes)  # a resize asks more than once: count flushes that asked
+            return refresh(self, *args, layout=layout, **kwargs)
+
+        writer = ReplyWriter(app.view.markdown, tail)
+        writer.write("Start")
+        await writer.flush()
+        await pilot.pause()
+        flushes = 0
+        monkeypatch.setattr(type(tail), "refresh", counting)
+        while tail.content_region.height < 20:
+            writer.write(" a few more words")  # one line every ~4 flushes at this width
+            await writer.flush()
+            await pilot.pause()
+            flushes += 1
+            lines = Content(str(tail.render())).get_height(tail.styles, tail.content_region.width)
+            assert lines <= tail.content_region.height <= lines + TAIL_SPARE_LINES
+        # 20 lines at one per ~4 flushes: without spare lines ~20 flushes would ask, here ~5.
+        assert 0 < len(set(layouts)) <= 20 / TAIL_SPARE_LINES + 1, (layouts, flushes)
