@@ -66,3 +66,19 @@ def test_int4_choices_are_cached_apart_from_int8(tmp_path, monkeypatch: pytest.M
     kernel_choice.choose_int8_rows(fast, slow, (16, 32), torch.bfloat16, cache)
     keys = list(__import__("json").loads(cache.read_text()))
     assert len(keys) == 2 and sum(k.endswith("|int4") for k in keys) == 1
+
+
+def test_a_requantized_matrix_is_within_half_a_level_of_its_source(monkeypatch: pytest.MonkeyPatch):
+    """The large-vocabulary head's int4 copy: any bf16 matrix rounded to 16 levels per group."""
+    monkeypatch.setenv(kernel_choice.KERNEL_ENV, "int8")
+    w = (torch.randn(96, 128) * 0.05).bfloat16()
+    int4 = Int4Weight.requantized(w)
+    assert int4 is not None and Int4Weight.from_grid(w) is None
+    eye = torch.eye(128).bfloat16()
+    rebuilt = int4(eye).float().T  # column j of x @ W.T for x = I is row j of W
+    groups = w.float().view(96, 4, 32)
+    half_step = ((groups.amax(-1) - groups.amin(-1)) / 30).repeat_interleave(32, -1)
+    assert bool(((rebuilt - w.float()).abs() <= half_step * 1.05 + 1e-3).all())
+    assert isinstance(Linear(w, requantize_int4=True).int8, Int4Weight)
+    assert isinstance(Linear(w).int8, Int8Weight)
+    assert Int4Weight.requantized(w[:, :112]) is None  # not whole groups of 32

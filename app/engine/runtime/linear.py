@@ -8,7 +8,8 @@ crossover measured once per machine (`kernel_choice`); the packed copy exists on
 A matrix that came from a 4-bit GGUF type (Q4_0, Q4_1, Q4_K: 16 levels per 32 weights) is packed
 as int4 instead (torch's CPU int4 kernel, a bf16 scale and zero per 32 weights): a quarter of the
 bf16 bytes, and no new rounding, since its values already lie on that grid. Others (Q5_0, Q6_K,
-Q8_0, F32 sources) get int8: re-quantizing them to 4 bits would cost accuracy.
+Q8_0, F32 sources) get int8: re-quantizing them to 4 bits would cost accuracy. The one exception
+is a large vocabulary's output projection (`requantize_int4`), where the accuracy was measured.
 """
 
 from __future__ import annotations
@@ -79,16 +80,34 @@ class Int4Weight:
         return cls(packed, torch.cat(scale_zero, 1).contiguous(), n)
 
     @classmethod
-    def _grid(cls, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(levels int32 `[rows, k]`, scale/zero `[k / GROUP, rows, 2]`) or None if off the grid."""
+    def requantized(cls, weight: torch.Tensor) -> Int4Weight | None:
+        """`weight` rounded to 16 evenly spaced levels per group of 32 (min to max), whatever its
+        source: new rounding error, so only where its accuracy was measured. None where torch's
+        int4 kernel does not take the shape."""
+        n, k = weight.shape
+        if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") or k % cls.GROUP or n % 16:
+            return None
+        chunks = (weight[start : start + cls._CHUNK_ROWS] for start in range(0, n, cls._CHUNK_ROWS))
+        parts = [cls._grid(rows, check=False) for rows in chunks]
+        try:
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.cat([q for q, _ in parts]), 1)
+        except RuntimeError:
+            return None
+        return cls(packed, torch.cat([sz for _, sz in parts], 1).contiguous(), n)
+
+    @classmethod
+    def _grid(cls, rows: torch.Tensor, check: bool = True) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(levels int32 `[rows, k]`, scale/zero `[k / GROUP, rows, 2]`), or None if `check` and
+        the rows are off the grid."""
         w = rows.float().view(rows.shape[0], -1, cls.GROUP)
         low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
         step = ((high - low) / 15).clamp(min=1e-12)
         q = torch.round((w - low) / step).clamp(0, 15)
         scale_zero = torch.cat((step, low + 8 * step), -1).to(torch.bfloat16)  # as the kernel reads them
-        rebuilt = (q - 8) * scale_zero[..., :1].float() + scale_zero[..., 1:].float()
-        if bool(((rebuilt - w).abs() > cls._TOLERANCE * step).any()):
-            return None
+        if check:
+            rebuilt = (q - 8) * scale_zero[..., :1].float() + scale_zero[..., 1:].float()
+            if bool(((rebuilt - w).abs() > cls._TOLERANCE * step).any()):
+                return None
         return q.to(torch.int32).view(rows.shape), scale_zero.transpose(0, 1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -105,14 +124,18 @@ class Linear:
     """`y = x @ weight.T + bias`, through the packed (int4 or int8) copy for up to
     `choice.int8_max_rows` rows."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, allow_int8: bool = True) -> None:
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, allow_int8: bool = True,
+        requantize_int4: bool = False,
+    ) -> None:
         self.weight = weight
         self.bias = bias
         # The packed copy: int4 for a 4-bit source, else int8 (the attribute keeps its first name).
         self.int8: Int8Weight | Int4Weight | None = None
         self.choice = KernelChoice(0)
         if allow_int8 and Int8Weight.supported(weight):
-            packed = Int4Weight.from_grid(weight) or Int8Weight(weight)
+            packed = (Int4Weight.from_grid(weight) or (Int4Weight.requantized(weight) if requantize_int4 else None)
+                      or Int8Weight(weight))
             kind = "int4" if isinstance(packed, Int4Weight) else "int8"
             self.choice = choose_int8_rows(packed, lambda x: F.linear(x, weight), tuple(weight.shape), weight.dtype,
                                            kind=kind)
