@@ -114,7 +114,7 @@ async def test_held_deltas_fall_due(engine):
     with nothing else to send."""
     params = SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True)
     arrivals = []
-    async for delta in engine.stream("hello", params, request_id="slow", max_delay_s=0.05):
+    async for delta in engine.stream("hello", params, request_id="slow", max_delay_s=0.2):
         arrivals.append((time.monotonic(), delta.num_output_tokens))
         if delta.num_output_tokens >= 3 and len(arrivals) >= 3:
             break
