@@ -24,7 +24,8 @@ RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin at the step's 
 # it is then most of the bytes a decode step reads (Gemma 3's 262k x 640 head: 168 MB in int8),
 # and int4 reads half. Measured on Gemma 3 270M (AMD EPYC, 2 threads): the head takes 5.9 / 10.6 /
 # 19.0 ms at 1 / 4 / 8 rows against int8's 16.4 / 31.7 / 44.4; the llama.cpp oracle, bf16,
-# teacher-forced: 1093/1096 top-1 agreement, mean |dlogprob| 0.018 nats (int8: 1096/1096, 0.008).
+# teacher-forced: 1093-1094/1096 top-1 agreement, mean |dlogprob| 0.018-0.019 nats (int8: 1096/1096,
+# 0.008).
 # A small head gains little and loses more: SmolLM2's 49k head measured 1095/1106 and 0.035 nats.
 INT4_HEAD_MIN_VOCAB = 131072
 
@@ -143,8 +144,9 @@ class DecoderLM:
         self.lm_head = weights.get("output.weight", self.embed)  # tied unless the file has its own
         self.final_norm = weights["output_norm.weight"]
         self.dtype = self.embed.dtype
-        # The output projection is the biggest matrix (262k x 640 for Gemma 3): its int8 copy halves
-        # the bytes a small batch reads; above its measured crossover the bf16 weight serves.
+        # The output projection is the biggest matrix (262k x 640 for Gemma 3): its packed copy (int8,
+        # int4 for a large vocabulary) cuts the bytes a small batch reads; above its measured
+        # crossover the bf16 weight serves.
         self.head = Linear(self.lm_head, requantize_int4=cfg.vocab_size >= INT4_HEAD_MIN_VOCAB)
         rope_global = RotaryEmbedding(
             cfg.head_dim, cfg.max_position, cfg.rope_theta, cfg.rope_style, cfg.rope_scaling_factor, device
