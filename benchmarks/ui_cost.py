@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(1, str(ROOT))
 
 from app.engine.core.outputs import EngineStats, RequestStats, StreamDelta  # noqa: E402
+from tmux_tabs import cpu_ticks  # noqa: E402 - beside this script, which runs as one
 
 PARAGRAPH = ("The keeper climbed the hundred and twelve steps each evening, counting them aloud as his "
              "father had, and wound the great clock before he lit the lamp. ")
@@ -251,7 +252,7 @@ def in_tmux(args: argparse.Namespace) -> dict:
     subprocess.run(["tmux", "new-session", "-d", "-s", "uicost", "-x", "160", "-y", "48",
                     f"cd {ROOT} && exec env {env} {cmd}"], check=True)
     server = int(subprocess.run(["tmux", "display", "-p", "#{pid}"], capture_output=True, text=True).stdout)
-    t0, c0 = time.monotonic(), _ticks(server)
+    t0, c0 = time.monotonic(), cpu_ticks(server)
     try:
         while not out.exists():
             time.sleep(0.2)
@@ -261,13 +262,8 @@ def in_tmux(args: argparse.Namespace) -> dict:
     finally:
         subprocess.run(["tmux", "kill-session", "-t", "uicost"], capture_output=True)
     result = json.loads(out.read_text())
-    result["tmux_server_cpu_whole_run"] = (_ticks(server) - c0) / os.sysconf("SC_CLK_TCK") / (time.monotonic() - t0)
+    result["tmux_server_cpu_whole_run"] = (cpu_ticks(server) - c0) / os.sysconf("SC_CLK_TCK") / (time.monotonic() - t0)
     return result
-
-
-def _ticks(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
 
 
 def main() -> None:

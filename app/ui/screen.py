@@ -1,6 +1,7 @@
 """The main screen: chat tabs on the left, model line, KV-budget and throughput panels on the right.
 
-Panels are redrawn from one `engine.stats()` snapshot per timer tick (~10 Hz)."""
+Panels are redrawn from one `engine.stats()` snapshot every `poll_interval` (rounded to frames)
+while anything runs, once a second when idle."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from app.engine.core.kv_cache_spec import NULL_BLOCK, KVCacheGroup, KVCacheSpec
+from app.engine.core.kv_cache_spec import NULL_BLOCK, KVCacheGroup, KVCacheSpec, live_blocks
 from app.engine.core.sequence import Sequence
 
 
@@ -33,11 +33,6 @@ class Block:
         self.hash: int | None = None
         self.token_ids: tuple[int, ...] | None = None  # kept to rule out hash collisions
         self.group = 0  # the KV cache group whose layers it holds (meaningful while it has a hash)
-
-
-def live_blocks(tables: list[list[int]]) -> Iterator[int]:
-    """The pool blocks in per-group block tables, skipping entries a sliding window left behind."""
-    return (b for table in tables for b in table if b != NULL_BLOCK)
 
 
 def block_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:

@@ -16,11 +16,17 @@ pages unused; a model of one kind has a single group of all layers, as before.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from app.engine.gguf.model_config import ModelConfig
 
 NULL_BLOCK = -1  # a block-table entry before a sliding group's window: no kernel reads it
+
+
+def live_blocks(tables: list[list[int]]) -> Iterator[int]:
+    """The pool blocks in per-group block tables, skipping entries a sliding window left behind."""
+    return (b for table in tables for b in table if b != NULL_BLOCK)
 
 
 @dataclass(frozen=True)

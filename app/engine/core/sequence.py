@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 from app.engine.api.sampling_params import SamplingParams
-from app.engine.core.kv_cache_spec import NULL_BLOCK
+from app.engine.core.kv_cache_spec import live_blocks
 from app.engine.core.outputs import TopLogprobs
 
 if TYPE_CHECKING:
@@ -95,5 +95,5 @@ class Sequence:
     def __repr__(self) -> str:
         return (
             f"Sequence({self.request_id!r}, tokens={self.num_tokens}, computed={self.num_computed_tokens}, "
-            f"blocks={sum(b != NULL_BLOCK for t in self.block_tables for b in t)}, {self.status.value})"
+            f"blocks={sum(1 for _ in live_blocks(self.block_tables))}, {self.status.value})"
         )

@@ -45,7 +45,8 @@ class Int8Weight:
 
 class Int4Weight:
     """4-bit weights for `torch.ops.aten._weight_int4pack_mm_for_cpu`: groups of `GROUP` along each
-    row, w = (q - 8) * scale + zero with bf16 scale and zero per group. Made only by `from_grid`."""
+    row, w = (q - 8) * scale + zero with bf16 scale and zero per group. Made by `from_grid` (a
+    4-bit source) or `requantized` (any source)."""
 
     GROUP = 32
     _CHUNK_ROWS = 4096  # the grid check's fp32 temporaries stay small even for a 262k-row head
@@ -63,12 +64,23 @@ class Int4Weight:
         """The int4 copy of `weight` if every group of 32 already holds at most 16 evenly spaced
         levels (a dequantized Q4 tensor), else None. Checked chunk by chunk, so a matrix that is
         not 4-bit costs one chunk."""
+        return cls._pack(weight, check=True)
+
+    @classmethod
+    def requantized(cls, weight: torch.Tensor) -> Int4Weight | None:
+        """`weight` rounded to 16 evenly spaced levels per group of 32 (min to max), whatever its
+        source: new rounding error, so only where its accuracy was measured. None where torch's
+        int4 kernel does not take the shape."""
+        return cls._pack(weight, check=False)
+
+    @classmethod
+    def _pack(cls, weight: torch.Tensor, check: bool) -> Int4Weight | None:
         n, k = weight.shape
         if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") or k % cls.GROUP or n % 16:
             return None
         levels, scale_zero = [], []
         for start in range(0, n, cls._CHUNK_ROWS):
-            found = cls._grid(weight[start : start + cls._CHUNK_ROWS])
+            found = cls._grid(weight[start : start + cls._CHUNK_ROWS], check)
             if found is None:
                 return None
             levels.append(found[0])
@@ -80,23 +92,7 @@ class Int4Weight:
         return cls(packed, torch.cat(scale_zero, 1).contiguous(), n)
 
     @classmethod
-    def requantized(cls, weight: torch.Tensor) -> Int4Weight | None:
-        """`weight` rounded to 16 evenly spaced levels per group of 32 (min to max), whatever its
-        source: new rounding error, so only where its accuracy was measured. None where torch's
-        int4 kernel does not take the shape."""
-        n, k = weight.shape
-        if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") or k % cls.GROUP or n % 16:
-            return None
-        chunks = (weight[start : start + cls._CHUNK_ROWS] for start in range(0, n, cls._CHUNK_ROWS))
-        parts = [cls._grid(rows, check=False) for rows in chunks]
-        try:
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.cat([q for q, _ in parts]), 1)
-        except RuntimeError:
-            return None
-        return cls(packed, torch.cat([sz for _, sz in parts], 1).contiguous(), n)
-
-    @classmethod
-    def _grid(cls, rows: torch.Tensor, check: bool = True) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def _grid(cls, rows: torch.Tensor, check: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(levels int32 `[rows, k]`, scale/zero `[k / GROUP, rows, 2]`), or None if `check` and
         the rows are off the grid."""
         w = rows.float().view(rows.shape[0], -1, cls.GROUP)
