@@ -48,29 +48,29 @@ def test_finer_or_unquantized_matrices_are_not_packed_as_int4():
 
 
 def test_linear_takes_int4_for_a_4bit_matrix_and_int8_otherwise(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv(kernel_choice.KERNEL_ENV, "int8")  # packed at every row count: no measuring
+    monkeypatch.setenv(kernel_choice.KERNEL_ENV, "packed")  # packed at every row count: no measuring
     w = _grid_weight(4)
     linear = Linear(w)
-    assert isinstance(linear.int8, Int4Weight)
+    assert isinstance(linear.packed, Int4Weight)
     x = torch.randn(3, w.shape[1]).bfloat16()
-    assert torch.equal(linear(x), linear.int8(x))
-    assert linear.tensors(3)[0] is linear.int8.q
-    assert isinstance(Linear(torch.randn(96, 128).bfloat16()).int8, Int8Weight)
+    assert torch.equal(linear(x), linear.packed(x))
+    assert linear.tensors(3)[0] is linear.packed
+    assert isinstance(Linear(torch.randn(96, 128).bfloat16()).packed, Int8Weight)
 
 
 def test_int4_choices_are_cached_apart_from_int8(tmp_path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv(kernel_choice.KERNEL_ENV, raising=False)
     cache = tmp_path / "choice.json"
     fast, slow = (lambda x: x), (lambda x: x + 0)
-    kernel_choice.choose_int8_rows(fast, slow, (16, 32), torch.bfloat16, cache, kind="int4")
-    kernel_choice.choose_int8_rows(fast, slow, (16, 32), torch.bfloat16, cache)
+    kernel_choice.choose_packed_rows(fast, slow, (16, 32), torch.bfloat16, cache, kind="int4")
+    kernel_choice.choose_packed_rows(fast, slow, (16, 32), torch.bfloat16, cache)
     keys = list(__import__("json").loads(cache.read_text()))
     assert len(keys) == 2 and sum(k.endswith("|int4") for k in keys) == 1
 
 
 def test_a_requantized_matrix_is_within_half_a_level_of_its_source(monkeypatch: pytest.MonkeyPatch):
     """The large-vocabulary head's int4 copy: any bf16 matrix rounded to 16 levels per group."""
-    monkeypatch.setenv(kernel_choice.KERNEL_ENV, "int8")
+    monkeypatch.setenv(kernel_choice.KERNEL_ENV, "packed")
     w = (torch.randn(96, 128) * 0.05).bfloat16()
     int4 = Int4Weight.requantized(w)
     assert int4 is not None and Int4Weight.from_grid(w) is None
@@ -79,6 +79,6 @@ def test_a_requantized_matrix_is_within_half_a_level_of_its_source(monkeypatch: 
     groups = w.float().view(96, 4, 32)
     half_step = ((groups.amax(-1) - groups.amin(-1)) / 30).repeat_interleave(32, -1)
     assert bool(((rebuilt - w.float()).abs() <= half_step * 1.05 + 1e-3).all())
-    assert isinstance(Linear(w, requantize_int4=True).int8, Int4Weight)
-    assert isinstance(Linear(w).int8, Int8Weight)
+    assert isinstance(Linear(w, requantize_int4=True).packed, Int4Weight)
+    assert isinstance(Linear(w).packed, Int8Weight)
     assert Int4Weight.requantized(w[:, :112]) is None  # not whole groups of 32

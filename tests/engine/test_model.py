@@ -18,6 +18,15 @@ from tests.support.tiny_gguf import ARCHITECTURES
 BLOCK = 4
 
 
+@pytest.fixture(autouse=True)
+def exact_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model's math against an fp32 reference at 1e-4: weights as loaded, no fp16 or packed
+    copies (their rounding is tested against the oracle and in the kernel tests)."""
+    from app.engine.runtime import kernel_choice
+
+    monkeypatch.setenv(kernel_choice.KERNEL_ENV, "dense")
+
+
 class PagedRun:
     """Drives DecoderLM by hand: a shuffled paged pool, prompts fed in chunks, logits everywhere."""
 

@@ -136,10 +136,10 @@ def test_bf16_packed_kernels_and_int4_head_teacher_forced(request, monkeypatch):
     """bf16 compute with the CPU's packed kernels at every row count (what decoding runs; a long
     prompt alone would take the dense ones): int4 where the file is 4-bit, int8 elsewhere, and
     Gemma 3's 262k-row output projection requantized to int4. Measured 1093/1096, 0.018 nats."""
-    monkeypatch.setenv(kernel_choice.KERNEL_ENV, "int8")
+    monkeypatch.setenv(kernel_choice.KERNEL_ENV, "packed")
     oracle = json.loads((ORACLE_DIR / "gemma3_270m.json").read_text())
     llm = LLM(str(request.getfixturevalue("embedded_model_path")), device="cpu", dtype="bfloat16", kv_cache_blocks=512)
-    assert isinstance(llm.engine.model.head.int8, Int4Weight)
+    assert isinstance(llm.engine.model.head.packed, Int4Weight)
     agree, total, mean_err = _teacher_forced(oracle, llm)
     assert total >= 1000
     assert agree / total >= 0.99

@@ -1,8 +1,8 @@
 """Kernels chosen per shape by measurement, once per machine.
 
-On the CPU the weight-only int8 kernel reads half the bytes of bf16 and wins at one row, but it
-scales badly with rows (Gemma 3's 262,144 x 640 output projection, measured here: 15.7 ms at 1
-row, 68 ms at 16, 323 ms at 32, where bf16 stays at 26-65 ms). Which is faster at which row count
+On a bf16 CPU a packed weight (int8, or int4) reads fewer bytes than the bf16 one and wins at one
+row, but its kernel scales badly with rows (Gemma 3's 262,144 x 640 output projection, int8: 15.7
+ms at 1 row, 68 ms at 16, 323 ms at 32, where bf16 stays at 26-65 ms). Which is faster at which row count
 depends on the CPU and the shape, so it is measured at the first start and kept in the user cache
 dir, keyed by CPU, torch version, thread count and shape.
 
@@ -25,76 +25,83 @@ import torch
 
 log = logging.getLogger(__name__)
 
-KERNEL_ENV = "LOCALBATCH_LINEAR_KERNEL"  # "int8" | "dense" | "auto" (default): force a choice
+KERNEL_ENV = "LOCALBATCH_LINEAR_KERNEL"  # "packed" (or "int8") | "dense" | "auto" (default)
 _ROW_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 _REPEATS = 5  # best of: a busy machine only ever makes a call slower
 _EVICT_BYTES = 64 << 20  # twice a 32 MiB last-level cache: writing it pushes the weight out
 _KEY_VERSION = "cold"  # measurements taken before weights were evicted are not reused
 _evict_buffer: torch.Tensor | None = None
+PACKED_EVERYWHERE = 1 << 30  # packed_max_rows of a packed kernel that never lost: every row count
 
 
 class KernelChoice:
-    """int8 for up to `int8_max_rows` rows, the dense (bf16) weight above that."""
+    """The packed copy for up to `packed_max_rows` rows, the dense weight above that."""
 
-    def __init__(self, int8_max_rows: int) -> None:
-        self.int8_max_rows = int8_max_rows
+    def __init__(self, packed_max_rows: int) -> None:
+        self.packed_max_rows = packed_max_rows
 
-    def use_int8(self, rows: int) -> bool:
-        return rows <= self.int8_max_rows
+    def use_packed(self, rows: int) -> bool:
+        return rows <= self.packed_max_rows
 
     def __repr__(self) -> str:
-        return f"KernelChoice(int8_max_rows={self.int8_max_rows})"
+        return f"KernelChoice(packed_max_rows={self.packed_max_rows})"
 
 
-def choose_int8_rows(int8_fn: Callable[[torch.Tensor], torch.Tensor], dense_fn: Callable[[torch.Tensor], torch.Tensor],
+def dense_forced() -> bool:
+    """`LOCALBATCH_LINEAR_KERNEL=dense`: every matrix as loaded, no packed or fp16 copy (exact fp32
+    math where the compute dtype is fp32: what the model tests compare with a reference)."""
+    return os.environ.get(KERNEL_ENV, "auto") == "dense"
+
+
+def choose_packed_rows(packed_fn: Callable[[torch.Tensor], torch.Tensor], dense_fn: Callable[[torch.Tensor], torch.Tensor],
                      shape: tuple[int, int], dtype: torch.dtype, cache_path: Path | None = None,
                      kind: str = "int8") -> KernelChoice:
-    """The row counts at which `int8_fn` (a packed kernel: `kind` "int8" or "int4") beats `dense_fn`
+    """The row counts at which `packed_fn` (`kind` "int8" or "int4") beats `dense_fn`
     for a `shape` weight on this machine (input `[rows, shape[1]]`), from the cache or measured now
     (~2 s for Gemma 3's output projection, milliseconds for a layer's matrices) and cached."""
     forced = os.environ.get(KERNEL_ENV, "auto")
-    if forced == "int8":
-        return KernelChoice(1 << 30)
+    if forced in ("packed", "int8"):
+        return KernelChoice(PACKED_EVERYWHERE)
     if forced == "dense":
         return KernelChoice(0)
     path = cache_path or default_cache_path()
     key = _machine_key(shape, dtype) + ("" if kind == "int8" else f"|{kind}")
     cached = _read(path).get(key)
-    if isinstance(cached, dict) and isinstance(cached.get("int8_max_rows"), int):
-        return KernelChoice(cached["int8_max_rows"])
+    if isinstance(cached, dict) and isinstance(cached.get("packed_max_rows"), int):
+        return KernelChoice(cached["packed_max_rows"])
     started = time.perf_counter()
-    timings = measure(int8_fn, dense_fn, shape[1], dtype)
+    timings = measure(packed_fn, dense_fn, shape[1], dtype)
     choice = KernelChoice(crossover(timings))
     log.info("%s weight: %s, measured in %.2f s: %s", shape, choice, time.perf_counter() - started, timings)
-    _write(path, key, {"int8_max_rows": choice.int8_max_rows, "timings_ms": timings})
+    _write(path, key, {"packed_max_rows": choice.packed_max_rows, "timings_ms": timings})
     return choice
 
 
-def measure(int8_fn: Callable, dense_fn: Callable, hidden: int, dtype: torch.dtype) -> dict[str, list[float]]:
-    """{rows: [int8 ms, dense ms]} (best of a few runs), stopping once int8 has lost twice in a row:
-    its cost only grows with rows from there."""
+def measure(packed_fn: Callable, dense_fn: Callable, hidden: int, dtype: torch.dtype) -> dict[str, list[float]]:
+    """{rows: [packed ms, dense ms]} (best of a few runs), stopping once the packed kernel has lost
+    twice in a row: its cost only grows with rows from there."""
     out: dict[str, list[float]] = {}
     losses = 0
     for rows in _ROW_COUNTS:
         x = torch.randn(rows, hidden).to(dtype)
-        t_int8, t_dense = _best_ms(int8_fn, x), _best_ms(dense_fn, x)
-        out[str(rows)] = [round(t_int8, 3), round(t_dense, 3)]
-        losses = losses + 1 if t_int8 > t_dense else 0
+        t_packed, t_dense = _best_ms(packed_fn, x), _best_ms(dense_fn, x)
+        out[str(rows)] = [round(t_packed, 3), round(t_dense, 3)]
+        losses = losses + 1 if t_packed > t_dense else 0
         if losses == 2:
             break
     return out
 
 
 def crossover(timings: dict[str, list[float]]) -> int:
-    """The largest row count up to which int8 was never slower (0: dense everywhere; no loss at
-    all: int8 at any count, since measuring stops only after losses)."""
+    """The largest row count up to which the packed kernel was never slower (0: dense everywhere;
+    no loss at all: packed at any count, since measuring stops only after losses)."""
     best = 0
     for rows in sorted(timings, key=int):
-        t_int8, t_dense = timings[rows]
-        if t_int8 > t_dense:
+        t_packed, t_dense = timings[rows]
+        if t_packed > t_dense:
             return best
         best = int(rows)
-    return 1 << 30
+    return PACKED_EVERYWHERE
 
 
 def default_cache_path() -> Path:
