@@ -104,7 +104,9 @@ class Int4Weight:
         """(levels int32 `[rows, k]`, scale/zero `[k / GROUP, rows, 2]`), or None if `check` and
         the rows are off the grid."""
         w = rows.float().view(rows.shape[0], -1, cls.GROUP)
-        q, step, low = grid_levels(w)
+        low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+        step = ((high - low) / 15).clamp(min=1e-12)
+        q = torch.round((w - low) / step).clamp(0, 15)
         scale_zero = torch.cat((step, low + 8 * step), -1).to(torch.bfloat16)  # as the kernel reads them
         if check:
             rebuilt = (q - 8) * scale_zero[..., :1].float() + scale_zero[..., 1:].float()
@@ -122,18 +124,10 @@ class Int4Weight:
         return self.q.numel() * self.q.element_size() + self.scale.numel() * self.scale.element_size()
 
 
-def grid_levels(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Groups `[..., 32]` on 16 evenly spaced levels from min to max: (levels 0..15 as floats, step,
-    min), so that w ~ levels * step + min."""
-    low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
-    step = ((high - low) / 15).clamp(min=1e-12)
-    return torch.round((w - low) / step).clamp(0, 15), step, low
-
-
 class Fp16Weight:
     """fbgemm's fp16 GEMM (`quantized::linear_dynamic_fp16`): the weight packed as fp16, fp32
-    activations in and out. Rows are computed alike whatever the batch (no activation
-    quantization), so a sequence's numbers do not depend on its neighbours."""
+    activations in and out. No activation quantization: a row's numbers depend on the rest of the
+    batch only through fp32 summation order, as with the dense fp32 GEMM."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.out_features, self.in_features = weight.shape
