@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from app.engine.gguf.model_config import ModelConfig
 from app.engine.runtime.attention import paged_attention
 from app.engine.runtime.linear import Linear, nbytes, storage_key
+from app.kernels.cpu_qgemm import Q8Weight
 from app.kernels import AttentionMetadata, KVCacheLayer
 
 RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin at the step's positions
@@ -145,13 +146,18 @@ class DecoderLM:
         self.final_norm = weights["output_norm.weight"]
         self.dtype = self.embed.dtype
         # The output projection is the biggest matrix (262k x 640 for Gemma 3): its packed copy (int8,
-        # int4 for a large vocabulary) cuts the bytes a small batch reads; above its measured
-        # crossover the bf16 weight serves.
+        # int4 for a large vocabulary with bf16 compute; 8-bit groups with fp32 compute) cuts the
+        # bytes a small batch reads; above its measured crossover the dense weight serves.
         self.head = Linear(lm_head, requantize_int4=cfg.vocab_size >= INT4_HEAD_MIN_VOCAB)
-        if self.embed.dtype == torch.float32 and self.head.weight is None and _fits_fp16(self.embed):
-            # Only the batch's rows are read from here once the head keeps its own fp16 copy: keep the
-            # table in fp16 (Gemma 3's 262k x 640: 335 MB instead of 671), rows converted on use.
-            self.embed = self.embed.half()
+        # With fp32 compute only the batch's rows are read from the table once the head keeps its
+        # own copy: a tied table is read from the head's 8-bit groups (exact for Q8_0; Gemma 3's
+        # 262k x 640: no second copy instead of 671 MB), any other kept in fp16.
+        self.embed_rows: Q8Weight | None = None
+        if self.embed.dtype == torch.float32 and self.head.weight is None:
+            if lm_head is self.embed and isinstance(self.head.packed, Q8Weight) and self.head.dense is None:
+                self.embed_rows, self.embed = self.head.packed, None
+            elif _fits_fp16(self.embed):
+                self.embed = self.embed.half()
         rope_global = RotaryEmbedding(
             cfg.head_dim, cfg.max_position, cfg.rope_theta, cfg.rope_style, cfg.rope_scaling_factor, device
         )
@@ -176,7 +182,7 @@ class DecoderLM:
     def resident_weight_bytes(self) -> int:
         """Every weight byte held, int8 copies included (compare with the GGUF file's size)."""
         linears = [lin for layer in self.layers for lin in layer.linears()] + [self.head]
-        tensors = [t for lin in linears for t in lin.resident()] + [self.embed, self.final_norm]
+        tensors = [t for lin in linears for t in lin.resident()] + [t for t in (self.embed, self.final_norm) if t is not None]
         return _unique_bytes(tensors + [t for layer in self.layers for t in layer.norms()])
 
     @torch.inference_mode()
@@ -193,7 +199,7 @@ class DecoderLM:
 
         `meta` is one step's metadata, or one per layer: with a hybrid KV cache each KV cache group
         (full-attention layers, sliding-window layers) has its own block tables and slots."""
-        x = self.embed[input_ids].to(self.dtype)
+        x = self.embed[input_ids].to(self.dtype) if self.embed_rows is None else self.embed_rows.rows(input_ids)
         if self.cfg.embed_scale is not None:
             x = (x.float() * self.cfg.embed_scale).to(self.dtype)
         # Gathered inside the forward (so a CUDA graph captures the gather), once per RoPE base.

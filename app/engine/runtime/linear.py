@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from app.engine.runtime.kernel_choice import PACKED_EVERYWHERE, KernelChoice, choose_packed_rows, dense_forced
+from app.kernels import cpu_qgemm
+from app.kernels.cpu_qgemm import GROUP, Q4Weight, Q8Weight
 
 
 class Int8Weight:
@@ -149,7 +151,26 @@ class Fp16Weight:
         return self.out_features * self.in_features * 2
 
 
-PackedWeight = Int8Weight | Int4Weight | Fp16Weight
+def q4_weight(weight: torch.Tensor) -> Q4Weight | None:
+    """`weight` as the C kernels' 4-bit groups if every group of 32 already holds at most 16
+    evenly spaced levels (a dequantized Q4_0/Q4_1/Q4_K tensor), else None."""
+    n, k = weight.shape
+    levels, steps, lows = [], [], []
+    for start in range(0, n, Int4Weight._CHUNK_ROWS):
+        w = weight[start : start + Int4Weight._CHUNK_ROWS].float().view(-1, k // GROUP, GROUP)
+        low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+        step = ((high - low) / 15).clamp(min=1e-12)
+        q = torch.round((w - low) / step).clamp(0, 15)
+        step, low = step.half().float(), low.half().float()  # as the kernel reads them
+        if bool(((q * step + low - w).abs() > Int4Weight._TOLERANCE * step).any()):
+            return None
+        levels.append(q.to(torch.uint8).view(-1, k))
+        steps.append(step.view(-1, k // GROUP))
+        lows.append(low.view(-1, k // GROUP))
+    return Q4Weight(torch.cat(levels), torch.cat(steps), torch.cat(lows))
+
+
+PackedWeight = Int8Weight | Int4Weight | Fp16Weight | Q4Weight | Q8Weight
 
 
 class Linear:
@@ -165,44 +186,61 @@ class Linear:
         self.weight: torch.Tensor | None = weight
         self.bias = bias
         self.dense: Fp16Weight | None = None
-        if allow_packed and Fp16Weight.supported(weight) and not dense_forced():
-            self.dense, self.weight = Fp16Weight(weight), None
         self.packed: PackedWeight | None = None
         self.choice = KernelChoice(0)
-        packed = _packed_copy(weight, requantize_int4) if allow_packed else None
+        if not allow_packed or dense_forced():
+            return
+        if _takes_group_weights(weight):
+            # The only copy: the C kernels up to the crossover, the same numbers through a
+            # dequantized temporary above it.
+            self.packed, self.weight = q4_weight(weight) or Q8Weight(weight), None
+            kind = "q4" if isinstance(self.packed, Q4Weight) else "q8"
+            self.choice = choose_packed_rows(self.packed, self.packed.dense_matmul, tuple(weight.shape), weight.dtype,
+                                             kind=kind)
+            return
+        if Fp16Weight.supported(weight):
+            self.dense, self.weight = Fp16Weight(weight), None
+        packed = _packed_copy(weight, requantize_int4)
         if packed is None:
             return
-        kind = {Int4Weight: "int4", Int8Weight: "int8"}[type(packed)]
-        dense_kind = "|over fp16" if self.dense is not None else ""
-        self.choice = choose_packed_rows(packed, self._dense, tuple(weight.shape), weight.dtype,
-                                         kind=kind + dense_kind)
+        kind = "int4" if isinstance(packed, Int4Weight) else "int8"
+        self.choice = choose_packed_rows(packed, self._dense, tuple(weight.shape), weight.dtype, kind=kind)
         self.packed = packed if self.choice.packed_max_rows > 0 else None  # no copy where it never wins
         if self.choice.packed_max_rows >= PACKED_EVERYWHERE:
-            self.weight = self.dense = None  # never read: the packed copy serves every row count
+            self.weight = None  # never read: the packed copy serves every row count
 
     def uses_packed(self, rows: int) -> bool:
         return self.packed is not None and self.choice.use_packed(rows)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.uses_packed(x.shape[0]):
-            y = self.packed(x)
-            return y if self.bias is None else y + self.bias
-        if self.dense is None:
+        if self.weight is not None and not self.uses_packed(x.shape[0]):
             return F.linear(x, self.weight, self.bias)
-        y = self.dense(x)
+        y = self.packed(x) if self.uses_packed(x.shape[0]) else self._dense(x)
         return y if self.bias is None else y + self.bias
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight) if self.dense is None else self.dense(x)
+        """Above the crossover: the dense weight, its fp16 copy, or the packed copy dequantized."""
+        if self.dense is not None:
+            return self.dense(x)
+        return F.linear(x, self.weight) if self.weight is not None else self.packed.dense_matmul(x)
 
     def tensors(self, rows: int) -> list[torch.Tensor | PackedWeight]:
         """What a forward of `rows` rows reads from memory (tensors, or a packed weight as a whole)."""
-        read = [self.packed] if self.uses_packed(rows) else [self.dense or self.weight]
+        read = [self.packed if self.uses_packed(rows) else self._dense_source()]
         return read + ([self.bias] if self.bias is not None else [])
+
+    def _dense_source(self) -> torch.Tensor | PackedWeight:
+        return next(t for t in (self.dense, self.weight, self.packed) if t is not None)
 
     def resident(self) -> list[torch.Tensor | PackedWeight]:
         """Every tensor or packed weight this matrix keeps in memory (the resident-weight figure)."""
         return [t for t in (self.weight, self.dense, self.packed, self.bias) if t is not None]
+
+
+def _takes_group_weights(weight: torch.Tensor) -> bool:
+    """fp32 compute on a CPU, the C kernels asked for and built, whole groups of 32."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.float32 and weight.shape[1] % GROUP == 0
+            and cpu_qgemm.enabled())
 
 
 def _packed_copy(weight: torch.Tensor, requantize_int4: bool) -> PackedWeight | None:

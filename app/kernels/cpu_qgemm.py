@@ -1,0 +1,226 @@
+"""Weight-quantized CPU GEMMs (`cpu_qgemm.c`) for fp32 compute on x86 CPUs with AVX2: 4-bit
+(Q4_1-style, d * level + m) and 8-bit (d * level) weights in groups of 32, with the activations
+quantized per group of 32 to int8 inside the kernel, as llama.cpp multiplies on the CPU.
+
+Torch has nothing like it for such machines: its int4/int8 weight kernels want bf16 activations
+(slow without AVX512-BF16), and fbgemm's fp16 GEMM reads 16 bits a weight. Prefill-sized batches
+take `dense_matmul`: the same quantized activations times the dequantized weights through the fp32
+GEMM: which path a row takes changes its numbers by fp32 rounding only.
+
+Opt-in (`LOCALBATCH_CPU_QUANT_KERNELS=1`): quantizing activations makes a sequence's numbers depend
+slightly on what else ran beside it. An fp32 difference of 1e-7 upstream (attention over another
+batch shape) can move an activation across a rounding boundary, and the change grows from there:
+on Gemma 3, batched and alone greedy runs then differed at a token whose margin was 0.044 nats,
+where the default fp16 path keeps them equal up to near-ties under 0.01. In exchange the weights
+take about the GGUF file's size (SmolLM2 92 MiB for a 94 MiB file, Gemma 3 272 MiB for 241, against
+311 and 832 with fp16). Accuracy against llama.cpp, teacher-forced: Gemma 3 1096/1096 top-1 at
+0.0054 nats, SmolLM2 1106/1106 at 0.0065.
+
+The C source ships in the package and is compiled once per machine into the user cache dir at the
+first start, with the system C compiler (about a second). Without a compiler, or on a CPU without
+AVX2/FMA/F16C, `enabled()` is False and fbgemm's fp16 weights serve instead.
+
+`fake_quantize` and `dequantize_ref` are the torch references; the tests hold the kernels to
+`fake_quantize(x) @ dequantize_ref().T`.
+"""
+
+from __future__ import annotations
+
+import abc
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+GROUP = 32
+_SOURCE = Path(__file__).with_name("cpu_qgemm.c")
+_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC"]
+_CPU_FLAGS = ("avx2", "fma", "f16c")
+ENABLE_ENV = "LOCALBATCH_CPU_QUANT_KERNELS"  # "1": fp32 compute keeps 4/8-bit weights (see above)
+
+
+def enabled() -> bool:
+    """Asked for, and built here."""
+    return os.environ.get(ENABLE_ENV) == "1" and _library() is not None
+
+
+@functools.lru_cache(maxsize=1)
+def _library() -> ctypes.CDLL | None:
+    if not _cpu_supports():
+        return None
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        log.info("no C compiler found: the quantized CPU kernels are off (fp16 weights instead)")
+        return None
+    digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join([compiler, *_FLAGS]).encode()).hexdigest()[:16]
+    path = _cache_dir() / f"cpu_qgemm-{digest}.so"
+    try:
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            subprocess.run([compiler, *_FLAGS, str(_SOURCE), "-o", str(tmp)], check=True, capture_output=True,
+                           timeout=120)
+            os.replace(tmp, path)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, subprocess.SubprocessError) as e:
+        detail = (getattr(e, "stderr", None) or b"").decode(errors="replace")[:500]
+        log.warning("could not build the quantized CPU kernels (%s %s); fp16 weights instead", e, detail)
+        return None
+    i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    lib.q4_gemm.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i32]
+    lib.q8_gemm.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr, i32]
+    lib.q4_dequantize.argtypes = [ptr, ptr, ptr, i64, i64, ptr, i32]
+    lib.q8_dequantize.argtypes = [ptr, ptr, i64, i64, ptr, i32]
+    for fn in (lib.q4_gemm, lib.q8_gemm, lib.q4_dequantize, lib.q8_dequantize):
+        fn.restype = None
+    return lib
+
+
+def _cpu_supports() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False  # not Linux: no way to tell, so no C kernels
+    return all(flag in flags for flag in _CPU_FLAGS)
+
+
+def _cache_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("localbatch")) / "kernels"
+
+
+def fake_quantize(x: torch.Tensor) -> torch.Tensor:
+    """x `[M, K]` as the kernels see it: per group of 32, scale = absmax / 127, levels rounded to
+    nearest (ties to even), times the scale again."""
+    g = x.float().reshape(x.shape[0], -1, GROUP)
+    d = g.abs().amax(-1, keepdim=True) / 127.0
+    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    return (torch.round(g * inv) * d).view(x.shape[0], -1)
+
+
+class _Scratch:
+    """The kernel's quantized activations: levels `[M, K]` int8, scales and scaled level sums
+    `[M, K / 32]` fp32 (torch allocates them, so the C side never mallocs)."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        m, k = x.shape
+        self.levels = torch.empty((m, k), dtype=torch.int8)
+        self.scales = torch.empty((2, m, k // GROUP), dtype=torch.float32)
+
+    def pointers(self) -> tuple[int, int, int]:
+        return self.levels.data_ptr(), self.scales[0].data_ptr(), self.scales[1].data_ptr()
+
+
+class _GroupWeight(abc.ABC):
+    out_features: int
+    in_features: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(torch.float32).contiguous()
+        y = torch.empty((x.shape[0], self.out_features), dtype=torch.float32)
+        if x.shape[0]:
+            self._gemm(x, y, _Scratch(x))
+        return y
+
+    def dense_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """What `__call__` computes, through the fp32 GEMM over a dequantized copy (made for the
+        call): faster from some tens of rows on, where the dot-product loop is compute bound."""
+        return F.linear(fake_quantize(x), self.dequantize())
+
+    def dequantize(self) -> torch.Tensor:
+        out = torch.empty((self.out_features, self.in_features), dtype=torch.float32)
+        self._dequantize(out)
+        return out
+
+    @abc.abstractmethod
+    def _gemm(self, x: torch.Tensor, y: torch.Tensor, scratch: _Scratch) -> None:
+        """y = x @ W.T through the format's kernel."""
+
+    @abc.abstractmethod
+    def _dequantize(self, out: torch.Tensor) -> None:
+        """out = W, fp32."""
+
+
+class Q4Weight(_GroupWeight):
+    """w = d * level + m per group of 32 (level 0..15, d and m fp16): 5 bits a weight, as a Q4_1
+    GGUF tensor stores it."""
+
+    def __init__(self, levels: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
+        n, k = levels.shape
+        g = levels.view(n, k // GROUP, 2, GROUP // 2).to(torch.uint8)
+        self.qs = (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(n, k // 2).contiguous()  # byte j: level j, j + 16
+        self.d = d.to(torch.float16).contiguous()
+        self.m = m.to(torch.float16).contiguous()
+        self.out_features, self.in_features = n, k
+
+    def _gemm(self, x: torch.Tensor, y: torch.Tensor, scratch: _Scratch) -> None:
+        _library().q4_gemm(x.data_ptr(), x.shape[0], self.in_features, self.qs.data_ptr(), self.d.data_ptr(),
+                           self.m.data_ptr(), self.out_features, y.data_ptr(), *scratch.pointers(),
+                           torch.get_num_threads())
+
+    def _dequantize(self, out: torch.Tensor) -> None:
+        _library().q4_dequantize(self.qs.data_ptr(), self.d.data_ptr(), self.m.data_ptr(), self.out_features,
+                                 self.in_features, out.data_ptr(), torch.get_num_threads())
+
+    def levels(self) -> torch.Tensor:
+        """uint8 levels `[N, K/32, 32]`."""
+        halves = self.qs.view(self.out_features, -1, GROUP // 2)
+        return torch.cat((halves & 0x0F, halves >> 4), -1)
+
+    def dequantize_ref(self) -> torch.Tensor:
+        w = self.levels().float() * self.d.float().unsqueeze(-1) + self.m.float().unsqueeze(-1)
+        return w.view(self.out_features, self.in_features)
+
+    @property
+    def nbytes(self) -> int:
+        return self.qs.numel() + 2 * self.d.numel() * 2
+
+
+class Q8Weight(_GroupWeight):
+    """w = d * level per group of 32 (level -127..127, d fp16 = the group's absmax / 127): 8.5 bits
+    a weight. Exact for a Q8_0 tensor; within half a level (1/254 of the group's range) for any
+    other."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        n, k = weight.shape
+        self.qs = torch.empty((n, k), dtype=torch.int8)
+        self.d = torch.empty((n, k // GROUP), dtype=torch.float16)
+        for start in range(0, n, 4096):  # fp32 temporaries stay small even for a 262k-row head
+            w = weight[start : start + 4096].float().view(-1, k // GROUP, GROUP)
+            d = (w.abs().amax(-1) / 127.0).half()
+            inv = torch.where(d > 0, 1.0 / d.float(), torch.zeros_like(d, dtype=torch.float32))
+            self.qs[start : start + 4096] = torch.round(w * inv.unsqueeze(-1)).clamp(-127, 127).view(-1, k)
+            self.d[start : start + 4096] = d
+        self.out_features, self.in_features = n, k
+
+    def _gemm(self, x: torch.Tensor, y: torch.Tensor, scratch: _Scratch) -> None:
+        _library().q8_gemm(x.data_ptr(), x.shape[0], self.in_features, self.qs.data_ptr(), self.d.data_ptr(),
+                           self.out_features, y.data_ptr(), *scratch.pointers(), torch.get_num_threads())
+
+    def _dequantize(self, out: torch.Tensor) -> None:
+        _library().q8_dequantize(self.qs.data_ptr(), self.d.data_ptr(), self.out_features, self.in_features,
+                                 out.data_ptr(), torch.get_num_threads())
+
+    def dequantize_ref(self) -> torch.Tensor:
+        w = self.qs.view(self.out_features, -1, GROUP).float() * self.d.float().unsqueeze(-1)
+        return w.view(self.out_features, self.in_features)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` dequantized, fp32: a tied embedding read from the output projection's copy."""
+        q = self.qs.index_select(0, ids).view(-1, self.in_features // GROUP, GROUP).float()
+        return (q * self.d.index_select(0, ids).float().unsqueeze(-1)).view(-1, self.in_features)
+
+    @property
+    def nbytes(self) -> int:
+        return self.qs.numel() + self.d.numel() * 2

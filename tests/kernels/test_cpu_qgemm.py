@@ -1,0 +1,75 @@
+"""The opt-in C kernels for 4/8-bit weight groups (app/kernels/cpu_qgemm.c) against their torch
+references: quantized activations times the dequantized weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from app.engine.runtime import kernel_choice
+from app.engine.runtime.linear import Linear, q4_weight
+from app.kernels import cpu_qgemm
+from app.kernels.cpu_qgemm import Q4Weight, Q8Weight, fake_quantize
+
+pytestmark = pytest.mark.skipif(
+    cpu_qgemm._library() is None, reason="no C compiler or no AVX2/FMA/F16C here: the C kernels cannot build"
+)
+
+
+def _q4(n: int = 96, k: int = 128, seed: int = 0) -> Q4Weight:
+    g = torch.Generator().manual_seed(seed)
+    d = torch.rand(n, k // 32, generator=g) * 0.02 + 0.001
+    m = -torch.rand(n, k // 32, generator=g) * 0.1
+    levels = torch.randint(0, 16, (n, k // 32, 32), generator=g)
+    levels[..., 0], levels[..., 1] = 0, 15  # every group spans its grid, as a Q4 block's min and max
+    return Q4Weight(levels.view(n, k), d, m)
+
+
+def _q8(n: int = 96, k: int = 128, seed: int = 0) -> Q8Weight:
+    return Q8Weight(torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05)
+
+
+@pytest.mark.parametrize("make", [_q4, _q8], ids=["q4", "q8"])
+def test_kernel_matches_quantized_activations_times_dequantized_weights(make):
+    w = make()
+    x = torch.randn(19, w.in_features) * 3
+    ref = (fake_quantize(x).double() @ w.dequantize_ref().double().T).float()
+    scale = ref.abs().max()
+    assert (w(x) - ref).abs().max() <= 1e-6 * scale
+    assert (w.dense_matmul(x) - ref).abs().max() <= 1e-6 * scale  # the prefill path: same numbers
+    assert torch.equal(w.dequantize(), w.dequantize_ref())
+    exact = x @ w.dequantize_ref().T
+    assert (w(x) - exact).norm() / exact.norm() < 0.02  # 8-bit activations per group of 32
+
+
+@pytest.mark.parametrize("make", [_q4, _q8], ids=["q4", "q8"])
+def test_rows_are_batch_invariant_and_empty_batches_work(make):
+    w = make()
+    x = torch.randn(13, w.in_features)
+    together = w(x)
+    assert torch.equal(together, torch.cat([w(x[i : i + 1]) for i in range(13)]))
+    assert torch.equal(together[3:9], w(x[3:9]))
+    assert w(x[:0]).shape == (0, w.out_features)
+
+
+def test_zero_groups_and_the_q8_rows_of_a_tied_embedding():
+    w = _q8()
+    x = torch.randn(4, w.in_features)
+    x[:, :32] = 0.0  # an all-zero group quantizes to scale 0, not NaN
+    assert torch.isfinite(w(x)).all()
+    ids = torch.tensor([5, 0, 95, 5])
+    assert torch.equal(w.rows(ids), w.dequantize_ref()[ids])
+
+
+def test_linear_takes_the_c_kernels_only_when_asked(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv(kernel_choice.KERNEL_ENV, "packed")  # no measuring
+    four_bit = _q4().dequantize_ref()
+    monkeypatch.delenv(cpu_qgemm.ENABLE_ENV, raising=False)
+    assert not isinstance(Linear(four_bit).packed, (Q4Weight, Q8Weight))  # default: fbgemm fp16
+    monkeypatch.setenv(cpu_qgemm.ENABLE_ENV, "1")
+    linear = Linear(four_bit)
+    assert isinstance(linear.packed, Q4Weight) and linear.weight is None and linear.dense is None
+    assert torch.equal(linear.packed.dequantize(), four_bit)  # the file's own 4-bit grid: no new rounding
+    assert isinstance(Linear(torch.randn(64, 96)).packed, Q8Weight)  # finer than 4 bits
+    assert [id(t) for t in linear.resident()] == [id(linear.packed)]  # the only copy
+    assert q4_weight(torch.randn(64, 96)) is None
