@@ -106,9 +106,7 @@ class Int4Weight:
         """(levels int32 `[rows, k]`, scale/zero `[k / GROUP, rows, 2]`), or None if `check` and
         the rows are off the grid."""
         w = rows.float().view(rows.shape[0], -1, cls.GROUP)
-        low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
-        step = ((high - low) / 15).clamp(min=1e-12)
-        q = torch.round((w - low) / step).clamp(0, 15)
+        q, step, low = grid_levels(w)
         scale_zero = torch.cat((step, low + 8 * step), -1).to(torch.bfloat16)  # as the kernel reads them
         if check:
             rebuilt = (q - 8) * scale_zero[..., :1].float() + scale_zero[..., 1:].float()
@@ -151,6 +149,14 @@ class Fp16Weight:
         return self.out_features * self.in_features * 2
 
 
+def grid_levels(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Groups `[..., 32]` on 16 evenly spaced levels from min to max: (levels 0..15 as floats, step,
+    min), w ~ levels * step + min. Both 4-bit packings (torch's int4, the C kernels' q4) use it."""
+    low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+    step = ((high - low) / 15).clamp(min=1e-12)
+    return torch.round((w - low) / step).clamp(0, 15), step, low
+
+
 def q4_weight(weight: torch.Tensor) -> Q4Weight | None:
     """`weight` as the C kernels' 4-bit groups if every group of 32 already holds at most 16
     evenly spaced levels (a dequantized Q4_0/Q4_1/Q4_K tensor), else None."""
@@ -158,9 +164,7 @@ def q4_weight(weight: torch.Tensor) -> Q4Weight | None:
     levels, steps, lows = [], [], []
     for start in range(0, n, Int4Weight._CHUNK_ROWS):
         w = weight[start : start + Int4Weight._CHUNK_ROWS].float().view(-1, k // GROUP, GROUP)
-        low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
-        step = ((high - low) / 15).clamp(min=1e-12)
-        q = torch.round((w - low) / step).clamp(0, 15)
+        q, step, low = grid_levels(w)
         step, low = step.half().float(), low.half().float()  # as the kernel reads them
         if bool(((q * step + low - w).abs() > Int4Weight._TOLERANCE * step).any()):
             return None
@@ -177,7 +181,8 @@ class Linear:
     """`y = x @ weight.T + bias`, through the packed copy (int4, int8) for up to
     `choice.packed_max_rows` rows and the dense kernel above: the weight itself, or with fp32
     compute on a CPU its fbgemm fp16 copy (as fast as fp32 from one row to prefill sizes, half the
-    bytes), which then replaces it."""
+    bytes), which then replaces it. With the opt-in C kernels (`cpu_qgemm`) the 4/8-bit groups are
+    the only copy, dequantized per call above the crossover."""
 
     def __init__(
         self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, allow_packed: bool = True,
