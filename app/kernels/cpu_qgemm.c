@@ -166,9 +166,8 @@ static inline __m256 i8_to_ps(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvte
 
 /* The 32 weights of one q4 group as 4 x 8 floats, in order. */
 static inline void q4_group(const uint8_t *qs, uint16_t d16, uint16_t m16, __m256 w[4]) {
-    __m128i b = _mm_loadu_si128((const __m128i *)qs);
-    __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
-    __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
+    __m256i levels = unpack_q4(qs);
+    __m128i lo = _mm256_castsi256_si128(levels), hi = _mm256_extracti128_si256(levels, 1);
     __m256 d = _mm256_set1_ps(_cvtsh_ss(d16)), m = _mm256_set1_ps(_cvtsh_ss(m16));
     w[0] = _mm256_fmadd_ps(u8_to_ps(lo), d, m);
     w[1] = _mm256_fmadd_ps(u8_to_ps(_mm_srli_si128(lo, 8)), d, m);
@@ -185,8 +184,6 @@ static inline void q8_group(const int8_t *qs, uint16_t d16, __m256 w[4]) {
     w[3] = _mm256_mul_ps(i8_to_ps(_mm_srli_si128(b, 8)), d);
 }
 
-/* acc[0..A-1] += w . x over one group: A independent FMA chains, so the FMA latency (4 cycles)
- * does not serialize a row's 4 products; A = 4 for a batch of 1 or 2 rows, 2 above. */
 /* The whole matrix dequantized into out [N, K] fp32: for prefill-sized batches, where a dense
  * GEMM over the dequantized copy beats the dot-product loop above. */
 void q4_dequantize(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int64_t N, int64_t K, float *out,

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 log = logging.getLogger(__name__)
 
 GROUP = 32
+CHUNK_ROWS = 4096  # rows packed at a time: fp32 temporaries stay small even for a 262k-row head
 _SOURCE = Path(__file__).with_name("cpu_qgemm.c")
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC"]
 _CPU_FLAGS = ("avx2", "fma", "f16c")
@@ -196,12 +197,12 @@ class Q8Weight(_GroupWeight):
         n, k = weight.shape
         self.qs = torch.empty((n, k), dtype=torch.int8)
         self.d = torch.empty((n, k // GROUP), dtype=torch.float16)
-        for start in range(0, n, 4096):  # fp32 temporaries stay small even for a 262k-row head
-            w = weight[start : start + 4096].float().view(-1, k // GROUP, GROUP)
+        for start in range(0, n, CHUNK_ROWS):
+            w = weight[start : start + CHUNK_ROWS].float().view(-1, k // GROUP, GROUP)
             d = (w.abs().amax(-1) / 127.0).half()
             inv = torch.where(d > 0, 1.0 / d.float(), torch.zeros_like(d, dtype=torch.float32))
-            self.qs[start : start + 4096] = torch.round(w * inv.unsqueeze(-1)).clamp(-127, 127).view(-1, k)
-            self.d[start : start + 4096] = d
+            self.qs[start : start + CHUNK_ROWS] = torch.round(w * inv.unsqueeze(-1)).clamp(-127, 127).view(-1, k)
+            self.d[start : start + CHUNK_ROWS] = d
         self.out_features, self.in_features = n, k
 
     def _gemm(self, x: torch.Tensor, y: torch.Tensor, scratch: _Scratch) -> None:

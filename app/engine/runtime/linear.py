@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from app.engine.runtime.kernel_choice import PACKED_EVERYWHERE, KernelChoice, choose_packed_rows, dense_forced
 from app.kernels import cpu_qgemm
-from app.kernels.cpu_qgemm import GROUP, Q4Weight, Q8Weight
+from app.kernels.cpu_qgemm import CHUNK_ROWS, GROUP, Q4Weight, Q8Weight
 
 
 class Int8Weight:
@@ -59,7 +59,6 @@ class Int4Weight:
     4-bit source) or `requantized` (any source)."""
 
     GROUP = 32
-    _CHUNK_ROWS = 4096  # the grid check's fp32 temporaries stay small even for a 262k-row head
     # A 4-bit source rebuilt from its bf16 copy misses by bf16 rounding (measured ≤ 0.07 of a
     # level step on SmolLM2's Q4_1 matrices); a 5-bit or finer one misses by up to half a step.
     _TOLERANCE = 0.2
@@ -89,8 +88,8 @@ class Int4Weight:
         if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") or k % cls.GROUP or n % 16:
             return None
         levels, scale_zero = [], []
-        for start in range(0, n, cls._CHUNK_ROWS):
-            found = cls._grid(weight[start : start + cls._CHUNK_ROWS], check)
+        for start in range(0, n, CHUNK_ROWS):  # the grid check's fp32 temporaries stay small
+            found = cls._grid(weight[start : start + CHUNK_ROWS], check)
             if found is None:
                 return None
             levels.append(found[0])
@@ -162,8 +161,8 @@ def q4_weight(weight: torch.Tensor) -> Q4Weight | None:
     evenly spaced levels (a dequantized Q4_0/Q4_1/Q4_K tensor), else None."""
     n, k = weight.shape
     levels, steps, lows = [], [], []
-    for start in range(0, n, Int4Weight._CHUNK_ROWS):
-        w = weight[start : start + Int4Weight._CHUNK_ROWS].float().view(-1, k // GROUP, GROUP)
+    for start in range(0, n, CHUNK_ROWS):
+        w = weight[start : start + CHUNK_ROWS].float().view(-1, k // GROUP, GROUP)
         q, step, low = grid_levels(w)
         step, low = step.half().float(), low.half().float()  # as the kernel reads them
         if bool(((q * step + low - w).abs() > Int4Weight._TOLERANCE * step).any()):
@@ -218,9 +217,10 @@ class Linear:
         return self.packed is not None and self.choice.use_packed(rows)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight is not None and not self.uses_packed(x.shape[0]):
+        packed = self.uses_packed(x.shape[0])
+        if self.weight is not None and not packed:
             return F.linear(x, self.weight, self.bias)
-        y = self.packed(x) if self.uses_packed(x.shape[0]) else self._dense(x)
+        y = self.packed(x) if packed else self._dense(x)
         return y if self.bias is None else y + self.bias
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
