@@ -10,6 +10,7 @@ import functools
 
 import torch
 
+from app.kernels import cpu_attention
 from app.kernels.kv_cache import KVCacheLayer, check_kv_cache
 from app.kernels.kv_quant import is_quantized_kv
 from app.kernels.metadata import AttentionMetadata
@@ -43,14 +44,17 @@ def unified_attention(
     Shapes: q/out `[num_tokens, num_heads, head_dim]`; caches `[num_blocks, block_size, num_kv_heads,
     head_dim]`, with fp32 scales `[num_blocks, block_size, num_kv_heads]` when their dtype is int8
     or fp8 (`KVCacheLayer`); `meta` as `AttentionMetadata` describes (its `slot_mapping` is not
-    read). Runs the Triton kernel on CUDA tensors when Triton is available, else
-    `unified_attention_ref`.
+    read). Runs the Triton kernel on CUDA tensors when Triton is available, the C kernel
+    (`cpu_attention`) on fp32 CPU tensors over an fp32 cache, else `unified_attention_ref`.
     """
     _check_attention_args(q, k_cache, v_cache, out, meta, sliding_window, softcap)
     check_kv_cache(k_cache, v_cache, k_scale, v_scale)
-    attention = unified_attention_ref
     if q.is_cuda and triton_available():
         from app.kernels.triton_attention import triton_unified_attention as attention
+    elif cpu_attention.handles(q, k_cache, k_scale):
+        return cpu_attention.unified_attention(q, k_cache, v_cache, out, meta, scale, sliding_window, softcap)
+    else:
+        attention = unified_attention_ref
     return attention(q, k_cache, v_cache, out, meta, scale, sliding_window, softcap, k_scale=k_scale, v_scale=v_scale)
 
 
@@ -60,12 +64,15 @@ def store_kv(
 ) -> None:
     """Write the step's keys/values `[num_tokens, num_kv_heads, head_dim]` into their cache slots
     (slot = block_id * block_size + offset; -1 = padding, skipped), quantizing each (token, head)
-    row into an int8/fp8 cache and its scale. Triton on CUDA, else torch."""
+    row into an int8/fp8 cache and its scale. Triton on CUDA, C for an fp32 CPU cache, else torch."""
     _check_store_args(k, v, k_cache, v_cache, slot_mapping)
     check_kv_cache(k_cache, v_cache, k_scale, v_scale)
     store = store_kv_ref
     if k_cache.is_cuda and triton_available():
         from app.kernels.triton_store_kv import triton_store_kv as store
+    elif cpu_attention.handles(k, k_cache, k_scale):
+        cpu_attention.store_kv(k, v, k_cache, v_cache, slot_mapping)
+        return
     store(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
 
 

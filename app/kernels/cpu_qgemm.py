@@ -29,23 +29,15 @@ from __future__ import annotations
 import abc
 import ctypes
 import functools
-import hashlib
-import logging
 import os
-import shutil
-import subprocess
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-log = logging.getLogger(__name__)
+from app.kernels import cpu_build
 
 GROUP = 32
 CHUNK_ROWS = 4096  # rows packed at a time: fp32 temporaries stay small even for a 262k-row head
-_SOURCE = Path(__file__).with_name("cpu_qgemm.c")
-_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC"]
-_CPU_FLAGS = ("avx2", "fma", "f16c")
 ENABLE_ENV = "LOCALBATCH_CPU_QUANT_KERNELS"  # "1": fp32 compute keeps 4/8-bit weights (see above)
 
 
@@ -56,49 +48,13 @@ def enabled() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL | None:
-    if not _cpu_supports():
-        return None
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        log.info("no C compiler found: the quantized CPU kernels are off (fp16 weights instead)")
-        return None
-    digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join([compiler, *_FLAGS]).encode()).hexdigest()[:16]
-    path = _cache_dir() / f"cpu_qgemm-{digest}.so"
-    try:
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            subprocess.run([compiler, *_FLAGS, str(_SOURCE), "-o", str(tmp)], check=True, capture_output=True,
-                           timeout=120)
-            os.replace(tmp, path)
-        lib = ctypes.CDLL(str(path))
-    except (OSError, subprocess.SubprocessError) as e:
-        detail = (getattr(e, "stderr", None) or b"").decode(errors="replace")[:500]
-        log.warning("could not build the quantized CPU kernels (%s %s); fp16 weights instead", e, detail)
-        return None
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    lib.q4_gemm.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i32]
-    lib.q8_gemm.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr, i32]
-    lib.q4_dequantize.argtypes = [ptr, ptr, ptr, i64, i64, ptr, i32]
-    lib.q8_dequantize.argtypes = [ptr, ptr, i64, i64, ptr, i32]
-    for fn in (lib.q4_gemm, lib.q8_gemm, lib.q4_dequantize, lib.q8_dequantize):
-        fn.restype = None
-    return lib
-
-
-def _cpu_supports() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return False  # not Linux: no way to tell, so no C kernels
-    return all(flag in flags for flag in _CPU_FLAGS)
-
-
-def _cache_dir() -> Path:
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("localbatch")) / "kernels"
+    return cpu_build.load("cpu_qgemm.c", {
+        "q4_gemm": [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i32],
+        "q8_gemm": [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr, i32],
+        "q4_dequantize": [ptr, ptr, ptr, i64, i64, ptr, i32],
+        "q8_dequantize": [ptr, ptr, i64, i64, ptr, i32],
+    })
 
 
 def fake_quantize(x: torch.Tensor) -> torch.Tensor:

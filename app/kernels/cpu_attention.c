@@ -1,0 +1,208 @@
+/* Paged attention for the fp32 CPU path (x86 with AVX2 and FMA): reads each sequence's keys and
+ * values where they lie in the block pool, instead of gathering them into a contiguous copy per
+ * layer first (at 16 sequences the gathers and the batched SDPA took as long as a third of the
+ * layer GEMMs).
+ *
+ * Layouts as app/kernels/reference.py: q/out [tokens, heads, D]; pools [blocks, block_size,
+ * kv_heads, D]; block_table [seqs, max_blocks]; sequence s owns query rows cu_seqlens_q[s] ..
+ * cu_seqlens_q[s+1], the last of its seq_lens[s] positions.
+ *
+ * Every (query row, head) is computed alone, over its keys in position order, in chunks of
+ * KEY_CHUNK keys counted from its first visible key (online softmax across chunks): its result
+ * depends on its own row, position and cache contents only, never on the batch around it, how the
+ * prompt was chunked, or how the work was split between threads.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define KEY_CHUNK 32
+#define MAX_HEADS 128
+
+static inline float hsum_ps(__m256 v) {
+    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+/* n: a multiple of 8 */
+static inline float dot(const float *a, const float *b, int n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    if (i < n)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    return hsum_ps(_mm256_add_ps(s0, s1));
+}
+
+/* The eight sums of a[0..7]'s lanes, as one vector. */
+static inline __m256 hsum8_ps(const __m256 *a) {
+    __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* e^x for x <= 0 (the softmax's shifted scores), lanes below -87.3 give 0: Cephes' expf, the
+ * exponent split as n * ln2 + r with ln2 in two parts and a degree-5 polynomial for e^r (about 1
+ * ulp), 2^n built in the exponent bits. */
+static inline __m256 exp_ps(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+static inline void axpy(float *y, float a, const float *x, int n) {
+    __m256 va = _mm256_set1_ps(a);
+    for (int i = 0; i < n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+}
+
+static inline void scale_vec(float *y, float a, int n) {
+    __m256 va = _mm256_set1_ps(a);
+    for (int i = 0; i < n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(va, _mm256_loadu_ps(y + i)));
+}
+
+/* Query heads h0..h1 of one row (q/out: the row's [heads, d]) attend to positions first..last;
+ * query head h reads KV head h / group. All the row's heads walk the keys together: each key row
+ * of the pool (every KV head side by side) is read from memory once, not once per KV head. */
+static void attend(const float *q, float *out, int h0, int h1, int group, int d, const float *k_pool,
+                   const float *v_pool, const int32_t *blocks, int block_size, int64_t row_stride, int64_t first,
+                   int64_t last, float scale, float softcap) {
+    float m[MAX_HEADS], l[MAX_HEADS], s[MAX_HEADS][KEY_CHUNK];
+    int64_t off[KEY_CHUNK];
+    int nh = h1 - h0;
+    for (int i = 0; i < nh; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+        memset(out + (int64_t)(h0 + i) * d, 0, sizeof(float) * d);
+    }
+    for (int64_t c0 = first; c0 <= last; c0 += KEY_CHUNK) {
+        int n = last - c0 + 1 < KEY_CHUNK ? (int)(last - c0 + 1) : KEY_CHUNK;
+        for (int j = 0; j < n; j++) {
+            int64_t pos = c0 + j;
+            off[j] = ((int64_t)blocks[pos / block_size] * block_size + pos % block_size) * row_stride;
+        }
+        /* The next chunk's key and value rows are requested now and arrive while this one is
+         * computed: the rows are scattered over the pool, beyond the hardware prefetcher's reach. */
+        for (int64_t pos = c0 + KEY_CHUNK; pos < c0 + 2 * KEY_CHUNK && pos <= last; pos++) {
+            int64_t o = ((int64_t)blocks[pos / block_size] * block_size + pos % block_size) * row_stride;
+            for (int64_t e = (int64_t)(h0 / group) * d; e < (int64_t)((h1 - 1) / group + 1) * d; e += 16) {
+                _mm_prefetch((const char *)(k_pool + o + e), _MM_HINT_T0);
+                _mm_prefetch((const char *)(v_pool + o + e), _MM_HINT_T0);
+            }
+        }
+        for (int i = 0; i < nh; i++) {
+            int h = h0 + i;
+            const float *qh = q + (int64_t)h * d, *kh = k_pool + (int64_t)(h / group) * d;
+            int j = 0;
+            for (; j + 8 <= n; j += 8) {  /* eight keys' dot products side by side, summed at once */
+                __m256 acc[8];
+                for (int u = 0; u < 8; u++)
+                    acc[u] = _mm256_setzero_ps();
+                for (int e = 0; e < d; e += 8) {
+                    __m256 qv = _mm256_loadu_ps(qh + e);
+                    for (int u = 0; u < 8; u++)
+                        acc[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kh + off[j + u] + e), acc[u]);
+                }
+                _mm256_storeu_ps(&s[i][j], _mm256_mul_ps(hsum8_ps(acc), _mm256_set1_ps(scale)));
+            }
+            for (; j < n; j++)
+                s[i][j] = dot(qh, kh + off[j], d) * scale;
+            if (softcap > 0.0f)
+                for (j = 0; j < n; j++)
+                    s[i][j] = softcap * tanhf(s[i][j] / softcap);
+        }
+        for (int i = 0; i < nh; i++) {
+            float mx = m[i];
+            for (int j = 0; j < n; j++)
+                mx = s[i][j] > mx ? s[i][j] : mx;
+            if (m[i] != mx) {  /* rescale what earlier chunks summed (nothing for the first) */
+                float alpha = expf(m[i] - mx);
+                l[i] *= alpha;
+                scale_vec(out + (int64_t)(h0 + i) * d, alpha, d);
+                m[i] = mx;
+            }
+            for (int j = n; j < (n + 7) / 8 * 8; j++)
+                s[i][j] = -INFINITY;
+            __m256 vmx = _mm256_set1_ps(mx);
+            for (int j = 0; j < n; j += 8)
+                _mm256_storeu_ps(&s[i][j], exp_ps(_mm256_sub_ps(_mm256_loadu_ps(&s[i][j]), vmx)));
+            float sum = 0.0f;
+            for (int j = 0; j < n; j++)
+                sum += s[i][j];
+            l[i] += sum;
+        }
+        for (int j = 0; j < n; j++) {
+            const float *v = v_pool + off[j];
+            for (int i = 0; i < nh; i++) {
+                int h = h0 + i;
+                axpy(out + (int64_t)h * d, s[i][j], v + (int64_t)(h / group) * d, d);
+            }
+        }
+    }
+    for (int i = 0; i < nh; i++)
+        scale_vec(out + (int64_t)(h0 + i) * d, 1.0f / l[i], d);
+}
+
+/* Work items are (query row, part): `splits` parts divide a row's query heads, so a batch of one
+ * decode still spreads over the threads. `window` 0: none; `softcap` 0: none. */
+void paged_attention_f32(const float *q, float *out, int64_t num_tokens, int heads, int kv_heads, int d,
+                         const float *k_cache, const float *v_cache, int block_size, const int32_t *block_table,
+                         int64_t max_blocks, const int32_t *cu_seqlens_q, const int32_t *seq_lens, int num_seqs,
+                         float scale, int64_t window, float softcap, int splits, int threads) {
+    if (cu_seqlens_q[num_seqs] < num_tokens)  /* padding rows past the last sequence: left as they are */
+        num_tokens = cu_seqlens_q[num_seqs];
+    int group = heads / kv_heads;
+    int per = (heads + splits - 1) / splits;
+    int64_t items = num_tokens * splits;
+    int64_t row_stride = (int64_t)kv_heads * d;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t it = 0; it < items; it++) {
+        int64_t t = it / splits;
+        int h0 = (int)(it % splits) * per;
+        int h1 = h0 + per < heads ? h0 + per : heads;
+        if (h0 >= h1)
+            continue;
+        int lo = 0, hi = num_seqs - 1;  /* the last sequence whose rows start at or before t */
+        while (lo < hi) {
+            int mid = (lo + hi + 1) / 2;
+            if (cu_seqlens_q[mid] <= t) lo = mid; else hi = mid - 1;
+        }
+        int64_t pos = (int64_t)seq_lens[lo] - (cu_seqlens_q[lo + 1] - cu_seqlens_q[lo]) + (t - cu_seqlens_q[lo]);
+        int64_t first = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+        int64_t row = t * heads * d;
+        attend(q + row, out + row, h0, h1, group, d, k_cache, v_cache, block_table + lo * max_blocks, block_size,
+               row_stride, first, pos, scale, softcap);
+    }
+}
+
+/* Token t's keys/values `[kv_heads * D]` into pool slot slots[t] (-1: padding, skipped). */
+void store_kv_f32(const float *k, const float *v, const int64_t *slots, int64_t num_tokens, int64_t row,
+                  float *k_cache, float *v_cache) {
+    for (int64_t t = 0; t < num_tokens; t++) {
+        if (slots[t] < 0)
+            continue;
+        memcpy(k_cache + slots[t] * row, k + t * row, sizeof(float) * row);
+        memcpy(v_cache + slots[t] * row, v + t * row, sizeof(float) * row);
+    }
+}

@@ -1,0 +1,108 @@
+"""The C paged attention and KV store of the fp32 CPU path (app/kernels/cpu_attention.c) against
+the torch reference, and the property the engine relies on: a row's numbers do not depend on the
+batch around it or on how its prompt was chunked (bit for bit)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from app import kernels
+from app.kernels import cpu_attention
+from tests.kernels.test_kernels import (
+    ATTN_CASES, SENTINEL, STORE_CASES, attention_error, attention_metadata, make_attention_inputs, store_error,
+)
+
+pytestmark = pytest.mark.skipif(
+    cpu_attention._library() is None, reason="no C compiler or no AVX2/FMA/F16C here: the C kernels cannot build"
+)
+
+# Every case the kernel takes: fp32 queries over an fp32 cache, head sizes a multiple of 8.
+FP32_CASES = {
+    name: replace(case, dtype="float32", cache_dtype="float32")
+    for name, case in ATTN_CASES.items()
+    if case.cache_dtype in (None, "float32", "float16", "bfloat16") and case.head_dim % 8 == 0
+}
+
+
+def c_attention(*args, **kwargs) -> torch.Tensor:
+    q, k_cache = args[0], args[1]
+    assert cpu_attention.handles(q, k_cache, kwargs.get("k_scale"))
+    return cpu_attention.unified_attention(*args)
+
+
+@pytest.mark.parametrize("name", list(FP32_CASES))
+def test_attention_matches_reference(name: str) -> None:
+    case = FP32_CASES[name]
+    err, kept = attention_error(case, make_attention_inputs(case), c_attention)
+    assert err < 1e-5, f"{name}: relative error {err:.2e}"
+    assert kept, f"{name}: rows outside every sequence were written"
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_attention_is_the_same_on_any_thread_count(threads: int) -> None:
+    case = FP32_CASES["decode-gemma-d256"]
+    inputs = make_attention_inputs(case)
+    outs = []
+    previous = torch.get_num_threads()
+    try:
+        for n in (1, threads):
+            torch.set_num_threads(n)
+            out = torch.full_like(inputs["q"], SENTINEL)
+            c_attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], out, attention_metadata(inputs), 0.0625,
+                        case.window, case.softcap)
+            outs.append(out)
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(outs[0], outs[1])
+
+
+def _run(inputs: dict, cu: list[int], seq_lens: list[int], rows: slice, blocks: list[int], window=None) -> torch.Tensor:
+    meta = kernels.AttentionMetadata(
+        torch.tensor(cu, dtype=torch.int32), torch.tensor(seq_lens, dtype=torch.int32),
+        inputs["block_table"][blocks],
+    )
+    q = inputs["q"][rows].contiguous()
+    out = torch.empty_like(q)
+    return c_attention(q, inputs["k_cache"], inputs["v_cache"], out, meta, 0.2, window, None)
+
+
+@pytest.mark.parametrize("window", [None, 7])
+def test_a_row_is_the_same_alone_batched_and_chunked(window: int | None) -> None:
+    """Sequence 2 (a 19-token first chunk in MIXED) computed inside the mixed batch, alone, and as
+    two chunks of 11 and 8 rows: bit-identical rows."""
+    case = replace(FP32_CASES["mixed-gqa3"], window=window)
+    inputs = make_attention_inputs(case)
+    meta = attention_metadata(inputs)
+    batched = torch.empty_like(inputs["q"])
+    c_attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], batched, meta, 0.2, window, None)
+    start = sum(case.q_lens[:2])
+    mine = slice(start, start + 19)
+    alone = _run(inputs, [0, 19], [19], mine, [2], window)
+    first = _run(inputs, [0, 11], [11], slice(start, start + 11), [2], window)
+    second = _run(inputs, [0, 8], [19], slice(start + 11, start + 19), [2], window)
+    assert torch.equal(batched[mine], alone)
+    assert torch.equal(alone, torch.cat((first, second)))
+
+
+def test_store_matches_reference() -> None:
+    spec = STORE_CASES["kv_heads3-head_dim48"]
+    assert cpu_attention.handles(torch.zeros(1, 3, 48), torch.zeros(1, 16, 3, 48), None)
+    assert store_error(spec, kernels.store_kv) == 0.0
+    assert store_error(dict(spec, fused=True), kernels.store_kv) == 0.0
+
+
+def test_the_torch_backend_can_be_chosen(monkeypatch) -> None:
+    monkeypatch.setenv(cpu_attention.BACKEND_ENV, "torch")
+    assert not cpu_attention.handles(torch.zeros(1, 4, 32), torch.zeros(1, 16, 1, 32), None)
+
+
+@pytest.mark.parametrize("q_dtype,cache_dtype,head_dim", [
+    (torch.bfloat16, torch.bfloat16, 32), (torch.float32, torch.int8, 32), (torch.float32, torch.float32, 12),
+])
+def test_what_the_kernel_does_not_take_goes_to_the_reference(q_dtype, cache_dtype, head_dim) -> None:
+    scale = torch.ones(1, 16, 1) if cache_dtype == torch.int8 else None
+    assert not cpu_attention.handles(torch.zeros(1, 4, head_dim, dtype=q_dtype),
+                                     torch.zeros(1, 16, 1, head_dim, dtype=cache_dtype), scale)
