@@ -8,13 +8,14 @@
  * Each row of x is quantized per group of 32 to int8 (scale absmax / 127, round to nearest even),
  * as llama.cpp's Q8 activations are; a group's dot product is then exact integer arithmetic
  * (maddubs / madd), scaled once. Every output is computed from its own row in the same order
- * whatever M is: batch-invariant by construction. `*_dequantize` writes the fp32 weights, for
- * prefill-sized batches that multiply the same quantized activations with a dense GEMM.
+ * whatever M is: batch-invariant by construction, so every batch size, prefill chunks included,
+ * goes through these loops.
  *
  * Built at first use by app/kernels/cpu_qgemm.py with -fopenmp: its runtime is the libgomp that
  * torch has already loaded, so its threads are torch's.
  */
 #include <immintrin.h>
+#include <omp.h>
 #include <stdint.h>
 
 #define QK 32
@@ -70,14 +71,6 @@ static inline void quantize_group(const float *x, int8_t *q, float *scale, float
     *sum = d * (float)hsum_epi32(t);
 }
 
-/* x [M, K] fp32 -> xq [M, K] int8, xd [M, K/32] scales, xs [M, K/32] scaled sums of the levels. */
-static void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, float *xd, float *xs) {
-    int64_t G = K / QK;
-    for (int64_t r = 0; r < M; r++)
-        for (int64_t g = 0; g < G; g++)
-            quantize_group(x + r * K + g * QK, xq + r * K + g * QK, xd + r * G + g, xs + r * G + g);
-}
-
 /* 32 unsigned weights (q4 levels 0..15) . 32 signed activations, as 8 int32 partial sums. */
 static inline __m256i dot_u8_s8(__m256i w_u8, __m256i x_s8) {
     __m256i p16 = _mm256_maddubs_epi16(w_u8, x_s8);
@@ -100,111 +93,94 @@ static inline __m256i unpack_q4(const uint8_t *qs) {
 }
 
 #define MR 8 /* rows of x per pass over a weight row: a row's unpacked weights serve MR dots */
+#define ROW_BLOCK_BYTES (96 * 1024) /* x levels per block of rows: they stay in L2 while weights pass */
+
+typedef struct {
+    int64_t M, K, G, N;
+    const void *qs;
+    const uint16_t *d, *m;
+    const int8_t *xq;
+    const float *xd, *xs;
+    float *y;
+} gemm_args;
+
+/* y[r0 .. r0+mr, n] for q4 weight row n. */
+static inline void q4_tile(const gemm_args *a, int64_t n, int64_t r0, int mr) {
+    const int64_t K = a->K, G = a->G;
+    const uint8_t *wq = (const uint8_t *)a->qs + n * (K / 2);
+    const uint16_t *wd = a->d + n * G, *wm = a->m + n * G;
+    __m256 acc[MR];
+    float macc[MR];
+    for (int i = 0; i < MR; i++) {
+        acc[i] = _mm256_setzero_ps();
+        macc[i] = 0.0f;
+    }
+    for (int64_t g = 0; g < G; g++) {
+        __m256i w = unpack_q4(wq + g * 16);
+        float dg = _cvtsh_ss(wd[g]), mg = _cvtsh_ss(wm[g]);
+        for (int i = 0; i < mr; i++) {
+            int64_t r = r0 + i;
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(a->xq + r * K + g * QK));
+            __m256 p = _mm256_cvtepi32_ps(dot_u8_s8(w, xv));
+            acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(dg * a->xd[r * G + g]), p, acc[i]);
+            macc[i] += mg * a->xs[r * G + g];
+        }
+    }
+    for (int i = 0; i < mr; i++) a->y[(r0 + i) * a->N + n] = hsum_ps(acc[i]) + macc[i];
+}
+
+/* y[r0 .. r0+mr, n] for q8 weight row n. */
+static inline void q8_tile(const gemm_args *a, int64_t n, int64_t r0, int mr) {
+    const int64_t K = a->K, G = a->G;
+    const int8_t *wq = (const int8_t *)a->qs + n * K;
+    const uint16_t *wd = a->d + n * G;
+    __m256 acc[MR];
+    for (int i = 0; i < MR; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        __m256i w = _mm256_loadu_si256((const __m256i *)(wq + g * QK));
+        float dg = _cvtsh_ss(wd[g]);
+        for (int i = 0; i < mr; i++) {
+            int64_t r = r0 + i;
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(a->xq + r * K + g * QK));
+            __m256 p = _mm256_cvtepi32_ps(dot_s8_s8(w, xv));
+            acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(dg * a->xd[r * G + g]), p, acc[i]);
+        }
+    }
+    for (int i = 0; i < mr; i++) a->y[(r0 + i) * a->N + n] = hsum_ps(acc[i]);
+}
+
+/* Quantize x, then every tile. Each thread owns a contiguous share of the weight rows; x is
+ * walked in blocks of rows whose levels fit in L2, and the thread's weight rows pass over each
+ * block (a prefill chunk's levels would otherwise stream from L3 once per weight row). The tiling
+ * never changes the order in which an output's terms are summed. */
+static inline void run_gemm(gemm_args *a, const float *x, int8_t *xq, float *xd, float *xs, int nthreads,
+                            void (*tile)(const gemm_args *, int64_t, int64_t, int)) {
+    int64_t block = ROW_BLOCK_BYTES / a->K / MR * MR;
+    if (block < MR) block = MR;
+#pragma omp parallel num_threads(nthreads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < a->M; r++)
+            for (int64_t g = 0; g < a->G; g++)
+                quantize_group(x + r * a->K + g * QK, xq + r * a->K + g * QK, xd + r * a->G + g, xs + r * a->G + g);
+        int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        int64_t n0 = a->N * t / nt, n1 = a->N * (t + 1) / nt;
+        for (int64_t b = 0; b < a->M; b += block)
+            for (int64_t n = n0; n < n1; n++)
+                for (int64_t r0 = b; r0 < b + block && r0 < a->M; r0 += MR)
+                    tile(a, n, r0, (int)(a->M - r0 < MR ? a->M - r0 : MR));
+    }
+}
 
 /* xq [M, K], xd and xs [M, K / 32]: the caller's scratch for the quantized activations. */
 void q4_gemm(const float *x, int64_t M, int64_t K, const uint8_t *qs, const uint16_t *d, const uint16_t *m,
              int64_t N, float *y, int8_t *xq, float *xd, float *xs, int nthreads) {
-    const int64_t G = K / QK;
-    quantize_rows(x, M, K, xq, xd, xs);
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const uint8_t *wq = qs + n * (K / 2);
-        const uint16_t *wd = d + n * G, *wm = m + n * G;
-        for (int64_t r0 = 0; r0 < M; r0 += MR) {
-            int mr = (int)(M - r0 < MR ? M - r0 : MR);
-            __m256 acc[MR];
-            float macc[MR];
-            for (int i = 0; i < MR; i++) {
-                acc[i] = _mm256_setzero_ps();
-                macc[i] = 0.0f;
-            }
-            for (int64_t g = 0; g < G; g++) {
-                __m256i w = unpack_q4(wq + g * 16);
-                float dg = _cvtsh_ss(wd[g]), mg = _cvtsh_ss(wm[g]);
-                for (int i = 0; i < mr; i++) {
-                    int64_t r = r0 + i;
-                    __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + r * K + g * QK));
-                    __m256 p = _mm256_cvtepi32_ps(dot_u8_s8(w, xv));
-                    acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(dg * xd[r * G + g]), p, acc[i]);
-                    macc[i] += mg * xs[r * G + g];
-                }
-            }
-            for (int i = 0; i < mr; i++) y[(r0 + i) * N + n] = hsum_ps(acc[i]) + macc[i];
-        }
-    }
+    gemm_args a = {M, K, K / QK, N, qs, d, m, xq, xd, xs, y};
+    run_gemm(&a, x, xq, xd, xs, nthreads, q4_tile);
 }
 
 void q8_gemm(const float *x, int64_t M, int64_t K, const int8_t *qs, const uint16_t *d, int64_t N, float *y,
              int8_t *xq, float *xd, float *xs, int nthreads) {
-    const int64_t G = K / QK;
-    quantize_rows(x, M, K, xq, xd, xs);
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const int8_t *wq = qs + n * K;
-        const uint16_t *wd = d + n * G;
-        for (int64_t r0 = 0; r0 < M; r0 += MR) {
-            int mr = (int)(M - r0 < MR ? M - r0 : MR);
-            __m256 acc[MR];
-            for (int i = 0; i < MR; i++) acc[i] = _mm256_setzero_ps();
-            for (int64_t g = 0; g < G; g++) {
-                __m256i w = _mm256_loadu_si256((const __m256i *)(wq + g * QK));
-                float dg = _cvtsh_ss(wd[g]);
-                for (int i = 0; i < mr; i++) {
-                    int64_t r = r0 + i;
-                    __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + r * K + g * QK));
-                    __m256 p = _mm256_cvtepi32_ps(dot_s8_s8(w, xv));
-                    acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(dg * xd[r * G + g]), p, acc[i]);
-                }
-            }
-            for (int i = 0; i < mr; i++) y[(r0 + i) * N + n] = hsum_ps(acc[i]);
-        }
-    }
-}
-
-static inline __m256 u8_to_ps(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)); }
-static inline __m256 i8_to_ps(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
-
-/* The 32 weights of one q4 group as 4 x 8 floats, in order. */
-static inline void q4_group(const uint8_t *qs, uint16_t d16, uint16_t m16, __m256 w[4]) {
-    __m256i levels = unpack_q4(qs);
-    __m128i lo = _mm256_castsi256_si128(levels), hi = _mm256_extracti128_si256(levels, 1);
-    __m256 d = _mm256_set1_ps(_cvtsh_ss(d16)), m = _mm256_set1_ps(_cvtsh_ss(m16));
-    w[0] = _mm256_fmadd_ps(u8_to_ps(lo), d, m);
-    w[1] = _mm256_fmadd_ps(u8_to_ps(_mm_srli_si128(lo, 8)), d, m);
-    w[2] = _mm256_fmadd_ps(u8_to_ps(hi), d, m);
-    w[3] = _mm256_fmadd_ps(u8_to_ps(_mm_srli_si128(hi, 8)), d, m);
-}
-
-static inline void q8_group(const int8_t *qs, uint16_t d16, __m256 w[4]) {
-    __m128i a = _mm_loadu_si128((const __m128i *)qs), b = _mm_loadu_si128((const __m128i *)(qs + 16));
-    __m256 d = _mm256_set1_ps(_cvtsh_ss(d16));
-    w[0] = _mm256_mul_ps(i8_to_ps(a), d);
-    w[1] = _mm256_mul_ps(i8_to_ps(_mm_srli_si128(a, 8)), d);
-    w[2] = _mm256_mul_ps(i8_to_ps(b), d);
-    w[3] = _mm256_mul_ps(i8_to_ps(_mm_srli_si128(b, 8)), d);
-}
-
-/* The whole matrix dequantized into out [N, K] fp32: for prefill-sized batches, where a dense
- * GEMM over the dequantized copy beats the dot-product loop above. */
-void q4_dequantize(const uint8_t *qs, const uint16_t *d, const uint16_t *m, int64_t N, int64_t K, float *out,
-                   int nthreads) {
-    const int64_t G = K / QK;
-    _Pragma("omp parallel for num_threads(nthreads) schedule(static)")
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t g = 0; g < G; g++) {
-            __m256 w[4];
-            q4_group(qs + n * (K / 2) + g * 16, d[n * G + g], m[n * G + g], w);
-            for (int i = 0; i < 4; i++) _mm256_storeu_ps(out + n * K + g * QK + 8 * i, w[i]);
-        }
-}
-
-void q8_dequantize(const int8_t *qs, const uint16_t *d, int64_t N, int64_t K, float *out, int nthreads) {
-    const int64_t G = K / QK;
-    _Pragma("omp parallel for num_threads(nthreads) schedule(static)")
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t g = 0; g < G; g++) {
-            __m256 w[4];
-            q8_group(qs + n * K + g * QK, d[n * G + g], w);
-            for (int i = 0; i < 4; i++) _mm256_storeu_ps(out + n * K + g * QK + 8 * i, w[i]);
-        }
+    gemm_args a = {M, K, K / QK, N, qs, d, NULL, xq, xd, xs, y};
+    run_gemm(&a, x, xq, xd, xs, nthreads, q8_tile);
 }

@@ -3,18 +3,19 @@
 quantized per group of 32 to int8 inside the kernel, as llama.cpp multiplies on the CPU.
 
 Torch has nothing like it for such machines: its int4/int8 weight kernels want bf16 activations
-(slow without AVX512-BF16), and fbgemm's fp16 GEMM reads 16 bits a weight. Prefill-sized batches
-take `dense_matmul`: the same quantized activations times the dequantized weights through the fp32
-GEMM: which path a row takes changes its numbers by fp32 rounding only.
+(slow without AVX512-BF16), and fbgemm's fp16 GEMM reads 16 bits a weight.
 
-Opt-in (`LOCALBATCH_CPU_QUANT_KERNELS=1`): quantizing activations makes a sequence's numbers depend
-slightly on what else ran beside it. An fp32 difference of 1e-7 upstream (attention over another
-batch shape) can move an activation across a rounding boundary, and the change grows from there:
-on Gemma 3, batched and alone greedy runs then differed at a token whose margin was 0.044 nats,
-where the default fp16 path keeps them equal up to near-ties under 0.01. In exchange the weights
-take about the GGUF file's size (SmolLM2 92 MiB for a 94 MiB file, Gemma 3 272 MiB for 241, against
-311 and 832 with fp16). Accuracy against llama.cpp, teacher-forced: Gemma 3 1096/1096 top-1 at
-0.0054 nats, SmolLM2 1106/1106 at 0.0065.
+Every row count goes through these loops, prefill chunks too: each output is summed from its own
+row in the same order whatever the batch, so with the C attention (`cpu_attention`) a sequence's
+numbers are the same alone, batched, chunked or from the prefix cache, bit for bit (quantized
+activations would otherwise carry an fp32 difference of 1e-7 upstream across a rounding boundary
+and grow it). The weights take about the GGUF file's size (SmolLM2 92 MiB for a 94 MiB file,
+Gemma 3 272 MiB for 241, against 311 and 832 with fp16). Accuracy against llama.cpp,
+teacher-forced: Gemma 3 1096/1096 top-1 at 0.0054 nats, SmolLM2 1106/1106 at 0.0065. The cost:
+prefill-sized batches run at about half fbgemm's fp16 speed (3072 x 576 at 512 rows: 19.6 against
+10.1 ms), where the loop is compute bound.
+
+Opt-in (`LOCALBATCH_CPU_QUANT_KERNELS=1`).
 
 The C source ships in the package and is compiled once per machine into the user cache dir at the
 first start, with the system C compiler (about a second). Without a compiler, or on a CPU without
@@ -52,8 +53,6 @@ def _library() -> ctypes.CDLL | None:
     return cpu_build.load("cpu_qgemm.c", {
         "q4_gemm": [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i32],
         "q8_gemm": [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr, i32],
-        "q4_dequantize": [ptr, ptr, ptr, i64, i64, ptr, i32],
-        "q8_dequantize": [ptr, ptr, i64, i64, ptr, i32],
     })
 
 
@@ -90,23 +89,9 @@ class _GroupWeight(abc.ABC):
             self._gemm(x, y, _Scratch(x))
         return y
 
-    def dense_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """What `__call__` computes, through the fp32 GEMM over a dequantized copy (made for the
-        call): faster from some tens of rows on, where the dot-product loop is compute bound."""
-        return F.linear(fake_quantize(x), self.dequantize())
-
-    def dequantize(self) -> torch.Tensor:
-        out = torch.empty((self.out_features, self.in_features), dtype=torch.float32)
-        self._dequantize(out)
-        return out
-
     @abc.abstractmethod
     def _gemm(self, x: torch.Tensor, y: torch.Tensor, scratch: _Scratch) -> None:
         """y = x @ W.T through the format's kernel."""
-
-    @abc.abstractmethod
-    def _dequantize(self, out: torch.Tensor) -> None:
-        """out = W, fp32."""
 
 
 class Q4Weight(_GroupWeight):
@@ -125,10 +110,6 @@ class Q4Weight(_GroupWeight):
         _library().q4_gemm(x.data_ptr(), x.shape[0], self.in_features, self.qs.data_ptr(), self.d.data_ptr(),
                            self.m.data_ptr(), self.out_features, y.data_ptr(), *scratch.pointers(),
                            torch.get_num_threads())
-
-    def _dequantize(self, out: torch.Tensor) -> None:
-        _library().q4_dequantize(self.qs.data_ptr(), self.d.data_ptr(), self.m.data_ptr(), self.out_features,
-                                 self.in_features, out.data_ptr(), torch.get_num_threads())
 
     def levels(self) -> torch.Tensor:
         """uint8 levels `[N, K/32, 32]`."""
@@ -164,10 +145,6 @@ class Q8Weight(_GroupWeight):
     def _gemm(self, x: torch.Tensor, y: torch.Tensor, scratch: _Scratch) -> None:
         _library().q8_gemm(x.data_ptr(), x.shape[0], self.in_features, self.qs.data_ptr(), self.d.data_ptr(),
                            self.out_features, y.data_ptr(), *scratch.pointers(), torch.get_num_threads())
-
-    def _dequantize(self, out: torch.Tensor) -> None:
-        _library().q8_dequantize(self.qs.data_ptr(), self.d.data_ptr(), self.out_features, self.in_features,
-                                 out.data_ptr(), torch.get_num_threads())
 
     def dequantize_ref(self) -> torch.Tensor:
         w = self.qs.view(self.out_features, -1, GROUP).float() * self.d.float().unsqueeze(-1)

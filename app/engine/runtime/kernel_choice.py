@@ -27,12 +27,6 @@ log = logging.getLogger(__name__)
 
 KERNEL_ENV = "LOCALBATCH_LINEAR_KERNEL"  # "packed" (or "int8") | "dense" | "auto" (default)
 _ROW_COUNTS = (1, 2, 4, 8, 16, 32, 64)
-# Prefill chunk sizes, timed too for the C kernels (kinds "q4", "q8") on matrices up to this many
-# weights: they may still win at 64 rows and lose at 512 (their dot-product loop is compute bound
-# there). A vocabulary projection only ever sees decode batches and prompt-logprob slices.
-_PREFILL_ROW_COUNTS = (128, 256, 512)
-_PREFILL_TIMED_MAX_WEIGHTS = 1 << 24
-_PREFILL_TIMED_KINDS = ("q4", "q8")
 _REPEATS = 5  # best of: a busy machine only ever makes a call slower
 _EVICT_BYTES = 64 << 20  # twice a 32 MiB last-level cache: writing it pushes the weight out
 _KEY_VERSION = "cold"  # measurements taken before weights were evicted are not reused
@@ -62,7 +56,7 @@ def dense_forced() -> bool:
 def choose_packed_rows(packed_fn: Callable[[torch.Tensor], torch.Tensor], dense_fn: Callable[[torch.Tensor], torch.Tensor],
                      shape: tuple[int, int], dtype: torch.dtype, cache_path: Path | None = None,
                      kind: str = "int8") -> KernelChoice:
-    """The row counts at which `packed_fn` (`kind` "int8", "int4", "q4" or "q8") beats `dense_fn`
+    """The row counts at which `packed_fn` (`kind` "int8" or "int4") beats `dense_fn`
     for a `shape` weight on this machine (input `[rows, shape[1]]`), from the cache or measured now
     (~2 s for Gemma 3's output projection, milliseconds for a layer's matrices) and cached."""
     forced = os.environ.get(KERNEL_ENV, "auto")
@@ -76,9 +70,7 @@ def choose_packed_rows(packed_fn: Callable[[torch.Tensor], torch.Tensor], dense_
     if isinstance(cached, dict) and isinstance(cached.get("packed_max_rows"), int):
         return KernelChoice(cached["packed_max_rows"])
     started = time.perf_counter()
-    prefill = kind in _PREFILL_TIMED_KINDS and shape[0] * shape[1] <= _PREFILL_TIMED_MAX_WEIGHTS
-    rows = _ROW_COUNTS + (_PREFILL_ROW_COUNTS if prefill else ())
-    timings = measure(packed_fn, dense_fn, shape[1], dtype, rows)
+    timings = measure(packed_fn, dense_fn, shape[1], dtype)
     choice = KernelChoice(crossover(timings))
     log.info("%s weight: %s, measured in %.2f s: %s", shape, choice, time.perf_counter() - started, timings)
     _write(path, key, {"packed_max_rows": choice.packed_max_rows, "timings_ms": timings})

@@ -180,8 +180,8 @@ class Linear:
     """`y = x @ weight.T + bias`, through the packed copy (int4, int8) for up to
     `choice.packed_max_rows` rows and the dense kernel above: the weight itself, or with fp32
     compute on a CPU its fbgemm fp16 copy (as fast as fp32 from one row to prefill sizes, half the
-    bytes), which then replaces it. With the opt-in C kernels (`cpu_qgemm`) the 4/8-bit groups are
-    the only copy, dequantized per call above the crossover."""
+    bytes), which then replaces it. With the C kernels (`cpu_qgemm`) the 4/8-bit groups are the
+    only copy and serve every row count."""
 
     def __init__(
         self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, allow_packed: bool = True,
@@ -195,12 +195,10 @@ class Linear:
         if not allow_packed or dense_forced():
             return
         if _takes_group_weights(weight):
-            # The only copy: the C kernels up to the crossover, the same numbers through a
-            # dequantized temporary above it.
+            # The only copy, and every row count goes through the C kernels: a row's numbers are
+            # then the same whatever batch or prefill chunk it is in (no crossover to measure).
             self.packed, self.weight = q4_weight(weight) or Q8Weight(weight), None
-            kind = "q4" if isinstance(self.packed, Q4Weight) else "q8"
-            self.choice = choose_packed_rows(self.packed, self.packed.dense_matmul, tuple(weight.shape), weight.dtype,
-                                             kind=kind)
+            self.choice = KernelChoice(PACKED_EVERYWHERE)
             return
         if Fp16Weight.supported(weight):
             self.dense, self.weight = Fp16Weight(weight), None
@@ -224,10 +222,10 @@ class Linear:
         return y if self.bias is None else y + self.bias
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
-        """Above the crossover: the dense weight, its fp16 copy, or the packed copy dequantized."""
+        """Above the crossover: the dense weight or its fp16 copy."""
         if self.dense is not None:
             return self.dense(x)
-        return F.linear(x, self.weight) if self.weight is not None else self.packed.dense_matmul(x)
+        return F.linear(x, self.weight)
 
     def tensors(self, rows: int) -> list[torch.Tensor | PackedWeight]:
         """What a forward of `rows` rows reads from memory (tensors, or a packed weight as a whole)."""
