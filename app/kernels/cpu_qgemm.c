@@ -92,95 +92,133 @@ static inline __m256i unpack_q4(const uint8_t *qs) {
     return _mm256_set_m128i(hi, lo);
 }
 
-#define MR 8 /* rows of x per pass over a weight row: a row's unpacked weights serve MR dots */
+#define TILE 8 /* outputs per tile: one per lane of an 8 x fp32 vector */
 #define ROW_BLOCK_BYTES (96 * 1024) /* x levels per block of rows: they stay in L2 while weights pass */
+
+/* Lane i of the result: the sum of s[i]'s eight lanes. */
+static inline __m256i reduce8_epi32(const __m256i *s) {
+    __m256i t0 = _mm256_hadd_epi32(s[0], s[1]), t1 = _mm256_hadd_epi32(s[2], s[3]);
+    __m256i t2 = _mm256_hadd_epi32(s[4], s[5]), t3 = _mm256_hadd_epi32(s[6], s[7]);
+    __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
+}
+
+/* Scales come in tiles of 8 rows: element (row, group) of a [rows, G] table sits at
+ * [row / 8][group][row % 8], so a tile's eight scales for one group are one vector load. */
+static inline int64_t tiled(int64_t row, int64_t g, int64_t G) { return (row / TILE) * G * TILE + g * TILE + row % TILE; }
 
 typedef struct {
     int64_t M, K, G, N;
     const void *qs;
-    const uint16_t *d, *m;
+    const uint16_t *d, *m; /* weight scales (and q4 minimums), tiled */
     const int8_t *xq;
-    const float *xd, *xs;
+    const float *xd, *xs; /* activation scales and scaled level sums, tiled */
     float *y;
 } gemm_args;
 
-/* y[r0 .. r0+mr, n] for q4 weight row n. */
-static inline void q4_tile(const gemm_args *a, int64_t n, int64_t r0, int mr) {
-    const int64_t K = a->K, G = a->G;
-    const uint8_t *wq = (const uint8_t *)a->qs + n * (K / 2);
-    const uint16_t *wd = a->d + n * G, *wm = a->m + n * G;
-    __m256 acc[MR];
-    float macc[MR];
-    for (int i = 0; i < MR; i++) {
-        acc[i] = _mm256_setzero_ps();
-        macc[i] = 0.0f;
-    }
-    for (int64_t g = 0; g < G; g++) {
-        __m256i w = unpack_q4(wq + g * 16);
-        float dg = _cvtsh_ss(wd[g]), mg = _cvtsh_ss(wm[g]);
-        for (int i = 0; i < mr; i++) {
-            int64_t r = r0 + i;
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(a->xq + r * K + g * QK));
-            __m256 p = _mm256_cvtepi32_ps(dot_u8_s8(w, xv));
-            acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(dg * a->xd[r * G + g]), p, acc[i]);
-            macc[i] += mg * a->xs[r * G + g];
-        }
-    }
-    for (int i = 0; i < mr; i++) a->y[(r0 + i) * a->N + n] = hsum_ps(acc[i]) + macc[i];
+/* Every output y[r, n] is, over the groups g in order,
+ *     acc = fma(d[n, g] * xd[r, g], (float)dot_int(w[n, g], x[r, g]), acc)
+ *     mac = fma(m[n, g], xs[r, g], mac)            (q4 only)
+ * and then acc + mac, in one lane of a tile. The two tile shapes below (eight weight rows against
+ * one activation row, one weight row against eight activation rows) compute exactly that, so
+ * neither the batch size nor the tiling changes a bit of any output. */
+
+static inline __m256i q4_dot(__m256i w, __m256i x) { return dot_u8_s8(w, x); }
+static inline __m256i q8_dot(__m256i w, __m256i x) { return dot_s8_s8(w, x); }
+
+static inline __m256i q4_load(const gemm_args *a, int64_t n, int64_t g) {
+    return unpack_q4((const uint8_t *)a->qs + n * (a->K / 2) + g * 16);
 }
 
-/* y[r0 .. r0+mr, n] for q8 weight row n. */
-static inline void q8_tile(const gemm_args *a, int64_t n, int64_t r0, int mr) {
-    const int64_t K = a->K, G = a->G;
-    const int8_t *wq = (const int8_t *)a->qs + n * K;
-    const uint16_t *wd = a->d + n * G;
-    __m256 acc[MR];
-    for (int i = 0; i < MR; i++) acc[i] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < G; g++) {
-        __m256i w = _mm256_loadu_si256((const __m256i *)(wq + g * QK));
-        float dg = _cvtsh_ss(wd[g]);
-        for (int i = 0; i < mr; i++) {
-            int64_t r = r0 + i;
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(a->xq + r * K + g * QK));
-            __m256 p = _mm256_cvtepi32_ps(dot_s8_s8(w, xv));
-            acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(dg * a->xd[r * G + g]), p, acc[i]);
-        }
-    }
-    for (int i = 0; i < mr; i++) a->y[(r0 + i) * a->N + n] = hsum_ps(acc[i]);
+static inline __m256i q8_load(const gemm_args *a, int64_t n, int64_t g) {
+    return _mm256_loadu_si256((const __m256i *)((const int8_t *)a->qs + n * a->K + g * QK));
 }
 
-/* Quantize x, then every tile. Each thread owns a contiguous share of the weight rows; x is
- * walked in blocks of rows whose levels fit in L2, and the thread's weight rows pass over each
- * block (a prefill chunk's levels would otherwise stream from L3 once per weight row). The tiling
- * never changes the order in which an output's terms are summed. */
-static inline void run_gemm(gemm_args *a, const float *x, int8_t *xq, float *xd, float *xs, int nthreads,
-                            void (*tile)(const gemm_args *, int64_t, int64_t, int)) {
-    int64_t block = ROW_BLOCK_BYTES / a->K / MR * MR;
-    if (block < MR) block = MR;
+/* Weight rows n .. n+7 (those below N) against activation row r. */
+static inline void tile_n8(const gemm_args *a, int64_t n, int64_t r, int q4) {
+    const int64_t G = a->G, K = a->K;
+    int64_t rows[TILE];
+    for (int j = 0; j < TILE; j++) rows[j] = n + j < a->N ? n + j : a->N - 1;
+    __m256 acc = _mm256_setzero_ps(), mac = _mm256_setzero_ps();
+    const uint16_t *dt = a->d + (n / TILE) * G * TILE, *mt = q4 ? a->m + (n / TILE) * G * TILE : NULL;
+    for (int64_t g = 0; g < G; g++) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(a->xq + r * K + g * QK));
+        __m256i s[TILE];
+        for (int j = 0; j < TILE; j++)
+            s[j] = q4 ? q4_dot(q4_load(a, rows[j], g), x) : q8_dot(q8_load(a, rows[j], g), x);
+        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dt + g * TILE)));
+        __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(a->xd[tiled(r, g, G)]));
+        acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(reduce8_epi32(s)), acc);
+        if (q4) {
+            __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mt + g * TILE)));
+            mac = _mm256_fmadd_ps(mw, _mm256_set1_ps(a->xs[tiled(r, g, G)]), mac);
+        }
+    }
+    float out[TILE];
+    _mm256_storeu_ps(out, q4 ? _mm256_add_ps(acc, mac) : acc);
+    for (int j = 0; j < TILE && n + j < a->N; j++) a->y[r * a->N + n + j] = out[j];
+}
+
+/* Weight row n against activation rows r .. r+7 (r a multiple of 8, all below M). */
+static inline void tile_r8(const gemm_args *a, int64_t n, int64_t r, int q4) {
+    const int64_t G = a->G, K = a->K;
+    __m256 acc = _mm256_setzero_ps(), mac = _mm256_setzero_ps();
+    const float *xdt = a->xd + (r / TILE) * G * TILE, *xst = a->xs + (r / TILE) * G * TILE;
+    for (int64_t g = 0; g < G; g++) {
+        __m256i w = q4 ? q4_load(a, n, g) : q8_load(a, n, g);
+        __m256i s[TILE];
+        for (int i = 0; i < TILE; i++) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(a->xq + (r + i) * K + g * QK));
+            s[i] = q4 ? q4_dot(w, x) : q8_dot(w, x);
+        }
+        __m256 scale = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(a->d[tiled(n, g, G)])), _mm256_loadu_ps(xdt + g * TILE));
+        acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(reduce8_epi32(s)), acc);
+        if (q4)
+            mac = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(a->m[tiled(n, g, G)])), _mm256_loadu_ps(xst + g * TILE), mac);
+    }
+    float out[TILE];
+    _mm256_storeu_ps(out, q4 ? _mm256_add_ps(acc, mac) : acc);
+    for (int i = 0; i < TILE; i++) a->y[(r + i) * a->N + n] = out[i];
+}
+
+/* Quantize x, then every tile. Each thread owns a contiguous share of the weight rows (whole
+ * tiles of 8); x is walked in blocks of rows whose levels fit in L2 while the thread's weight rows
+ * pass over each block, and the rows past the last multiple of 8 take the eight-weight-row tiles
+ * (all of a decode step's rows, when there are fewer than 8). */
+static inline void run_gemm(gemm_args *a, const float *x, int8_t *xq, float *xd, float *xs, int nthreads, int q4) {
+    const int64_t M = a->M, K = a->K, G = a->G, full = M / TILE * TILE;
+    int64_t block = ROW_BLOCK_BYTES / K / TILE * TILE;
+    if (block < TILE) block = TILE;
 #pragma omp parallel num_threads(nthreads)
     {
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < a->M; r++)
-            for (int64_t g = 0; g < a->G; g++)
-                quantize_group(x + r * a->K + g * QK, xq + r * a->K + g * QK, xd + r * a->G + g, xs + r * a->G + g);
+        for (int64_t r = 0; r < M; r++)
+            for (int64_t g = 0; g < G; g++)
+                quantize_group(x + r * K + g * QK, xq + r * K + g * QK, xd + tiled(r, g, G), xs + tiled(r, g, G));
         int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        int64_t n0 = a->N * t / nt, n1 = a->N * (t + 1) / nt;
-        for (int64_t b = 0; b < a->M; b += block)
+        int64_t tiles = (a->N + TILE - 1) / TILE;
+        int64_t n0 = tiles * t / nt * TILE, n1 = tiles * (t + 1) / nt * TILE;
+        if (n1 > a->N) n1 = a->N;
+        for (int64_t b = 0; b < full; b += block)
             for (int64_t n = n0; n < n1; n++)
-                for (int64_t r0 = b; r0 < b + block && r0 < a->M; r0 += MR)
-                    tile(a, n, r0, (int)(a->M - r0 < MR ? a->M - r0 : MR));
+                for (int64_t r = b; r < b + block && r < full; r += TILE)
+                    tile_r8(a, n, r, q4);
+        for (int64_t r = full; r < M; r++)
+            for (int64_t n = n0; n < n1; n += TILE)
+                tile_n8(a, n, r, q4);
     }
 }
 
-/* xq [M, K], xd and xs [M, K / 32]: the caller's scratch for the quantized activations. */
+/* x [M, K] fp32; weights as Q4Weight / Q8Weight (cpu_qgemm.py) lay them out; xq [M, K] int8 and
+ * xd, xs [ceil(M / 8) * 8 * K / 32] fp32: the caller's scratch for the quantized activations. */
 void q4_gemm(const float *x, int64_t M, int64_t K, const uint8_t *qs, const uint16_t *d, const uint16_t *m,
              int64_t N, float *y, int8_t *xq, float *xd, float *xs, int nthreads) {
     gemm_args a = {M, K, K / QK, N, qs, d, m, xq, xd, xs, y};
-    run_gemm(&a, x, xq, xd, xs, nthreads, q4_tile);
+    run_gemm(&a, x, xq, xd, xs, nthreads, 1);
 }
 
 void q8_gemm(const float *x, int64_t M, int64_t K, const int8_t *qs, const uint16_t *d, int64_t N, float *y,
              int8_t *xq, float *xd, float *xs, int nthreads) {
     gemm_args a = {M, K, K / QK, N, qs, d, NULL, xq, xd, xs, y};
-    run_gemm(&a, x, xq, xd, xs, nthreads, q8_tile);
+    run_gemm(&a, x, xq, xd, xs, nthreads, 0);
 }

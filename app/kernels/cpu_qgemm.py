@@ -65,14 +65,31 @@ def fake_quantize(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(g * inv) * d).view(x.shape[0], -1)
 
 
+TILE = 8  # the kernels' scale tables come in tiles of 8 rows (one vector load per group)
+
+
+def tile_rows(t: torch.Tensor) -> torch.Tensor:
+    """A `[rows, G]` table as the kernels read it: `[ceil(rows / 8), G, 8]`, element (row, g) at
+    `[row // 8, g, row % 8]`, the last tile padded with zeros."""
+    rows, groups = t.shape
+    padded = F.pad(t, (0, 0, 0, -rows % TILE))
+    return padded.view(-1, TILE, groups).transpose(1, 2).contiguous()
+
+
+def untile_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """`tile_rows` undone: `[rows, G]`."""
+    return t.transpose(1, 2).reshape(-1, t.shape[1])[:rows]
+
+
 class _Scratch:
     """The kernel's quantized activations: levels `[M, K]` int8, scales and scaled level sums
-    `[M, K / 32]` fp32 (torch allocates them, so the C side never mallocs)."""
+    per group of 32, fp32, tiled as `tile_rows` (torch allocates them, so the C side never
+    mallocs)."""
 
     def __init__(self, x: torch.Tensor) -> None:
         m, k = x.shape
         self.levels = torch.empty((m, k), dtype=torch.int8)
-        self.scales = torch.empty((2, m, k // GROUP), dtype=torch.float32)
+        self.scales = torch.empty((2, -(-m // TILE) * TILE * (k // GROUP)), dtype=torch.float32)
 
     def pointers(self) -> tuple[int, int, int]:
         return self.levels.data_ptr(), self.scales[0].data_ptr(), self.scales[1].data_ptr()
@@ -95,15 +112,15 @@ class _GroupWeight(abc.ABC):
 
 
 class Q4Weight(_GroupWeight):
-    """w = d * level + m per group of 32 (level 0..15, d and m fp16): 5 bits a weight, as a Q4_1
-    GGUF tensor stores it."""
+    """w = d * level + m per group of 32 (level 0..15, d and m fp16, tiled as `tile_rows`): 5 bits
+    a weight, as a Q4_1 GGUF tensor stores it."""
 
     def __init__(self, levels: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
         n, k = levels.shape
         g = levels.view(n, k // GROUP, 2, GROUP // 2).to(torch.uint8)
         self.qs = (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(n, k // 2).contiguous()  # byte j: level j, j + 16
-        self.d = d.to(torch.float16).contiguous()
-        self.m = m.to(torch.float16).contiguous()
+        self.d = tile_rows(d.to(torch.float16))
+        self.m = tile_rows(m.to(torch.float16))
         self.out_features, self.in_features = n, k
 
     def _gemm(self, x: torch.Tensor, y: torch.Tensor, scratch: _Scratch) -> None:
@@ -117,8 +134,8 @@ class Q4Weight(_GroupWeight):
         return torch.cat((halves & 0x0F, halves >> 4), -1)
 
     def dequantize_ref(self) -> torch.Tensor:
-        w = self.levels().float() * self.d.float().unsqueeze(-1) + self.m.float().unsqueeze(-1)
-        return w.view(self.out_features, self.in_features)
+        d, m = (untile_rows(t, self.out_features).float().unsqueeze(-1) for t in (self.d, self.m))
+        return (self.levels().float() * d + m).view(self.out_features, self.in_features)
 
     @property
     def nbytes(self) -> int:
@@ -126,7 +143,8 @@ class Q4Weight(_GroupWeight):
 
 
 class Q8Weight(_GroupWeight):
-    """w = d * level per group of 32 (level -127..127, d fp16 = the group's absmax / 127): 8.5 bits
+    """w = d * level per group of 32 (level -127..127, d fp16 = the group's absmax / 127, tiled as
+    `tile_rows`): 8.5 bits
     a weight. Exact for a Q8_0 tensor; within half a level (1/254 of the group's range) for any
     other."""
 
@@ -140,6 +158,7 @@ class Q8Weight(_GroupWeight):
             inv = torch.where(d > 0, 1.0 / d.float(), torch.zeros_like(d, dtype=torch.float32))
             self.qs[start : start + CHUNK_ROWS] = torch.round(w * inv.unsqueeze(-1)).clamp(-127, 127).view(-1, k)
             self.d[start : start + CHUNK_ROWS] = d
+        self.d = tile_rows(self.d)
         self.out_features, self.in_features = n, k
 
     def _gemm(self, x: torch.Tensor, y: torch.Tensor, scratch: _Scratch) -> None:
@@ -147,13 +166,14 @@ class Q8Weight(_GroupWeight):
                            self.out_features, y.data_ptr(), *scratch.pointers(), torch.get_num_threads())
 
     def dequantize_ref(self) -> torch.Tensor:
-        w = self.qs.view(self.out_features, -1, GROUP).float() * self.d.float().unsqueeze(-1)
-        return w.view(self.out_features, self.in_features)
+        d = untile_rows(self.d, self.out_features).float().unsqueeze(-1)
+        return (self.qs.view(self.out_features, -1, GROUP).float() * d).view(self.out_features, self.in_features)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` dequantized, fp32: a tied embedding read from the output projection's copy."""
         q = self.qs.index_select(0, ids).view(-1, self.in_features // GROUP, GROUP).float()
-        return (q * self.d.index_select(0, ids).float().unsqueeze(-1)).view(-1, self.in_features)
+        d = self.d[ids // TILE, :, ids % TILE]
+        return (q * d.float().unsqueeze(-1)).view(-1, self.in_features)
 
     @property
     def nbytes(self) -> int:
