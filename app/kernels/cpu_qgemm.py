@@ -82,17 +82,20 @@ def untile_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 class _Scratch:
-    """The kernel's quantized activations: levels `[M, K]` int8, scales and scaled level sums
-    per group of 32, fp32, tiled as `tile_rows` (torch allocates them, so the C side never
-    mallocs)."""
+    """The kernel's quantized activations in one buffer torch allocates (so the C side never
+    mallocs; one allocation, not three: a decode step makes ~120 of these): levels `[M, K]`
+    int8, then scales and scaled level sums per group of 32, fp32, tiled as `tile_rows`."""
 
     def __init__(self, x: torch.Tensor) -> None:
         m, k = x.shape
-        self.levels = torch.empty((m, k), dtype=torch.int8)
-        self.scales = torch.empty((2, -(-m // TILE) * TILE * (k // GROUP)), dtype=torch.float32)
+        self.levels_bytes = -(-m * k // 64) * 64  # the fp32 tables start 64-byte aligned
+        self.table_bytes = -(-m // TILE) * TILE * (k // GROUP) * 4
+        self.buffer = torch.empty(self.levels_bytes + 2 * self.table_bytes + 64, dtype=torch.uint8)
 
     def pointers(self) -> tuple[int, int, int]:
-        return self.levels.data_ptr(), self.scales[0].data_ptr(), self.scales[1].data_ptr()
+        base = -(-self.buffer.data_ptr() // 64) * 64
+        scales = base + self.levels_bytes
+        return base, scales, scales + self.table_bytes
 
 
 class _GroupWeight(abc.ABC):
@@ -100,7 +103,8 @@ class _GroupWeight(abc.ABC):
     in_features: int
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(torch.float32).contiguous()
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            x = x.to(torch.float32).contiguous()
         y = torch.empty((x.shape[0], self.out_features), dtype=torch.float32)
         if x.shape[0]:
             self._gemm(x, y, _Scratch(x))

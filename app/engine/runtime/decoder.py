@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from app.engine.gguf.model_config import ModelConfig
 from app.engine.runtime.attention import paged_attention
 from app.engine.runtime.linear import Linear, nbytes, storage_key
+from app.kernels import cpu_ops
 from app.kernels.cpu_qgemm import Q8Weight
 from app.kernels import AttentionMetadata, KVCacheLayer
 
@@ -32,6 +33,8 @@ INT4_HEAD_MIN_VOCAB = 131072
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if cpu_ops.handles(x, weight):
+        return cpu_ops.rms_norm(x, weight, eps)
     # Normalise in fp32 whatever the compute dtype: bf16 mean-of-squares loses too much. One
     # F.rms_norm call instead of six elementwise ops: the same fp32 numbers (bit-identical here),
     # ~90 fewer Python dispatches and GIL hand-offs per step, which a busy UI thread made costly.
@@ -40,6 +43,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return F.rms_norm(xf, (xf.shape[-1],), weight.float(), eps).to(x.dtype)
     # Per-head weights (q/k norm over [tokens, heads, head_dim]): normalise per row, then scale.
     return (F.rms_norm(xf, (xf.shape[-1],), None, eps) * weight.float()).to(x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x + h` and its RMS norm: one C pass on the fp32 CPU path."""
+    if cpu_ops.handles(x, weight) and h.dtype == x.dtype:
+        return cpu_ops.add_rms_norm(x, h, weight, eps)
+    x = x + h
+    return x, rms_norm(x, weight, eps)
 
 
 class RotaryEmbedding:
@@ -103,8 +115,8 @@ class DecoderLayer:
         h = self.attention(rms_norm(x, self.attn_norm, eps), rope, kv, meta)
         if self.post_attn_norm is not None:
             h = rms_norm(h, self.post_attn_norm, eps)
-        x = x + h
-        h = self.mlp(rms_norm(x, self.ffn_norm, eps))
+        x, normed = add_rms_norm(x, h, self.ffn_norm, eps)
+        h = self.mlp(normed)
         if self.post_ffw_norm is not None:
             h = rms_norm(h, self.post_ffw_norm, eps)
         return x + h

@@ -1,0 +1,53 @@
+"""Row-wise ops of the fp32 CPU path in C (`cpu_ops.c`): RMS norm, optionally after the residual
+add. Each is one call where torch makes a chain of small ops; a row's numbers do not depend on the
+batch. Anything else (bf16, CUDA, odd sizes, no C compiler) stays with torch's `F.rms_norm`."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from app.kernels import cpu_build
+
+
+@functools.lru_cache(maxsize=1)
+def _library() -> ctypes.CDLL | None:
+    i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+    return cpu_build.load("cpu_ops.c", {"rms_norm_f32": [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, f32]})
+
+
+def handles(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """fp32 CPU rows whose size the vector loops cover, weights of one row (or one per head, the
+    last two dims of x), and the library built here."""
+    return (x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu"
+            and x.shape[-1] % 8 == 0 and weight.shape == x.shape[x.dim() - weight.dim():]
+            and _library() is not None)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`x / sqrt(mean(x^2) + eps) * weight` over the last dim (`handles` said yes)."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    _call(x, None, None, weight, out, eps)
+    return out
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(x + residual, rms_norm(x + residual))` in one pass (`handles` said yes for x; residual
+    of x's shape and dtype)."""
+    x = x.contiguous()
+    total, out = torch.empty_like(x), torch.empty_like(x)
+    _call(x, residual.contiguous(), total, weight, out, eps)
+    return total, out
+
+
+def _call(x: torch.Tensor, residual: torch.Tensor | None, total: torch.Tensor | None, weight: torch.Tensor,
+          out: torch.Tensor, eps: float) -> None:
+    dim = x.shape[-1]
+    lib = _library()
+    lib.rms_norm_f32(x.data_ptr(), None if residual is None else residual.data_ptr(),
+                     None if total is None else total.data_ptr(), weight.contiguous().data_ptr(), out.data_ptr(),
+                     x.numel() // dim, dim, weight.numel() // dim, eps)

@@ -1,0 +1,48 @@
+"""The C RMS norm of the fp32 CPU path (app/kernels/cpu_ops.c) against torch's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from app.engine.runtime import decoder
+from app.kernels import cpu_ops
+
+pytestmark = pytest.mark.skipif(
+    cpu_ops._library() is None, reason="no C compiler or no AVX2/FMA/F16C here: the C kernels cannot build"
+)
+
+
+def test_rms_norm_matches_torch_and_rows_are_batch_invariant() -> None:
+    x, w = torch.randn(7, 576) * 3, torch.randn(576)
+    out = cpu_ops.rms_norm(x, w, 1e-6)
+    assert torch.allclose(out, F.rms_norm(x, (576,), w, 1e-6), rtol=1e-5, atol=1e-5)
+    assert torch.equal(out[2:3], cpu_ops.rms_norm(x[2:3], w, 1e-6))
+
+
+def test_add_rms_norm_returns_the_sum_and_its_norm_and_leaves_inputs_alone() -> None:
+    x, h, w = torch.randn(4, 64), torch.randn(4, 64), torch.randn(64)
+    before = x.clone()
+    total, normed = cpu_ops.add_rms_norm(x, h, w, 1e-5)
+    assert torch.equal(x, before)
+    assert torch.equal(total, x + h)
+    assert torch.allclose(normed, F.rms_norm(x + h, (64,), w, 1e-5), rtol=1e-5, atol=1e-5)
+
+
+def test_per_head_weights_on_a_strided_view() -> None:
+    """q/k norm: [tokens, heads, head_dim] with a weight row per head, from a slice of a fused qkv."""
+    qkv = torch.randn(3, 7, 32)
+    qk, w = qkv[:, :5], torch.randn(5, 32)
+    ref = F.rms_norm(qk, (32,), None, 1e-6) * w
+    assert cpu_ops.handles(qk, w)
+    assert torch.allclose(decoder.rms_norm(qk, w, 1e-6), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("x,w", [
+    (torch.randn(2, 12), torch.randn(12)),  # not a multiple of 8
+    (torch.randn(2, 16, dtype=torch.bfloat16), torch.randn(16, dtype=torch.bfloat16)),
+    (torch.randn(2, 16), torch.randn(8)),
+])
+def test_what_the_kernel_does_not_take_goes_to_torch(x, w) -> None:
+    assert not cpu_ops.handles(x, w)
