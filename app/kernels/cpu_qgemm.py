@@ -15,7 +15,10 @@ teacher-forced: Gemma 3 1096/1096 top-1 at 0.0054 nats, SmolLM2 1106/1106 at 0.0
 prefill-sized batches run at about half fbgemm's fp16 speed (3072 x 576 at 512 rows: 19.6 against
 10.1 ms), where the loop is compute bound.
 
-Opt-in (`LOCALBATCH_CPU_QUANT_KERNELS=1`).
+The default wherever the fp32 path runs and the kernels build (a CPU without fast bf16: the
+start-up probe picks fp32 compute there); `LOCALBATCH_CPU_QUANT_KERNELS=0` keeps fbgemm's fp16
+weights instead (faster prefill, three times the memory, batched runs equal to alone ones only up
+to near-ties).
 
 The C source ships in the package and is compiled once per machine into the user cache dir at the
 first start, with the system C compiler (about a second). Without a compiler, or on a CPU without
@@ -39,12 +42,12 @@ from app.kernels import cpu_build
 
 GROUP = 32
 CHUNK_ROWS = 4096  # rows packed at a time: fp32 temporaries stay small even for a 262k-row head
-ENABLE_ENV = "LOCALBATCH_CPU_QUANT_KERNELS"  # "1": fp32 compute keeps 4/8-bit weights (see above)
+ENABLE_ENV = "LOCALBATCH_CPU_QUANT_KERNELS"  # "0": fp32 compute takes fbgemm's fp16 weights instead
 
 
 def enabled() -> bool:
-    """Asked for, and built here."""
-    return os.environ.get(ENABLE_ENV) == "1" and _library() is not None
+    """Not turned off (`LOCALBATCH_CPU_QUANT_KERNELS=0`), and built here."""
+    return os.environ.get(ENABLE_ENV, "1") != "0" and _library() is not None
 
 
 @functools.lru_cache(maxsize=1)

@@ -94,11 +94,15 @@ def test_int8_rows_are_batch_invariant_and_close_to_bf16():
     assert ((together.float() - ref).norm() / ref.norm()).item() < 0.02
 
 
-def test_fp32_compute_runs_fp16_weights_batch_invariant_without_an_fp32_copy():
-    """fp32 compute (a CPU without fast bf16) keeps fbgemm fp16 weights instead of fp32 ones: fp32
-    activations, a row's numbers the same whatever the batch up to fp32 summation order (as with
-    the dense fp32 GEMM), within fp32 rounding of the product with the fp16-rounded weight."""
+def test_fp32_compute_runs_fp16_weights_batch_invariant_without_an_fp32_copy(monkeypatch):
+    """fp32 compute (a CPU without fast bf16) with the quantized C kernels off keeps fbgemm fp16
+    weights instead of fp32 ones: fp32 activations, a row's numbers the same whatever the batch up
+    to fp32 summation order (as with the dense fp32 GEMM), within fp32 rounding of the product with
+    the fp16-rounded weight."""
     from app.engine.runtime.linear import Fp16Weight, Linear
+    from app.kernels import cpu_qgemm
+
+    monkeypatch.setenv(cpu_qgemm.ENABLE_ENV, "0")
 
     w = torch.randn(300, 64) * 0.05
     if not Fp16Weight.supported(w):

@@ -62,12 +62,12 @@ def test_zero_groups_and_the_q8_rows_of_a_tied_embedding():
     assert torch.equal(w.rows(ids), w.dequantize_ref()[ids])
 
 
-def test_linear_takes_the_c_kernels_only_when_asked(monkeypatch: pytest.MonkeyPatch):
+def test_linear_takes_the_c_kernels_unless_turned_off(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv(kernel_choice.KERNEL_ENV, "packed")  # no measuring
     four_bit = _q4().dequantize_ref()
-    monkeypatch.delenv(cpu_qgemm.ENABLE_ENV, raising=False)
-    assert not isinstance(Linear(four_bit).packed, (Q4Weight, Q8Weight))  # default: fbgemm fp16
-    monkeypatch.setenv(cpu_qgemm.ENABLE_ENV, "1")
+    monkeypatch.setenv(cpu_qgemm.ENABLE_ENV, "0")
+    assert not isinstance(Linear(four_bit).packed, (Q4Weight, Q8Weight))  # turned off: fbgemm fp16
+    monkeypatch.delenv(cpu_qgemm.ENABLE_ENV)
     linear = Linear(four_bit)
     assert isinstance(linear.packed, Q4Weight) and linear.weight is None and linear.dense is None
     assert torch.equal(linear.packed.dequantize_ref(), four_bit)  # the file's own 4-bit grid: no new rounding
