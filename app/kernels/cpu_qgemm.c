@@ -203,8 +203,8 @@ static inline void run_gemm(gemm_args *a, const float *x, int8_t *xq, float *xd,
             for (int64_t n = n0; n < n1; n++)
                 for (int64_t r = b; r < b + block && r < full; r += TILE)
                     tile_r8(a, n, r, q4);
-        for (int64_t r = full; r < M; r++)
-            for (int64_t n = n0; n < n1; n += TILE)
+        for (int64_t n = n0; n < n1; n += TILE)  /* a weight tile stays in L1 for the rows that follow */
+            for (int64_t r = full; r < M; r++)
                 tile_n8(a, n, r, q4);
     }
 }

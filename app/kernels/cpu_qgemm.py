@@ -144,6 +144,13 @@ class Q4Weight(_GroupWeight):
         d, m = (untile_rows(t, self.out_features).float().unsqueeze(-1) for t in (self.d, self.m))
         return (self.levels().float() * d + m).view(self.out_features, self.in_features)
 
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` dequantized, fp32: a tied embedding read from the output projection's copy."""
+        halves = self.qs.index_select(0, ids).view(-1, self.in_features // GROUP, GROUP // 2)
+        levels = torch.cat((halves & 0x0F, halves >> 4), -1).float()
+        d, m = (t[ids // TILE, :, ids % TILE].float().unsqueeze(-1) for t in (self.d, self.m))
+        return (levels * d + m).view(-1, self.in_features)
+
     @property
     def nbytes(self) -> int:
         return self.qs.numel() + 2 * self.d.numel() * 2

@@ -198,7 +198,7 @@ def test_cpu_quantized_kernels_teacher_forced_and_resident_weights(request, monk
     monkeypatch.setenv(cpu_qgemm.ENABLE_ENV, "1")
     oracle, llm = _load(request, name)
     model = llm.engine.model
-    assert isinstance(model.head.packed, cpu_qgemm.Q8Weight)
+    assert isinstance(model.head.packed, cpu_qgemm.Q8Weight) and model.embed_rows is model.head.packed
     path = request.getfixturevalue("embedded_model_path") if name == "gemma3_270m" else _smollm2_path()
     assert model.resident_weight_bytes() <= 1.5 * Path(path).stat().st_size
     agree, total, mean_err = _teacher_forced(oracle, llm)

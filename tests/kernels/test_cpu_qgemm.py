@@ -60,6 +60,8 @@ def test_zero_groups_and_the_q8_rows_of_a_tied_embedding():
     assert torch.isfinite(w(x)).all()
     ids = torch.tensor([5, 0, 95, 5])
     assert torch.equal(w.rows(ids), w.dequantize_ref()[ids])
+    q4 = _q4()  # a tied Q4 table: its rows from the 4-bit groups
+    assert torch.equal(q4.rows(ids), q4.dequantize_ref()[ids])
 
 
 def test_linear_takes_the_c_kernels_unless_turned_off(monkeypatch: pytest.MonkeyPatch):
