@@ -56,15 +56,19 @@ def load(source_name: str, signatures: dict[str, list]) -> ctypes.CDLL | None:
     return lib
 
 
-@functools.lru_cache(maxsize=1)
 def cpu_supports() -> bool:
     """AVX2, FMA and F16C, as /proc/cpuinfo lists them (not Linux: no way to tell, so False)."""
+    return all(flag in cpu_flags() for flag in _CPU_FLAGS)
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The x86 feature flags /proc/cpuinfo lists; empty where it has none (not Linux, not x86)."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+            return frozenset(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
     except OSError:
-        return False
-    return all(flag in flags for flag in _CPU_FLAGS)
+        return frozenset()
 
 
 def _cache_dir() -> Path:

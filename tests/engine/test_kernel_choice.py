@@ -120,3 +120,11 @@ def test_fp32_compute_runs_fp16_weights_batch_invariant_without_an_fp32_copy(mon
     held = [id(t) for t in linear.resident()]
     assert held == [id(linear.dense), id(bias)]  # no fp32 copy
     assert Linear(w, allow_packed=False).weight is w
+
+
+def test_an_x86_cpu_without_bf16_dot_products_computes_in_fp32_whatever_a_probe_says(monkeypatch):
+    from app.engine.runtime import device
+    from app.kernels import cpu_build
+
+    monkeypatch.setattr(cpu_build, "cpu_flags", lambda: frozenset({"avx2", "fma", "f16c"}))
+    assert device.cpu_bf16_is_faster() is False

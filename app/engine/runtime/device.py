@@ -13,7 +13,7 @@ import torch
 
 from app.engine.api.engine_config import EngineConfig
 from app.engine.api.errors import LocalbatchError
-from app.kernels import triton_available
+from app.kernels import cpu_build, triton_available
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,12 @@ def resolve_device(device: str = "auto", dtype: str = "auto") -> DeviceSetup:
 def cpu_bf16_is_faster() -> bool:
     """Serving dtype on the CPU, picked by measurement: bf16 GEMMs are ~3x faster than fp32 where the
     CPU has bf16 dot products (AVX512-BF16 / AMX) and slower where it emulates them. Decode is
-    weight-bandwidth bound, so the probe is a skinny matmul; it takes a few milliseconds."""
+    weight-bandwidth bound, so the probe is a skinny matmul; it takes a few milliseconds. An x86 CPU
+    that lists neither AVX512-BF16 nor AMX-BF16 emulates bf16 whatever a probe on a busy machine
+    measured (one picked bf16 on an AVX2 EPYC while tests ran beside it)."""
+    flags = cpu_build.cpu_flags()
+    if "avx2" in flags and not flags & {"avx512_bf16", "amx_bf16"}:
+        return False
     w = torch.randn(4096, 1024)
     x = torch.randn(8, 1024)
 
