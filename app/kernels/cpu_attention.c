@@ -1,4 +1,4 @@
-/* Paged attention for the fp32 CPU path (x86 with AVX2 and FMA): reads each sequence's keys and
+/* Paged attention for the fp32 CPU path (x86 with AVX2, FMA and F16C; fp32 or fp16 pools): reads each sequence's keys and
  * values where they lie in the block pool, instead of gathering them into a contiguous copy per
  * layer first (at 16 sequences the gathers and the batched SDPA took as long as a third of the
  * layer GEMMs).
@@ -25,19 +25,6 @@ static inline float hsum_ps(__m256 v) {
     lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
     lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
     return _mm_cvtss_f32(lo);
-}
-
-/* n: a multiple of 8 */
-static inline float dot(const float *a, const float *b, int n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    }
-    if (i < n)
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    return hsum_ps(_mm256_add_ps(s0, s1));
 }
 
 /* The eight sums of a[0..7]'s lanes, as one vector. */
@@ -70,10 +57,31 @@ static inline __m256 exp_ps(__m256 x) {
     return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
-static inline void axpy(float *y, float a, const float *x, int n) {
+/* Eight pool elements from element i on, as fp32: the pool holds fp32, or fp16 when `f16`. */
+static inline __m256 load8(const void *pool, int64_t i, int f16) {
+    if (f16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)pool + i)));
+    return _mm256_loadu_ps((const float *)pool + i);
+}
+
+/* q . pool[i .. i+n), n a multiple of 8. */
+static inline float dot_pool(const float *q, const void *pool, int64_t i, int n, int f16) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int e = 0;
+    for (; e + 16 <= n; e += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), load8(pool, i + e, f16), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + e + 8), load8(pool, i + e + 8, f16), s1);
+    }
+    if (e < n)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), load8(pool, i + e, f16), s0);
+    return hsum_ps(_mm256_add_ps(s0, s1));
+}
+
+/* y += a * pool[i .. i+n) */
+static inline void axpy_pool(float *y, float a, const void *pool, int64_t i, int n, int f16) {
     __m256 va = _mm256_set1_ps(a);
-    for (int i = 0; i < n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (int e = 0; e < n; e += 8)
+        _mm256_storeu_ps(y + e, _mm256_fmadd_ps(va, load8(pool, i + e, f16), _mm256_loadu_ps(y + e)));
 }
 
 static inline void scale_vec(float *y, float a, int n) {
@@ -85,9 +93,10 @@ static inline void scale_vec(float *y, float a, int n) {
 /* Query heads h0..h1 of one row (q/out: the row's [heads, d]) attend to positions first..last;
  * query head h reads KV head h / group. All the row's heads walk the keys together: each key row
  * of the pool (every KV head side by side) is read from memory once, not once per KV head. */
-static void attend(const float *q, float *out, int h0, int h1, int group, int d, const float *k_pool,
-                   const float *v_pool, const int32_t *blocks, int block_size, int64_t row_stride, int64_t first,
-                   int64_t last, float scale, float softcap) {
+static void attend(const float *q, float *out, int h0, int h1, int group, int d, const void *k_pool,
+                   const void *v_pool, int f16, const int32_t *blocks, int block_size, int64_t row_stride,
+                   int64_t first, int64_t last, float scale, float softcap) {
+    const int64_t esize = f16 ? 2 : 4;
     float m[MAX_HEADS], l[MAX_HEADS], s[MAX_HEADS][KEY_CHUNK];
     int64_t off[KEY_CHUNK];
     int nh = h1 - h0;
@@ -107,13 +116,14 @@ static void attend(const float *q, float *out, int h0, int h1, int group, int d,
         for (int64_t pos = c0 + KEY_CHUNK; pos < c0 + 2 * KEY_CHUNK && pos <= last; pos++) {
             int64_t o = ((int64_t)blocks[pos / block_size] * block_size + pos % block_size) * row_stride;
             for (int64_t e = (int64_t)(h0 / group) * d; e < (int64_t)((h1 - 1) / group + 1) * d; e += 16) {
-                _mm_prefetch((const char *)(k_pool + o + e), _MM_HINT_T0);
-                _mm_prefetch((const char *)(v_pool + o + e), _MM_HINT_T0);
+                _mm_prefetch((const char *)k_pool + (o + e) * esize, _MM_HINT_T0);
+                _mm_prefetch((const char *)v_pool + (o + e) * esize, _MM_HINT_T0);
             }
         }
         for (int i = 0; i < nh; i++) {
             int h = h0 + i;
-            const float *qh = q + (int64_t)h * d, *kh = k_pool + (int64_t)(h / group) * d;
+            const float *qh = q + (int64_t)h * d;
+            const int64_t kv = (int64_t)(h / group) * d;
             int j = 0;
             for (; j + 8 <= n; j += 8) {  /* eight keys' dot products side by side, summed at once */
                 __m256 acc[8];
@@ -122,12 +132,12 @@ static void attend(const float *q, float *out, int h0, int h1, int group, int d,
                 for (int e = 0; e < d; e += 8) {
                     __m256 qv = _mm256_loadu_ps(qh + e);
                     for (int u = 0; u < 8; u++)
-                        acc[u] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kh + off[j + u] + e), acc[u]);
+                        acc[u] = _mm256_fmadd_ps(qv, load8(k_pool, off[j + u] + kv + e, f16), acc[u]);
                 }
                 _mm256_storeu_ps(&s[i][j], _mm256_mul_ps(hsum8_ps(acc), _mm256_set1_ps(scale)));
             }
             for (; j < n; j++)
-                s[i][j] = dot(qh, kh + off[j], d) * scale;
+                s[i][j] = dot_pool(qh, k_pool, off[j] + kv, d, f16) * scale;
             if (softcap > 0.0f)
                 for (j = 0; j < n; j++)
                     s[i][j] = softcap * tanhf(s[i][j] / softcap);
@@ -152,22 +162,21 @@ static void attend(const float *q, float *out, int h0, int h1, int group, int d,
                 sum += s[i][j];
             l[i] += sum;
         }
-        for (int j = 0; j < n; j++) {
-            const float *v = v_pool + off[j];
+        for (int j = 0; j < n; j++)
             for (int i = 0; i < nh; i++) {
                 int h = h0 + i;
-                axpy(out + (int64_t)h * d, s[i][j], v + (int64_t)(h / group) * d, d);
+                axpy_pool(out + (int64_t)h * d, s[i][j], v_pool, off[j] + (int64_t)(h / group) * d, d, f16);
             }
-        }
     }
     for (int i = 0; i < nh; i++)
         scale_vec(out + (int64_t)(h0 + i) * d, 1.0f / l[i], d);
 }
 
 /* Work items are (query row, part): `splits` parts divide a row's query heads, so a batch of one
- * decode still spreads over the threads. `window` 0: none; `softcap` 0: none. */
-void paged_attention_f32(const float *q, float *out, int64_t num_tokens, int heads, int kv_heads, int d,
-                         const float *k_cache, const float *v_cache, int block_size, const int32_t *block_table,
+ * decode still spreads over the threads. The pools hold fp32, or fp16 when `f16`. `window` 0:
+ * none; `softcap` 0: none. */
+void paged_attention(const float *q, float *out, int64_t num_tokens, int heads, int kv_heads, int d,
+                         const void *k_cache, const void *v_cache, int f16, int block_size, const int32_t *block_table,
                          int64_t max_blocks, const int32_t *cu_seqlens_q, const int32_t *seq_lens, int num_seqs,
                          float scale, int64_t window, float softcap, int splits, int threads) {
     if (cu_seqlens_q[num_seqs] < num_tokens)  /* padding rows past the last sequence: left as they are */
@@ -191,18 +200,27 @@ void paged_attention_f32(const float *q, float *out, int64_t num_tokens, int hea
         int64_t pos = (int64_t)seq_lens[lo] - (cu_seqlens_q[lo + 1] - cu_seqlens_q[lo]) + (t - cu_seqlens_q[lo]);
         int64_t first = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
         int64_t row = t * heads * d;
-        attend(q + row, out + row, h0, h1, group, d, k_cache, v_cache, block_table + lo * max_blocks, block_size,
-               row_stride, first, pos, scale, softcap);
+        attend(q + row, out + row, h0, h1, group, d, k_cache, v_cache, f16, block_table + lo * max_blocks,
+               block_size, row_stride, first, pos, scale, softcap);
     }
 }
 
-/* Token t's keys/values `[kv_heads * D]` into pool slot slots[t] (-1: padding, skipped). */
-void store_kv_f32(const float *k, const float *v, const int64_t *slots, int64_t num_tokens, int64_t row,
-                  float *k_cache, float *v_cache) {
+/* Token t's keys/values `[kv_heads * D]` (fp32; `row` a multiple of 8) into pool slot slots[t]
+ * (-1: padding, skipped), as fp32 or, when `f16`, rounded to fp16 (to nearest even, as torch). */
+void store_kv(const float *k, const float *v, const int64_t *slots, int64_t num_tokens, int64_t row,
+              void *k_cache, void *v_cache, int f16) {
     for (int64_t t = 0; t < num_tokens; t++) {
         if (slots[t] < 0)
             continue;
-        memcpy(k_cache + slots[t] * row, k + t * row, sizeof(float) * row);
-        memcpy(v_cache + slots[t] * row, v + t * row, sizeof(float) * row);
+        if (!f16) {
+            memcpy((float *)k_cache + slots[t] * row, k + t * row, sizeof(float) * row);
+            memcpy((float *)v_cache + slots[t] * row, v + t * row, sizeof(float) * row);
+            continue;
+        }
+        uint16_t *kd = (uint16_t *)k_cache + slots[t] * row, *vd = (uint16_t *)v_cache + slots[t] * row;
+        for (int64_t e = 0; e < row; e += 8) {
+            _mm_storeu_si128((__m128i *)(kd + e), _mm256_cvtps_ph(_mm256_loadu_ps(k + t * row + e), _MM_FROUND_TO_NEAREST_INT));
+            _mm_storeu_si128((__m128i *)(vd + e), _mm256_cvtps_ph(_mm256_loadu_ps(v + t * row + e), _MM_FROUND_TO_NEAREST_INT));
+        }
     }
 }

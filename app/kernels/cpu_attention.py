@@ -5,7 +5,8 @@ masked SDPA over the padded batch; the C kernel reads the keys and values in pla
 Each (query row, head) is computed on its own, over its keys in position order: its numbers do not
 depend on the rest of the batch, on how a prompt was chunked, or on the threads. The reference
 stays the specification (`tests/kernels/test_cpu_attention.py` holds the kernel to it) and serves
-whatever this one does not take: bf16 or quantized caches, CUDA tensors, machines without AVX2 or a
+whatever this one does not take (it takes fp32 queries over fp32 or fp16 caches): bf16 or int8/fp8
+caches, CUDA tensors, machines without AVX2 or a
 C compiler, and `LOCALBATCH_CPU_ATTENTION=torch` (for comparisons).
 """
 
@@ -21,6 +22,7 @@ from app.kernels import cpu_build
 from app.kernels.metadata import AttentionMetadata
 
 BACKEND_ENV = "LOCALBATCH_CPU_ATTENTION"  # "torch": the reference instead of the C kernel
+_CACHE_DTYPES = (torch.float32, torch.float16)
 _MAX_HEADS = 128  # query heads the kernel's stack buffers hold
 
 
@@ -28,17 +30,17 @@ _MAX_HEADS = 128  # query heads the kernel's stack buffers hold
 def _library() -> ctypes.CDLL | None:
     i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
     return cpu_build.load("cpu_attention.c", {
-        "paged_attention_f32": [ptr, ptr, i64, i32, i32, i32, ptr, ptr, i32, ptr, i64, ptr, ptr, i32, f32, i64, f32,
-                                i32, i32],
-        "store_kv_f32": [ptr, ptr, ptr, i64, i64, ptr, ptr],
+        "paged_attention": [ptr, ptr, i64, i32, i32, i32, ptr, ptr, i32, i32, ptr, i64, ptr, ptr, i32, f32, i64, f32,
+                            i32, i32],
+        "store_kv": [ptr, ptr, ptr, i64, i64, ptr, ptr, i32],
     })
 
 
 def handles(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor | None) -> bool:
-    """Whether the C kernels take this call: fp32 CPU tensors, an unquantized fp32 cache, a head
-    size the vector loops cover, and the library built here."""
+    """Whether the C kernels take this call: fp32 CPU tensors, an fp32 or fp16 cache, a head size
+    the vector loops cover, and the library built here."""
     return (
-        q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype == torch.float32 and k_scale is None
+        q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype in _CACHE_DTYPES and k_scale is None
         and q.shape[2] % 8 == 0 and q.shape[1] <= _MAX_HEADS
         and os.environ.get(BACKEND_ENV, "c") != "torch" and _library() is not None
     )
@@ -46,19 +48,20 @@ def handles(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor | None
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """`store_kv_ref` for an fp32 cache (`handles` said yes)."""
-    k, v = k.contiguous(), v.contiguous()
+    """`store_kv_ref` for an fp32 or fp16 cache (`handles` said yes)."""
+    k, v = k.float().contiguous(), v.float().contiguous()
     slots = slot_mapping if slot_mapping.dtype == torch.int64 else slot_mapping.long()
     row = k_cache.shape[2] * k_cache.shape[3]
-    _library().store_kv_f32(k.data_ptr(), v.data_ptr(), slots.contiguous().data_ptr(), k.shape[0], row,
-                            k_cache.data_ptr(), v_cache.data_ptr())
+    _library().store_kv(k.data_ptr(), v.data_ptr(), slots.contiguous().data_ptr(), k.shape[0], row,
+                        k_cache.data_ptr(), v_cache.data_ptr(), k_cache.dtype == torch.float16)
 
 
 def unified_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, meta: AttentionMetadata,
     scale: float, sliding_window: int | None = None, softcap: float | None = None,
 ) -> torch.Tensor:
-    """`unified_attention_ref` for an fp32 cache (`handles` said yes); writes and returns `out`."""
+    """`unified_attention_ref` for an fp32 or fp16 cache (`handles` said yes); writes and returns
+    `out`."""
     num_tokens, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     cu, lens, table = _int32_metadata(meta)
@@ -67,9 +70,9 @@ def unified_attention(
     splits = min(heads, -(-threads // num_tokens)) if 0 < num_tokens < threads else 1
     q = q.contiguous()
     target = out if out.is_contiguous() else torch.empty_like(q)
-    _library().paged_attention_f32(
+    _library().paged_attention(
         q.data_ptr(), target.data_ptr(), num_tokens, heads, kv_heads, head_dim, k_cache.data_ptr(),
-        v_cache.data_ptr(), k_cache.shape[1], table.data_ptr(), table.shape[1], cu.data_ptr(), lens.data_ptr(),
+        v_cache.data_ptr(), k_cache.dtype == torch.float16, k_cache.shape[1], table.data_ptr(), table.shape[1], cu.data_ptr(), lens.data_ptr(),
         meta.num_seqs, scale, sliding_window or 0, softcap or 0.0, splits, threads,
     )
     if target is not out:

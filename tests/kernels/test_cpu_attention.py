@@ -25,6 +25,11 @@ FP32_CASES = {
     for name, case in ATTN_CASES.items()
     if case.cache_dtype in (None, "float32", "float16", "bfloat16") and case.head_dim % 8 == 0
 }
+# An fp16 cache (`--kv-cache-dtype float16`): the kernel widens each element as it reads it.
+FP32_CASES.update({
+    f"{name}-fp16-cache": replace(FP32_CASES[name], cache_dtype="float16")
+    for name in ("decode-fp32-gqa1", "decode-gemma-d256", "mixed-gqa3", "window-short", "softcap", "padding-tokens")
+})
 
 
 def c_attention(*args, **kwargs) -> torch.Tensor:
@@ -87,9 +92,11 @@ def test_a_row_is_the_same_alone_batched_and_chunked(window: int | None) -> None
     assert torch.equal(alone, torch.cat((first, second)))
 
 
-def test_store_matches_reference() -> None:
-    spec = STORE_CASES["kv_heads3-head_dim48"]
-    assert cpu_attention.handles(torch.zeros(1, 3, 48), torch.zeros(1, 16, 3, 48), None)
+@pytest.mark.parametrize("cache_dtype", ["float32", "float16"])
+def test_store_matches_reference(cache_dtype: str) -> None:
+    """fp16: rounded to nearest even, as torch's cast: the same bits."""
+    spec = dict(STORE_CASES["kv_heads3-head_dim48"], cache_dtype=cache_dtype)
+    assert cpu_attention.handles(torch.zeros(1, 3, 48), torch.zeros(1, 16, 3, 48, dtype=getattr(torch, cache_dtype)), None)
     assert store_error(spec, kernels.store_kv) == 0.0
     assert store_error(dict(spec, fused=True), kernels.store_kv) == 0.0
 
