@@ -1,4 +1,4 @@
-"""The opt-in C kernels for 4/8-bit weight groups (app/kernels/cpu_qgemm.c) against their torch
+"""The C kernels for 4/8-bit weight groups (app/kernels/cpu_qgemm.c) against their torch
 references: quantized activations times the dequantized weights."""
 
 from __future__ import annotations
