@@ -12,6 +12,7 @@
  * depends on its own row, position and cache contents only, never on the batch around it, how the
  * prompt was chunked, or how the work was split between threads.
  */
+#include "cpu_simd.h"
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -19,13 +20,6 @@
 
 #define KEY_CHUNK 32
 #define MAX_HEADS 128
-
-static inline float hsum_ps(__m256 v) {
-    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
-}
 
 /* The eight sums of a[0..7]'s lanes, as one vector. */
 static inline __m256 hsum8_ps(const __m256 *a) {

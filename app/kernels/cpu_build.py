@@ -35,7 +35,8 @@ def load(source_name: str, signatures: dict[str, list]) -> ctypes.CDLL | None:
         log.info("no C compiler found: the CPU C kernels (%s) are off", source_name)
         return None
     source = Path(__file__).with_name(source_name)
-    digest = hashlib.sha256(source.read_bytes() + " ".join([compiler, *FLAGS]).encode()).hexdigest()[:16]
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("cpu_*.h")))  # what it may include
+    digest = hashlib.sha256(source.read_bytes() + headers + " ".join([compiler, *FLAGS]).encode()).hexdigest()[:16]
     path = _cache_dir() / f"{source.stem}-{digest}.so"
     try:
         if not path.exists():

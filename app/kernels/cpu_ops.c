@@ -2,16 +2,10 @@
  * makes ~60 RMS norms of a few hundred floats each; through torch each is a chain of small ops
  * (~45 us), here one call (~5 us). Every row is computed alone, in one order: batch-invariant.
  */
+#include "cpu_simd.h"
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
-
-static inline float hsum_ps(__m256 v) {
-    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
-}
 
 /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for rows of `dim` floats (a multiple of 8); `w`
  * holds one row of weights, or one per row of x when `w_rows` (per-head norms). With `residual`,
