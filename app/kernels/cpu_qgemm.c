@@ -2,9 +2,16 @@
  * the CPU): a decode step reads 5 (q4) or 8.5 (q8) bits a weight.
  *
  * y[M, N] = x[M, K] @ W[N, K]^T with W stored in groups of 32 along K:
- *   q4: w = d * level + m, level 0..15 (two per byte: byte j of a group holds level j in its low
- *       nibble and level j + 16 in its high one), d and m fp16 per group (a Q4_1 block's layout);
+ *   q4: w = d * level + m, level 0..15, d and m fp16 per group (a Q4_1 block's numbers);
  *   q8: w = d * level, level -127..127 (int8), d fp16 per group.
+ * The weights come in tiles of 8 rows, interleaved so that a tile is read front to back: the
+ * hardware prefetcher then streams it (8 rows read side by side at a row's stride ran at a third
+ * of the memory bandwidth):
+ *   q4: [N/8][K/64][8 rows][32 bytes]: a row's two groups 2p and 2p+1, 16 bytes each; byte i of a
+ *       group holds level i in its low nibble and level i + 16 in its high one. One 32-byte load
+ *       and two masks give both groups' levels (an odd last group is padded with zeros);
+ *   q8: [N/8][K/32][8 rows][32 levels].
+ * Scale tables are tiled the same way, [N/8][groups][8 rows], and N is padded to whole tiles.
  * Each row of x is quantized per group of 32 to int8 (scale absmax / 127, round to nearest even),
  * as llama.cpp's Q8 activations are; a group's dot product is then exact integer arithmetic
  * (maddubs / madd), scaled once. Every output is computed from its own row in the same order
@@ -34,9 +41,9 @@ static inline float hmax_ps(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
-/* One group of 32 floats -> 32 int8 (round to nearest even), its scale, and scale * the sum of
- * its levels. */
-static inline void quantize_group(const float *x, int8_t *q, float *scale, float *sum) {
+/* One group of 32 floats -> 32 int8 (round to nearest even; levels 0..15 to lo, 16..31 to hi), its
+ * scale, and scale * the sum of its levels. */
+static inline void quantize_group(const float *x, int8_t *lo, int8_t *hi, float *scale, float *sum) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 v[4], amax = _mm256_setzero_ps();
     for (int i = 0; i < 4; i++) {
@@ -58,31 +65,11 @@ static inline void quantize_group(const float *x, int8_t *q, float *scale, float
     __m256i p23 = _mm256_packs_epi32(i32[2], i32[3]);
     __m256i p = _mm256_packs_epi16(p01, p23);
     p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256((__m256i *)q, p);
+    _mm_storeu_si128((__m128i *)lo, _mm256_castsi256_si128(p));
+    _mm_storeu_si128((__m128i *)hi, _mm256_extracti128_si256(p, 1));
     /* The m term multiplies the sum of the quantized activations, as a dense GEMM over them would. */
     __m256i t = _mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3]));
     *sum = d * (float)hsum_epi32(t);
-}
-
-/* 32 unsigned weights (q4 levels 0..15) . 32 signed activations, as 8 int32 partial sums. */
-static inline __m256i dot_u8_s8(__m256i w_u8, __m256i x_s8) {
-    __m256i p16 = _mm256_maddubs_epi16(w_u8, x_s8);
-    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-}
-
-/* Signed . signed: maddubs wants one operand unsigned, so |x| times the weights with x's signs. */
-static inline __m256i dot_s8_s8(__m256i w_s8, __m256i x_s8) {
-    __m256i ax = _mm256_sign_epi8(x_s8, x_s8);
-    __m256i sw = _mm256_sign_epi8(w_s8, x_s8);
-    __m256i p16 = _mm256_maddubs_epi16(ax, sw);
-    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-}
-
-static inline __m256i unpack_q4(const uint8_t *qs) {
-    __m128i b = _mm_loadu_si128((const __m128i *)qs);
-    __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
-    __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
-    return _mm256_set_m128i(hi, lo);
 }
 
 #define TILE 8 /* outputs per tile: one per lane of an 8 x fp32 vector */
@@ -96,18 +83,28 @@ static inline __m256i reduce8_epi32(const __m256i *s) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u0, u1, 0x31));
 }
 
+/* The same for vectors whose 128-bit halves hold two groups: lane i of *lo sums s[i]'s low half,
+ * lane i of *hi its high half. */
+static inline void reduce8_halves(const __m256i *s, __m256i *lo, __m256i *hi) {
+    __m256i t0 = _mm256_hadd_epi32(s[0], s[1]), t1 = _mm256_hadd_epi32(s[2], s[3]);
+    __m256i t2 = _mm256_hadd_epi32(s[4], s[5]), t3 = _mm256_hadd_epi32(s[6], s[7]);
+    __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
+    *lo = _mm256_permute2x128_si256(u0, u1, 0x20);
+    *hi = _mm256_permute2x128_si256(u0, u1, 0x31);
+}
+
+typedef struct {
+    int64_t M, K, G, N; /* G: groups in the tables and in a row of xq (q4: padded to even) */
+    const void *qs;
+    const uint16_t *d, *m; /* weight scales (and q4 minimums), tiled */
+    int8_t *xq;            /* [M, G * 32]: q4 in the pair order below, q8 in K order */
+    float *xd, *xs;        /* activation scales and scaled level sums, tiled */
+    float *y;
+} gemm_args;
+
 /* Scales come in tiles of 8 rows: element (row, group) of a [rows, G] table sits at
  * [row / 8][group][row % 8], so a tile's eight scales for one group are one vector load. */
 static inline int64_t tiled(int64_t row, int64_t g, int64_t G) { return (row / TILE) * G * TILE + g * TILE + row % TILE; }
-
-typedef struct {
-    int64_t M, K, G, N;
-    const void *qs;
-    const uint16_t *d, *m; /* weight scales (and q4 minimums), tiled */
-    const int8_t *xq;
-    const float *xd, *xs; /* activation scales and scaled level sums, tiled */
-    float *y;
-} gemm_args;
 
 /* Every output y[r, n] is, over the groups g in order,
  *     acc = fma(d[n, g] * xd[r, g], (float)dot_int(w[n, g], x[r, g]), acc)
@@ -115,103 +112,172 @@ typedef struct {
  * and then acc + mac, in one lane of a tile. The two tile shapes below (eight weight rows against
  * one activation row, one weight row against eight activation rows) compute exactly that, so
  * neither the batch size nor the tiling changes a bit of any output. */
-
-static inline __m256i q4_dot(__m256i w, __m256i x) { return dot_u8_s8(w, x); }
-static inline __m256i q8_dot(__m256i w, __m256i x) { return dot_s8_s8(w, x); }
-
-static inline __m256i q4_load(const gemm_args *a, int64_t n, int64_t g) {
-    return unpack_q4((const uint8_t *)a->qs + n * (a->K / 2) + g * 16);
+static inline __m256 accumulate(__m256 acc, __m256 scale, __m256i dot) {
+    return _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc);
 }
 
-static inline __m256i q8_load(const gemm_args *a, int64_t n, int64_t g) {
-    return _mm256_loadu_si256((const __m256i *)((const int8_t *)a->qs + n * a->K + g * QK));
+static inline __m256 load_ph(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline __m256 bcast_ph(uint16_t h) { return _mm256_set1_ps(_cvtsh_ss(h)); }
+
+/* q4, a pair of groups: 32 weight bytes (group 2p's 16, then 2p+1's) against the activations in
+ * pair order (xq: group 2p's levels 0..15, 2p+1's 0..15, then both groups' 16..31). The int16
+ * sums of maddubs stay below 2 * 2 * 15 * 127: exact. Lanes 0-3 of the result hold group 2p's
+ * partial sums, lanes 4-7 group 2p+1's. */
+static inline __m256i q4_pair_dot(__m256i lo, __m256i hi, const int8_t *xq) {
+    __m256i xl = _mm256_loadu_si256((const __m256i *)xq), xh = _mm256_loadu_si256((const __m256i *)(xq + 32));
+    __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 }
 
-/* Weight rows n .. n+7 (those below N) against activation row r. */
-static inline void tile_n8(const gemm_args *a, int64_t n, int64_t r, int q4) {
-    const int64_t G = a->G, K = a->K;
-    int64_t rows[TILE];
-    for (int j = 0; j < TILE; j++) rows[j] = n + j < a->N ? n + j : a->N - 1;
+static inline void q4_unpack(const uint8_t *w, __m256i *lo, __m256i *hi) {
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    __m256i b = _mm256_loadu_si256((const __m256i *)w);
+    *lo = _mm256_and_si256(b, mask);
+    *hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
+}
+
+/* Signed . signed: maddubs wants one operand unsigned, so |x| times the weights with x's signs. */
+static inline __m256i q8_dot(const int8_t *w, __m256i x, __m256i ax) {
+    __m256i sw = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)w), x);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sw), _mm256_set1_epi16(1));
+}
+
+/* Weight tile t (rows 8t .. 8t+7) against activation row r. */
+static void q4_tile_n8(const gemm_args *a, int64_t t, int64_t r) {
+    const int64_t G = a->G;
+    const uint8_t *w = (const uint8_t *)a->qs + t * G * TILE * 16;
+    const uint16_t *dt = a->d + t * G * TILE, *mt = a->m + t * G * TILE;
+    const int8_t *x = a->xq + r * G * 32;
     __m256 acc = _mm256_setzero_ps(), mac = _mm256_setzero_ps();
-    const uint16_t *dt = a->d + (n / TILE) * G * TILE, *mt = q4 ? a->m + (n / TILE) * G * TILE : NULL;
-    for (int64_t g = 0; g < G; g++) {
-        __m256i x = _mm256_loadu_si256((const __m256i *)(a->xq + r * K + g * QK));
-        __m256i s[TILE];
-        for (int j = 0; j < TILE; j++)
-            s[j] = q4 ? q4_dot(q4_load(a, rows[j], g), x) : q8_dot(q8_load(a, rows[j], g), x);
-        __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dt + g * TILE)));
-        __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(a->xd[tiled(r, g, G)]));
-        acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(reduce8_epi32(s)), acc);
-        if (q4) {
-            __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mt + g * TILE)));
-            mac = _mm256_fmadd_ps(mw, _mm256_set1_ps(a->xs[tiled(r, g, G)]), mac);
+    for (int64_t g = 0; g < G; g += 2, w += TILE * 32, x += 64) {
+        __m256i s[TILE], lo, hi, g0, g1;
+        for (int j = 0; j < TILE; j++) {
+            q4_unpack(w + j * 32, &lo, &hi);
+            s[j] = q4_pair_dot(lo, hi, x);
+        }
+        reduce8_halves(s, &g0, &g1);
+        for (int h = 0; h < 2; h++) {
+            __m256 scale = _mm256_mul_ps(load_ph(dt + (g + h) * TILE), _mm256_set1_ps(a->xd[tiled(r, g + h, G)]));
+            acc = accumulate(acc, scale, h ? g1 : g0);
+            mac = _mm256_fmadd_ps(load_ph(mt + (g + h) * TILE), _mm256_set1_ps(a->xs[tiled(r, g + h, G)]), mac);
         }
     }
     float out[TILE];
-    _mm256_storeu_ps(out, q4 ? _mm256_add_ps(acc, mac) : acc);
-    for (int j = 0; j < TILE && n + j < a->N; j++) a->y[r * a->N + n + j] = out[j];
+    _mm256_storeu_ps(out, _mm256_add_ps(acc, mac));
+    for (int j = 0; j < TILE && t * TILE + j < a->N; j++) a->y[r * a->N + t * TILE + j] = out[j];
 }
 
 /* Weight row n against activation rows r .. r+7 (r a multiple of 8, all below M). */
-static inline void tile_r8(const gemm_args *a, int64_t n, int64_t r, int q4) {
-    const int64_t G = a->G, K = a->K;
-    __m256 acc = _mm256_setzero_ps(), mac = _mm256_setzero_ps();
+static void q4_tile_r8(const gemm_args *a, int64_t n, int64_t r) {
+    const int64_t G = a->G, t = n / TILE, j = n % TILE;
+    const uint8_t *w = (const uint8_t *)a->qs + t * G * TILE * 16 + j * 32;
     const float *xdt = a->xd + (r / TILE) * G * TILE, *xst = a->xs + (r / TILE) * G * TILE;
-    for (int64_t g = 0; g < G; g++) {
-        __m256i w = q4 ? q4_load(a, n, g) : q8_load(a, n, g);
-        __m256i s[TILE];
-        for (int i = 0; i < TILE; i++) {
-            __m256i x = _mm256_loadu_si256((const __m256i *)(a->xq + (r + i) * K + g * QK));
-            s[i] = q4 ? q4_dot(w, x) : q8_dot(w, x);
+    __m256 acc = _mm256_setzero_ps(), mac = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g += 2, w += TILE * 32) {
+        __m256i s[TILE], lo, hi, g0, g1;
+        q4_unpack(w, &lo, &hi);
+        for (int i = 0; i < TILE; i++) s[i] = q4_pair_dot(lo, hi, a->xq + (r + i) * G * 32 + g * 32);
+        reduce8_halves(s, &g0, &g1);
+        for (int h = 0; h < 2; h++) {
+            __m256 scale = _mm256_mul_ps(bcast_ph(a->d[tiled(n, g + h, G)]), _mm256_loadu_ps(xdt + (g + h) * TILE));
+            acc = accumulate(acc, scale, h ? g1 : g0);
+            mac = _mm256_fmadd_ps(bcast_ph(a->m[tiled(n, g + h, G)]), _mm256_loadu_ps(xst + (g + h) * TILE), mac);
         }
-        __m256 scale = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(a->d[tiled(n, g, G)])), _mm256_loadu_ps(xdt + g * TILE));
-        acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(reduce8_epi32(s)), acc);
-        if (q4)
-            mac = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(a->m[tiled(n, g, G)])), _mm256_loadu_ps(xst + g * TILE), mac);
     }
     float out[TILE];
-    _mm256_storeu_ps(out, q4 ? _mm256_add_ps(acc, mac) : acc);
+    _mm256_storeu_ps(out, _mm256_add_ps(acc, mac));
     for (int i = 0; i < TILE; i++) a->y[(r + i) * a->N + n] = out[i];
 }
 
-/* Quantize x, then every tile. Each thread owns a contiguous share of the weight rows (whole
- * tiles of 8); x is walked in blocks of rows whose levels fit in L2 while the thread's weight rows
- * pass over each block, and the rows past the last multiple of 8 take the eight-weight-row tiles
- * (all of a decode step's rows, when there are fewer than 8). */
-static inline void run_gemm(gemm_args *a, const float *x, int8_t *xq, float *xd, float *xs, int nthreads, int q4) {
-    const int64_t M = a->M, K = a->K, G = a->G, full = M / TILE * TILE;
-    int64_t block = ROW_BLOCK_BYTES / K / TILE * TILE;
+static void q8_tile_n8(const gemm_args *a, int64_t t, int64_t r) {
+    const int64_t G = a->G;
+    const int8_t *w = (const int8_t *)a->qs + t * G * TILE * 32;
+    const uint16_t *dt = a->d + t * G * TILE;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g++, w += TILE * 32) {
+        __m256i x = _mm256_loadu_si256((const __m256i *)(a->xq + r * G * 32 + g * 32)), ax = _mm256_sign_epi8(x, x);
+        __m256i s[TILE];
+        for (int j = 0; j < TILE; j++) s[j] = q8_dot(w + j * 32, x, ax);
+        __m256 scale = _mm256_mul_ps(load_ph(dt + g * TILE), _mm256_set1_ps(a->xd[tiled(r, g, G)]));
+        acc = accumulate(acc, scale, reduce8_epi32(s));
+    }
+    float out[TILE];
+    _mm256_storeu_ps(out, acc);
+    for (int j = 0; j < TILE && t * TILE + j < a->N; j++) a->y[r * a->N + t * TILE + j] = out[j];
+}
+
+static void q8_tile_r8(const gemm_args *a, int64_t n, int64_t r) {
+    const int64_t G = a->G, t = n / TILE, j = n % TILE;
+    const int8_t *w = (const int8_t *)a->qs + t * G * TILE * 32 + j * 32;
+    const float *xdt = a->xd + (r / TILE) * G * TILE;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g++, w += TILE * 32) {
+        __m256i s[TILE];
+        for (int i = 0; i < TILE; i++) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(a->xq + (r + i) * G * 32 + g * 32));
+            s[i] = q8_dot(w, x, _mm256_sign_epi8(x, x));
+        }
+        __m256 scale = _mm256_mul_ps(bcast_ph(a->d[tiled(n, g, G)]), _mm256_loadu_ps(xdt + g * TILE));
+        acc = accumulate(acc, scale, reduce8_epi32(s));
+    }
+    float out[TILE];
+    _mm256_storeu_ps(out, acc);
+    for (int i = 0; i < TILE; i++) a->y[(r + i) * a->N + n] = out[i];
+}
+
+/* Row r of x [M, K] quantized into the kernel's order: q4 in pairs of groups (an odd last group
+ * padded with zero levels and scales), q8 in K order. */
+static void quantize_row(const gemm_args *a, const float *x, int64_t r, int q4) {
+    const int64_t G = a->G, real = a->K / QK;
+    int8_t *xq = a->xq + r * G * 32;
+    float *xd = a->xd, *xs = a->xs;
+    for (int64_t g = 0; g < G; g++) {
+        int8_t *lo = q4 ? xq + (g / 2) * 64 + (g % 2) * 16 : xq + g * 32, *hi = q4 ? lo + 32 : lo + 16;
+        if (g < real) {
+            quantize_group(x + r * a->K + g * QK, lo, hi, xd + tiled(r, g, G), xs + tiled(r, g, G));
+        } else {
+            for (int i = 0; i < 16; i++) lo[i] = hi[i] = 0;
+            xd[tiled(r, g, G)] = xs[tiled(r, g, G)] = 0.0f;
+        }
+    }
+}
+
+/* Quantize x, then every tile. Each thread owns a contiguous share of the weight tiles; x is
+ * walked in blocks of rows whose levels fit in L2 while the thread's weight rows pass over each
+ * block, and the rows past the last multiple of 8 take the eight-weight-row tiles (all of a decode
+ * step's rows, when there are fewer than 8), each weight tile staying in L1 for the rows. */
+static inline void run_gemm(const gemm_args *a, const float *x, int nthreads, int q4) {
+    const int64_t M = a->M, full = M / TILE * TILE, tiles = (a->N + TILE - 1) / TILE;
+    int64_t block = ROW_BLOCK_BYTES / (a->G * 32) / TILE * TILE;
     if (block < TILE) block = TILE;
 #pragma omp parallel num_threads(nthreads)
     {
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < M; r++)
-            for (int64_t g = 0; g < G; g++)
-                quantize_group(x + r * K + g * QK, xq + r * K + g * QK, xd + tiled(r, g, G), xs + tiled(r, g, G));
-        int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        int64_t tiles = (a->N + TILE - 1) / TILE;
-        int64_t n0 = tiles * t / nt * TILE, n1 = tiles * (t + 1) / nt * TILE;
-        if (n1 > a->N) n1 = a->N;
+        for (int64_t r = 0; r < M; r++) quantize_row(a, x, r, q4);
+        int th = omp_get_thread_num(), nt = omp_get_num_threads();
+        int64_t t0 = tiles * th / nt, t1 = tiles * (th + 1) / nt;
+        int64_t n1 = t1 * TILE < a->N ? t1 * TILE : a->N;
         for (int64_t b = 0; b < full; b += block)
-            for (int64_t n = n0; n < n1; n++)
+            for (int64_t n = t0 * TILE; n < n1; n++)
                 for (int64_t r = b; r < b + block && r < full; r += TILE)
-                    tile_r8(a, n, r, q4);
-        for (int64_t n = n0; n < n1; n += TILE)  /* a weight tile stays in L1 for the rows that follow */
+                    q4 ? q4_tile_r8(a, n, r) : q8_tile_r8(a, n, r);
+        for (int64_t t = t0; t < t1; t++)
             for (int64_t r = full; r < M; r++)
-                tile_n8(a, n, r, q4);
+                q4 ? q4_tile_n8(a, t, r) : q8_tile_n8(a, t, r);
     }
 }
 
-/* x [M, K] fp32; weights as Q4Weight / Q8Weight (cpu_qgemm.py) lay them out; xq [M, K] int8 and
- * xd, xs [ceil(M / 8) * 8 * K / 32] fp32: the caller's scratch for the quantized activations. */
+/* x [M, K] fp32; weights as Q4Weight / Q8Weight (cpu_qgemm.py) lay them out, G groups a row
+ * (q4: K / 32 rounded up to even); xq [M, G * 32] int8 and xd, xs [ceil(M / 8) * 8 * G] fp32: the
+ * caller's scratch for the quantized activations. */
 void q4_gemm(const float *x, int64_t M, int64_t K, const uint8_t *qs, const uint16_t *d, const uint16_t *m,
              int64_t N, float *y, int8_t *xq, float *xd, float *xs, int nthreads) {
-    gemm_args a = {M, K, K / QK, N, qs, d, m, xq, xd, xs, y};
-    run_gemm(&a, x, xq, xd, xs, nthreads, 1);
+    gemm_args a = {M, K, (K / QK + 1) / 2 * 2, N, qs, d, m, xq, xd, xs, y};
+    run_gemm(&a, x, nthreads, 1);
 }
 
 void q8_gemm(const float *x, int64_t M, int64_t K, const int8_t *qs, const uint16_t *d, int64_t N, float *y,
              int8_t *xq, float *xd, float *xs, int nthreads) {
     gemm_args a = {M, K, K / QK, N, qs, d, NULL, xq, xd, xs, y};
-    run_gemm(&a, x, xq, xd, xs, nthreads, 0);
+    run_gemm(&a, x, nthreads, 0);
 }

@@ -68,7 +68,7 @@ def fake_quantize(x: torch.Tensor) -> torch.Tensor:
     return (torch.round(g * inv) * d).view(x.shape[0], -1)
 
 
-TILE = 8  # the kernels' scale tables come in tiles of 8 rows (one vector load per group)
+TILE = 8  # the kernels' weights and scale tables come in tiles of 8 rows
 
 
 def tile_rows(t: torch.Tensor) -> torch.Tensor:
@@ -84,15 +84,19 @@ def untile_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     return t.transpose(1, 2).reshape(-1, t.shape[1])[:rows]
 
 
+def _tile_at(t: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of a table tiled as `tile_rows` (`[tiles, G, 8, ...]`): `[len(ids), G, ...]`."""
+    return t[ids // TILE, :, ids % TILE]
+
+
 class _Scratch:
     """The kernel's quantized activations in one buffer torch allocates (so the C side never
-    mallocs; one allocation, not three: a decode step makes ~120 of these): levels `[M, K]`
+    mallocs; one allocation, not three: a decode step makes ~120 of these): levels `[M, G * 32]`
     int8, then scales and scaled level sums per group of 32, fp32, tiled as `tile_rows`."""
 
-    def __init__(self, x: torch.Tensor) -> None:
-        m, k = x.shape
-        self.levels_bytes = -(-m * k // 64) * 64  # the fp32 tables start 64-byte aligned
-        self.table_bytes = -(-m // TILE) * TILE * (k // GROUP) * 4
+    def __init__(self, rows: int, groups: int) -> None:
+        self.levels_bytes = -(-rows * groups * GROUP // 64) * 64  # the fp32 tables start 64-byte aligned
+        self.table_bytes = -(-rows // TILE) * TILE * groups * 4
         self.buffer = torch.empty(self.levels_bytes + 2 * self.table_bytes + 64, dtype=torch.uint8)
 
     def pointers(self) -> tuple[int, int, int]:
@@ -104,52 +108,62 @@ class _Scratch:
 class _GroupWeight(abc.ABC):
     out_features: int
     in_features: int
+    groups: int  # per row in the kernel's layout (q4: padded to even)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.float32 or not x.is_contiguous():
             x = x.to(torch.float32).contiguous()
         y = torch.empty((x.shape[0], self.out_features), dtype=torch.float32)
         if x.shape[0]:
-            self._gemm(x, y, _Scratch(x))
+            self._gemm(x, y, _Scratch(x.shape[0], self.groups))
         return y
 
     @abc.abstractmethod
     def _gemm(self, x: torch.Tensor, y: torch.Tensor, scratch: _Scratch) -> None:
         """y = x @ W.T through the format's kernel."""
 
+    @abc.abstractmethod
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` dequantized, fp32 (a tied embedding read from the output projection's copy)."""
+
+    def dequantize_ref(self) -> torch.Tensor:
+        return self.rows(torch.arange(self.out_features))
+
 
 class Q4Weight(_GroupWeight):
-    """w = d * level + m per group of 32 (level 0..15, d and m fp16, tiled as `tile_rows`): 5 bits
-    a weight, as a Q4_1 GGUF tensor stores it."""
+    """w = d * level + m per group of 32 (level 0..15, d and m fp16): 5 bits a weight, as a Q4_1
+    GGUF tensor stores it. Laid out for the kernel (`cpu_qgemm.c`): tiles of 8 rows, a row's groups
+    in pairs (`qs [tiles, G / 2, 8, 32]`, byte i of a group: level i | level i + 16 << 4; an odd
+    last group padded with zeros), d and m tiled as `tile_rows`."""
 
     def __init__(self, levels: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
         n, k = levels.shape
-        g = levels.view(n, k // GROUP, 2, GROUP // 2).to(torch.uint8)
-        self.qs = (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(n, k // 2).contiguous()  # byte j: level j, j + 16
-        self.d = tile_rows(d.to(torch.float16))
-        self.m = tile_rows(m.to(torch.float16))
         self.out_features, self.in_features = n, k
+        self.groups = -(-k // (2 * GROUP)) * 2
+        g = levels.view(n, k // GROUP, 2, GROUP // 2).to(torch.uint8)
+        packed = g[:, :, 0] | (g[:, :, 1] << 4)  # [n, K/32, 16]
+        packed = F.pad(packed, (0, 0, 0, self.groups - k // GROUP, 0, -n % TILE))
+        self.qs = packed.view(-1, TILE, self.groups // 2, GROUP).transpose(1, 2).contiguous()
+        pad = (0, self.groups - k // GROUP)
+        self.d = tile_rows(F.pad(d.to(torch.float16), pad))
+        self.m = tile_rows(F.pad(m.to(torch.float16), pad))
 
     def _gemm(self, x: torch.Tensor, y: torch.Tensor, scratch: _Scratch) -> None:
         _library().q4_gemm(x.data_ptr(), x.shape[0], self.in_features, self.qs.data_ptr(), self.d.data_ptr(),
                            self.m.data_ptr(), self.out_features, y.data_ptr(), *scratch.pointers(),
                            torch.get_num_threads())
 
-    def levels(self) -> torch.Tensor:
-        """uint8 levels `[N, K/32, 32]`."""
-        halves = self.qs.view(self.out_features, -1, GROUP // 2)
+    def levels(self, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """uint8 levels `[N, K/32, 32]` (of rows `ids`, if given)."""
+        ids = torch.arange(self.out_features) if ids is None else ids
+        real = self.in_features // GROUP
+        halves = _tile_at(self.qs, ids).reshape(len(ids), self.groups, GROUP // 2)[:, :real]
         return torch.cat((halves & 0x0F, halves >> 4), -1)
 
-    def dequantize_ref(self) -> torch.Tensor:
-        d, m = (untile_rows(t, self.out_features).float().unsqueeze(-1) for t in (self.d, self.m))
-        return (self.levels().float() * d + m).view(self.out_features, self.in_features)
-
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows `ids` dequantized, fp32: a tied embedding read from the output projection's copy."""
-        halves = self.qs.index_select(0, ids).view(-1, self.in_features // GROUP, GROUP // 2)
-        levels = torch.cat((halves & 0x0F, halves >> 4), -1).float()
-        d, m = (t[ids // TILE, :, ids % TILE].float().unsqueeze(-1) for t in (self.d, self.m))
-        return (levels * d + m).view(-1, self.in_features)
+        real = self.in_features // GROUP
+        d, m = (_tile_at(t, ids)[:, :real].float().unsqueeze(-1) for t in (self.d, self.m))
+        return (self.levels(ids).float() * d + m).view(-1, self.in_features)
 
     @property
     def nbytes(self) -> int:
@@ -157,37 +171,33 @@ class Q4Weight(_GroupWeight):
 
 
 class Q8Weight(_GroupWeight):
-    """w = d * level per group of 32 (level -127..127, d fp16 = the group's absmax / 127, tiled as
-    `tile_rows`): 8.5 bits
+    """w = d * level per group of 32 (level -127..127, d fp16 = the group's absmax / 127): 8.5 bits
     a weight. Exact for a Q8_0 tensor; within half a level (1/254 of the group's range) for any
-    other."""
+    other. Laid out for the kernel: `qs [tiles, K/32, 8, 32]`, d tiled as `tile_rows`."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         n, k = weight.shape
-        self.qs = torch.empty((n, k), dtype=torch.int8)
-        self.d = torch.empty((n, k // GROUP), dtype=torch.float16)
-        for start in range(0, n, CHUNK_ROWS):
-            w = weight[start : start + CHUNK_ROWS].float().view(-1, k // GROUP, GROUP)
-            d = (w.abs().amax(-1) / 127.0).half()
-            inv = torch.where(d > 0, 1.0 / d.float(), torch.zeros_like(d, dtype=torch.float32))
-            self.qs[start : start + CHUNK_ROWS] = torch.round(w * inv.unsqueeze(-1)).clamp(-127, 127).view(-1, k)
-            self.d[start : start + CHUNK_ROWS] = d
-        self.d = tile_rows(self.d)
-        self.out_features, self.in_features = n, k
+        self.out_features, self.in_features, self.groups = n, k, k // GROUP
+        tiles = -(-n // TILE)
+        self.qs = torch.zeros((tiles, self.groups, TILE, GROUP), dtype=torch.int8)
+        d = torch.empty((n, self.groups), dtype=torch.float16)
+        for start in range(0, n, CHUNK_ROWS):  # a multiple of TILE: chunks start on a tile
+            w = weight[start : start + CHUNK_ROWS].float().view(-1, self.groups, GROUP)
+            scale = (w.abs().amax(-1) / 127.0).half()
+            inv = torch.where(scale > 0, 1.0 / scale.float(), torch.zeros_like(scale, dtype=torch.float32))
+            q = torch.round(w * inv.unsqueeze(-1)).clamp(-127, 127).to(torch.int8)
+            q = F.pad(q, (0, 0, 0, 0, 0, -q.shape[0] % TILE))
+            self.qs[start // TILE : start // TILE + q.shape[0] // TILE] = q.view(-1, TILE, self.groups, GROUP).transpose(1, 2)
+            d[start : start + CHUNK_ROWS] = scale
+        self.d = tile_rows(d)
 
     def _gemm(self, x: torch.Tensor, y: torch.Tensor, scratch: _Scratch) -> None:
         _library().q8_gemm(x.data_ptr(), x.shape[0], self.in_features, self.qs.data_ptr(), self.d.data_ptr(),
                            self.out_features, y.data_ptr(), *scratch.pointers(), torch.get_num_threads())
 
-    def dequantize_ref(self) -> torch.Tensor:
-        d = untile_rows(self.d, self.out_features).float().unsqueeze(-1)
-        return (self.qs.view(self.out_features, -1, GROUP).float() * d).view(self.out_features, self.in_features)
-
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows `ids` dequantized, fp32: a tied embedding read from the output projection's copy."""
-        q = self.qs.index_select(0, ids).view(-1, self.in_features // GROUP, GROUP).float()
-        d = self.d[ids // TILE, :, ids % TILE]
-        return (q * d.float().unsqueeze(-1)).view(-1, self.in_features)
+        q, d = _tile_at(self.qs, ids).float(), _tile_at(self.d, ids).float().unsqueeze(-1)
+        return (q * d).view(-1, self.in_features)
 
     @property
     def nbytes(self) -> int:

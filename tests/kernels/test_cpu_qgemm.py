@@ -29,9 +29,10 @@ def _q8(n: int = 96, k: int = 128, seed: int = 0) -> Q8Weight:
     return Q8Weight(torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05)
 
 
+@pytest.mark.parametrize("k", [128, 96])  # 96: an odd number of groups (q4 pads a pair)
 @pytest.mark.parametrize("make", [_q4, _q8], ids=["q4", "q8"])
-def test_kernel_matches_quantized_activations_times_dequantized_weights(make):
-    w = make()
+def test_kernel_matches_quantized_activations_times_dequantized_weights(make, k):
+    w = make(k=k)
     x = torch.randn(19, w.in_features) * 3
     ref = (fake_quantize(x).double() @ w.dequantize_ref().double().T).float()
     scale = ref.abs().max()
@@ -40,12 +41,12 @@ def test_kernel_matches_quantized_activations_times_dequantized_weights(make):
     assert (w(x) - exact).norm() / exact.norm() < 0.02  # 8-bit activations per group of 32
 
 
-@pytest.mark.parametrize("n", [96, 100])
+@pytest.mark.parametrize(("n", "k"), [(96, 128), (100, 96)])
 @pytest.mark.parametrize("make", [_q4, _q8], ids=["q4", "q8"])
-def test_rows_are_batch_invariant_and_empty_batches_work(make, n):
+def test_rows_are_batch_invariant_and_empty_batches_work(make, n, k):
     """13 rows take one tile of 8 rows per weight row and 5 of 8 weight rows per row; a single row
     only the latter (100 weight rows: a last tile of 4): the same bits either way."""
-    w = make(n)
+    w = make(n, k)
     x = torch.randn(13, w.in_features)
     together = w(x)
     assert torch.equal(together, torch.cat([w(x[i : i + 1]) for i in range(13)]))
@@ -62,6 +63,21 @@ def test_zero_groups_and_the_q8_rows_of_a_tied_embedding():
     assert torch.equal(w.rows(ids), w.dequantize_ref()[ids])
     q4 = _q4()  # a tied Q4 table: its rows from the 4-bit groups
     assert torch.equal(q4.rows(ids), q4.dequantize_ref()[ids])
+
+
+@pytest.mark.parametrize("k", [128, 96])
+def test_the_tiled_layouts_keep_every_weight(k):
+    """The kernels' interleaved tiles (and q4's padded pair) give back the rows they were made of."""
+    g = torch.Generator().manual_seed(1)
+    levels = torch.randint(0, 16, (21, k), generator=g)
+    d, m = torch.rand(21, k // 32, generator=g).half(), -torch.rand(21, k // 32, generator=g).half()
+    q4 = Q4Weight(levels, d, m)
+    assert torch.equal(q4.levels().view(21, k), levels.to(torch.uint8))
+    expected = levels.float().view(21, -1, 32) * d.float().unsqueeze(-1) + m.float().unsqueeze(-1)
+    assert torch.equal(q4.dequantize_ref(), expected.view(21, k))
+    w = torch.randn(21, k, generator=g)
+    q8 = Q8Weight(w)
+    assert (q8.dequantize_ref() - w).abs().max() <= w.abs().max() / 127
 
 
 def test_linear_takes_the_c_kernels_unless_turned_off(monkeypatch: pytest.MonkeyPatch):
