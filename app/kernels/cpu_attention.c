@@ -29,28 +29,6 @@ static inline __m256 hsum8_ps(const __m256 *a) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-/* e^x for x <= 0 (the softmax's shifted scores), lanes below -87.3 give 0: Cephes' expf, the
- * exponent split as n * ln2 + r with ln2 in two parts and a degree-5 polynomial for e^r (about 1
- * ulp), 2^n built in the exponent bits. */
-static inline __m256 exp_ps(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.3f);
-    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_max_ps(x, lo);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
-
 /* Eight pool elements from element i on, as fp32: the pool holds fp32, or fp16 when `f16`. */
 static inline __m256 load8(const void *pool, int64_t i, int f16) {
     if (f16)
@@ -216,5 +194,56 @@ void store_kv(const float *k, const float *v, const int64_t *slots, int64_t num_
             _mm_storeu_si128((__m128i *)(kd + e), _mm256_cvtps_ph(_mm256_loadu_ps(k + t * row + e), _MM_FROUND_TO_NEAREST_INT));
             _mm_storeu_si128((__m128i *)(vd + e), _mm256_cvtps_ph(_mm256_loadu_ps(v + t * row + e), _MM_FROUND_TO_NEAREST_INT));
         }
+    }
+}
+
+/* Eight fp32 values into a pool at element i: fp32, or fp16 rounded to nearest even (as torch). */
+static inline void store8(void *pool, int64_t i, __m256 v, int f16) {
+    if (f16)
+        _mm_storeu_si128((__m128i *)((uint16_t *)pool + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    else
+        _mm256_storeu_ps((float *)pool + i, v);
+}
+
+/* The attention's inputs from the qkv projection, in one pass: token t's row of qkv holds
+ * heads + kv_heads rows of d (q, then k), then kv_heads rows of v. Each q and k head is RMS-normed
+ * when `norm_w` ([heads + kv_heads, d]) is given, then rotated: x * cos + partner(x) * sin with
+ * the step's tables [tokens, d] (sin signed as decoder.RotaryEmbedding lays it out; partner pairs
+ * (i, i + d/2) when `neox`, else (2i, 2i + 1)). q goes to q_out [tokens, heads, d]; k and v go to
+ * pool slot slots[t] (-1: padding, not stored), as the pool's type. The same products and sums as
+ * the torch ops it replaces (built without FMA contraction), so the same bits. d: a multiple of
+ * 16, at most 512. */
+void rope_store_kv(const float *qkv, int64_t num_tokens, int heads, int kv_heads, int d, const float *norm_w,
+                   float eps, const float *cos, const float *sin, int neox, float *q_out, const int64_t *slots,
+                   void *k_cache, void *v_cache, int f16) {
+    const int64_t width = (int64_t)(heads + 2 * kv_heads) * d, kv_row = (int64_t)kv_heads * d;
+    float buf[512];
+    for (int64_t t = 0; t < num_tokens; t++) {
+        const float *row = qkv + t * width, *c = cos + t * d, *s = sin + t * d;
+        for (int h = 0; h < heads + kv_heads; h++) {
+            const float *x = row + (int64_t)h * d;
+            if (norm_w) {
+                __m256 scale = _mm256_set1_ps(rms_inv(x, d, eps));
+                for (int i = 0; i < d; i += 8)
+                    _mm256_storeu_ps(buf + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), scale),
+                                                            _mm256_loadu_ps(norm_w + (int64_t)h * d + i)));
+                x = buf;
+            }
+            if (h >= heads && slots[t] < 0)
+                continue;
+            for (int i = 0; i < d; i += 8) {
+                __m256 v = _mm256_loadu_ps(x + i);
+                __m256 partner = neox ? _mm256_loadu_ps(x + (i + d / 2) % d) : _mm256_permute_ps(v, 0xB1);
+                __m256 r = _mm256_add_ps(_mm256_mul_ps(v, _mm256_loadu_ps(c + i)),
+                                         _mm256_mul_ps(partner, _mm256_loadu_ps(s + i)));
+                if (h < heads)
+                    _mm256_storeu_ps(q_out + (t * heads + h) * d + i, r);
+                else
+                    store8(k_cache, slots[t] * kv_row + (int64_t)(h - heads) * d + i, r, f16);
+            }
+        }
+        if (slots[t] >= 0)
+            for (int64_t e = 0; e < kv_row; e += 8)
+                store8(v_cache, slots[t] * kv_row + e, _mm256_loadu_ps(row + (int64_t)(heads + kv_heads) * d + e), f16);
     }
 }

@@ -1,4 +1,5 @@
-"""The fp32 CPU path's paged attention and KV store in C (`cpu_attention.c`, AVX2): the torch
+"""The fp32 CPU path's paged attention and KV store in C (`cpu_attention.c`, AVX2), and the step
+before them (q/k norm, RoPE and the KV store in one pass over the qkv projection): the torch
 reference gathers every decoding sequence's blocks into a contiguous copy per layer and runs a
 masked SDPA over the padded batch; the C kernel reads the keys and values in place.
 
@@ -33,6 +34,7 @@ def _library() -> ctypes.CDLL | None:
         "paged_attention": [ptr, ptr, i64, i32, i32, i32, ptr, ptr, i32, i32, ptr, i64, ptr, ptr, i32, f32, i64, f32,
                             i32, i32],
         "store_kv": [ptr, ptr, ptr, i64, i64, ptr, ptr, i32],
+        "rope_store_kv": [ptr, i64, i32, i32, i32, ptr, f32, ptr, ptr, i32, ptr, ptr, ptr, ptr, i32],
     })
 
 
@@ -44,6 +46,37 @@ def handles(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor | None
         and q.shape[2] % 8 == 0 and q.shape[1] <= _MAX_HEADS
         and os.environ.get(BACKEND_ENV, "c") != "torch" and _library() is not None
     )
+
+
+def handles_rope_store(qkv: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor | None, head_dim: int,
+                       tables: tuple[torch.Tensor, torch.Tensor]) -> bool:
+    """Whether `rope_store_kv` takes this layer's call: what `handles` asks of q, fp32 rope
+    tables, and a head size the kernel's buffer holds (a multiple of 16, at most 512)."""
+    return (qkv.device.type == "cpu" and qkv.dtype == torch.float32 and k_cache.dtype in _CACHE_DTYPES
+            and k_scale is None and head_dim % 16 == 0 and head_dim <= 512
+            and all(t.dtype == torch.float32 for t in tables)
+            and os.environ.get(BACKEND_ENV, "c") != "torch" and _library() is not None)
+
+
+def rope_store_kv(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, norm_w: torch.Tensor | None,
+                  eps: float, tables: tuple[torch.Tensor, torch.Tensor], neox: bool, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+    """The qkv projection's rows `[tokens, (heads + 2 * kv_heads) * head_dim]` in one C pass: q and k
+    heads RMS-normed by `norm_w` (`[heads + kv_heads, head_dim]`, if given) and rotated by the
+    step's cos / signed-sin `tables` (`[tokens, 1, head_dim]` each), k and v stored in their cache
+    slots. Returns q `[tokens, heads, head_dim]` (`handles_rope_store` said yes)."""
+    qkv = qkv.contiguous()
+    cos, sin = (t.contiguous() for t in tables)
+    slots = slot_mapping if slot_mapping.dtype == torch.int64 else slot_mapping.long()
+    slots = slots.contiguous()
+    norm = None if norm_w is None else norm_w.float().contiguous()
+    q = torch.empty((qkv.shape[0], heads, head_dim), dtype=torch.float32)
+    _library().rope_store_kv(
+        qkv.data_ptr(), qkv.shape[0], heads, kv_heads, head_dim, None if norm is None else norm.data_ptr(), eps,
+        cos.data_ptr(), sin.data_ptr(), neox, q.data_ptr(), slots.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+        k_cache.dtype == torch.float16,
+    )
+    return q
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

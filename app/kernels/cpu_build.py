@@ -20,14 +20,17 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC")
+# No FMA contraction: where a kernel replaces torch's separate multiplies and adds it must round
+# the same way (explicit _mm256_fmadd_ps calls stay fused).
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 _CPU_FLAGS = ("avx2", "fma", "f16c")
 
 
-def load(source_name: str, signatures: dict[str, list]) -> ctypes.CDLL | None:
+def load(source_name: str, signatures: dict[str, list], restypes: dict[str, type] | None = None
+         ) -> ctypes.CDLL | None:
     """`source_name` (a C file beside this module) built and loaded, with each function in
-    `signatures` given its ctypes argument types (all return void); None if it cannot be built
-    here."""
+    `signatures` given its ctypes argument types and its return type from `restypes` (void if not
+    there); None if it cannot be built here."""
     if not cpu_supports():
         return None
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -53,7 +56,7 @@ def load(source_name: str, signatures: dict[str, list]) -> ctypes.CDLL | None:
         return None
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, None
+        fn.argtypes, fn.restype = argtypes, (restypes or {}).get(name)
     return lib
 
 

@@ -1,6 +1,7 @@
 """Row-wise ops of the fp32 CPU path in C (`cpu_ops.c`): RMS norm, optionally after the residual
-add. Each is one call where torch makes a chain of small ops; a row's numbers do not depend on the
-batch. Anything else (bf16, CUDA, odd sizes, no C compiler) stays with torch's `F.rms_norm`."""
+add, and the gated MLP's activation (SiLU or GELU-tanh of the gate, times up). Each is one call
+where torch makes a chain of small ops; a row's numbers do not depend on the batch. Anything else
+(bf16, CUDA, odd sizes, no C compiler) stays with torch (`F.rms_norm`, `F.silu`, `F.gelu`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,13 @@ from app.kernels import cpu_build
 @functools.lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL | None:
     i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-    return cpu_build.load("cpu_ops.c", {"rms_norm_f32": [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, f32]})
+    return cpu_build.load("cpu_ops.c", {
+        "rms_norm_f32": [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, f32],
+        "glu_f32": [ptr, ptr, i64, i64, ctypes.c_int],
+    })
+
+
+GLU_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # the C kernel's `act` codes
 
 
 def handles(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -51,3 +58,18 @@ def _call(x: torch.Tensor, residual: torch.Tensor | None, total: torch.Tensor | 
     lib.rms_norm_f32(x.data_ptr(), None if residual is None else residual.data_ptr(),
                      None if total is None else total.data_ptr(), weight.contiguous().data_ptr(), out.data_ptr(),
                      x.numel() // dim, dim, weight.numel() // dim, eps)
+
+
+def handles_glu(x: torch.Tensor, act: str) -> bool:
+    """fp32 CPU rows `[M, 2F]` (F a multiple of 8), an activation the kernel has, the library built."""
+    return (x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and x.shape[1] % 16 == 0
+            and act in GLU_ACTIVATIONS and _library() is not None)
+
+
+def glu(x: torch.Tensor, act: str) -> torch.Tensor:
+    """`act(gate) * up` for `gate, up = x.chunk(2, -1)`, `[M, F]` (`handles_glu` said yes)."""
+    x = x.contiguous()
+    f = x.shape[1] // 2
+    out = torch.empty((x.shape[0], f), dtype=torch.float32)
+    _library().glu_f32(x.data_ptr(), out.data_ptr(), x.shape[0], f, GLU_ACTIVATIONS[act])
+    return out

@@ -24,6 +24,7 @@
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #define QK 32
 
@@ -267,17 +268,40 @@ static inline void run_gemm(const gemm_args *a, const float *x, int nthreads, in
     }
 }
 
-/* x [M, K] fp32; weights as Q4Weight / Q8Weight (cpu_qgemm.py) lay them out, G groups a row
- * (q4: K / 32 rounded up to even); xq [M, G * 32] int8 and xd, xs [ceil(M / 8) * 8 * G] fp32: the
- * caller's scratch for the quantized activations. */
-void q4_gemm(const float *x, int64_t M, int64_t K, const uint8_t *qs, const uint16_t *d, const uint16_t *m,
-             int64_t N, float *y, int8_t *xq, float *xd, float *xs, int nthreads) {
-    gemm_args a = {M, K, (K / QK + 1) / 2 * 2, N, qs, d, m, xq, xd, xs, y};
-    run_gemm(&a, x, nthreads, 1);
+/* A weight as Q4Weight / Q8Weight (cpu_qgemm.py) lay it out: built once per matrix, so a call
+ * passes one pointer for it. */
+typedef struct {
+    int64_t K, N;
+    const void *qs;
+    const uint16_t *d, *m; /* m: NULL for q8 */
+} qweight;
+
+/* The quantized activations of the calling thread's last call: [M, G * 32] levels, then two
+ * [ceil(M / 8) * 8 * G] fp32 tables. Grown as needed, never shrunk (at most a prefill chunk's
+ * worth); one per calling thread, so engines in two threads never share one. */
+static __thread void *scratch;
+static __thread size_t scratch_bytes;
+
+static void *scratch_for(size_t bytes) {
+    if (bytes > scratch_bytes) {
+        free(scratch);
+        bytes = (bytes + 4095) / 4096 * 4096;
+        scratch = aligned_alloc(64, bytes);
+        scratch_bytes = scratch ? bytes : 0;
+    }
+    return scratch;
 }
 
-void q8_gemm(const float *x, int64_t M, int64_t K, const int8_t *qs, const uint16_t *d, int64_t N, float *y,
-             int8_t *xq, float *xd, float *xs, int nthreads) {
-    gemm_args a = {M, K, K / QK, N, qs, d, NULL, xq, xd, xs, y};
-    run_gemm(&a, x, nthreads, 0);
+/* y [M, N] = x [M, K] fp32 @ W^T. Returns 0, or -1 when the scratch cannot be allocated. */
+int qgemm(const qweight *w, const float *x, int64_t M, float *y, int nthreads) {
+    const int q4 = w->m != NULL;
+    const int64_t G = q4 ? (w->K / QK + 1) / 2 * 2 : w->K / QK;
+    const size_t levels = ((size_t)M * G * 32 + 63) / 64 * 64, table = (size_t)(M + TILE - 1) / TILE * TILE * G * 4;
+    char *buf = scratch_for(levels + 2 * table);
+    if (!buf)
+        return -1;
+    gemm_args a = {M, w->K, G, w->N, w->qs, w->d, w->m, (int8_t *)buf, (float *)(buf + levels),
+                   (float *)(buf + levels + table), y};
+    run_gemm(&a, x, nthreads, q4);
+    return 0;
 }

@@ -5,12 +5,14 @@ batch around it or on how its prompt was chunked (bit for bit)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from app import kernels
-from app.kernels import cpu_attention
+from app.engine.runtime.decoder import DecoderLayer, RotaryEmbedding
+from app.kernels import KVCacheLayer, cpu_attention
 from tests.kernels.test_kernels import (
     ATTN_CASES, SENTINEL, STORE_CASES, attention_error, attention_metadata, make_attention_inputs, store_error,
 )
@@ -99,6 +101,34 @@ def test_store_matches_reference(cache_dtype: str) -> None:
     assert cpu_attention.handles(torch.zeros(1, 3, 48), torch.zeros(1, 16, 3, 48, dtype=getattr(torch, cache_dtype)), None)
     assert store_error(spec, kernels.store_kv) == 0.0
     assert store_error(dict(spec, fused=True), kernels.store_kv) == 0.0
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("style,qk_norm", [("neox", False), ("normal", False), ("neox", True)])
+def test_rope_store_matches_the_torch_ops(cache_dtype, style: str, qk_norm: bool, monkeypatch) -> None:
+    """q/k norm, RoPE and the KV store in one C pass over the qkv projection: the same q and the same
+    cache bits as the torch ops it replaces; a padding row (slot -1) stores nothing."""
+    heads, kv_heads, d, tokens = 6, 2, 32, 5
+    rope = RotaryEmbedding(d, 64, 10000.0, style, 1.0, "cpu")
+    layer = SimpleNamespace(
+        cfg=SimpleNamespace(num_heads=heads, num_kv_heads=kv_heads, head_dim=d, rms_norm_eps=1e-6),
+        qk_norm=torch.randn(heads + kv_heads, d) if qk_norm else None, rope=rope, q_size=heads * d,
+        kv_size=kv_heads * d,
+    )
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d) * 2
+    tables = rope.tables(torch.tensor([0, 3, 17, 40, 63]))
+    meta = kernels.AttentionMetadata(torch.tensor([0, tokens], dtype=torch.int32), torch.tensor([tokens], dtype=torch.int32),
+                                     torch.zeros(1, 4, dtype=torch.int32), torch.tensor([9, 0, 31, -1, 16]))
+    outs = []
+    for backend in ("c", "torch"):
+        monkeypatch.setenv(cpu_attention.BACKEND_ENV, backend)
+        kv = KVCacheLayer(torch.full((2, 16, kv_heads, d), 7.0, dtype=cache_dtype),
+                          torch.full((2, 16, kv_heads, d), 7.0, dtype=cache_dtype))
+        assert cpu_attention.handles_rope_store(qkv, kv.k, None, d, tables) == (backend == "c")
+        outs.append((DecoderLayer.rope_store(layer, qkv, tables, kv, meta), kv.k, kv.v))
+    for c, ref in zip(*outs):
+        assert torch.equal(c, ref)
+    assert (outs[0][1].view(-1, kv_heads, d)[[1, 2, 3, 4, 5, 6, 7, 8]] == 7.0).all()  # untouched slots
 
 
 def test_the_torch_backend_can_be_chosen(monkeypatch) -> None:

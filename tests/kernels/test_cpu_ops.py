@@ -1,4 +1,4 @@
-"""The C RMS norm of the fp32 CPU path (app/kernels/cpu_ops.c) against torch's."""
+"""The C RMS norm and gated activation of the fp32 CPU path (app/kernels/cpu_ops.c) against torch's."""
 
 from __future__ import annotations
 
@@ -37,6 +37,20 @@ def test_per_head_weights_on_a_strided_view() -> None:
     ref = F.rms_norm(qk, (32,), None, 1e-6) * w
     assert cpu_ops.handles(qk, w)
     assert torch.allclose(decoder.rms_norm(qk, w, 1e-6), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
+def test_glu_matches_torch_and_rows_are_batch_invariant(act: str) -> None:
+    x = torch.randn(5, 2 * 1536) * 4
+    x[0, :8] = torch.tensor([-200.0, -90.0, -30.0, 0.0, 1e-8, 30.0, 90.0, 200.0])  # the sigmoid's far ends
+    gate, up = x.chunk(2, -1)
+    ref = (F.gelu(gate, approximate="tanh") if act == "gelu_tanh" else F.silu(gate)) * up
+    assert cpu_ops.handles_glu(x, act)
+    out = cpu_ops.glu(x, act)
+    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-6)
+    assert torch.equal(out[3:4], cpu_ops.glu(x[3:4], act))
+    assert torch.equal(decoder.glu(x, act), out)
+    assert not cpu_ops.handles_glu(x.bfloat16(), act) and not cpu_ops.handles_glu(x, "relu")
 
 
 @pytest.mark.parametrize("x,w", [

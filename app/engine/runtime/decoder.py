@@ -14,11 +14,10 @@ import torch
 import torch.nn.functional as F
 
 from app.engine.gguf.model_config import ModelConfig
-from app.engine.runtime.attention import paged_attention
+from app import kernels
 from app.engine.runtime.linear import Linear, nbytes, storage_key
-from app.kernels import cpu_ops
+from app.kernels import AttentionMetadata, KVCacheLayer, cpu_attention, cpu_ops, cpu_qgemm
 from app.kernels.cpu_qgemm import Q4Weight, Q8Weight
-from app.kernels import AttentionMetadata, KVCacheLayer
 
 RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin at the step's positions
 
@@ -52,6 +51,14 @@ def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: fl
         return cpu_ops.add_rms_norm(x, h, weight, eps)
     x = x + h
     return x, rms_norm(x, weight, eps)
+
+
+def glu(x: torch.Tensor, act: str) -> torch.Tensor:
+    """The gated MLP's activation: `act(gate) * up` for `gate, up = x.chunk(2, -1)`."""
+    if cpu_ops.handles_glu(x, act):
+        return cpu_ops.glu(x, act)
+    gate, up = x.chunk(2, dim=-1)
+    return (F.gelu(gate, approximate="tanh") if act == "gelu_tanh" else F.silu(gate)) * up
 
 
 class RotaryEmbedding:
@@ -110,33 +117,44 @@ class DecoderLayer:
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
 
-    def __call__(self, x: torch.Tensor, rope: RopeTables, kv: KVCacheLayer, meta: AttentionMetadata) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, h: torch.Tensor | None, rope: RopeTables, kv: KVCacheLayer,
+                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream `x` and the previous layer's output `h` (None before the first
+        layer) -> this layer's pair: each output is added in the pass of the norm that follows it."""
         eps = self.cfg.rms_norm_eps
-        h = self.attention(rms_norm(x, self.attn_norm, eps), rope, kv, meta)
+        x, normed = add_rms_norm(x, h, self.attn_norm, eps) if h is not None else (x, rms_norm(x, self.attn_norm, eps))
+        h = self.attention(normed, rope, kv, meta)
         if self.post_attn_norm is not None:
             h = rms_norm(h, self.post_attn_norm, eps)
         x, normed = add_rms_norm(x, h, self.ffn_norm, eps)
-        h = self.mlp(normed)
+        h = self.down(glu(self.gate_up(normed), self.cfg.hidden_act))
         if self.post_ffw_norm is not None:
             h = rms_norm(h, self.post_ffw_norm, eps)
-        return x + h
+        return x, h
 
     def attention(self, x: torch.Tensor, rope: RopeTables, kv: KVCacheLayer, meta: AttentionMetadata) -> torch.Tensor:
         cfg = self.cfg
-        qkv = self.qkv(x)
-        n = x.shape[0]
+        q = self.rope_store(self.qkv(x), rope, kv, meta)
+        out = torch.empty_like(q)
+        kernels.unified_attention(q, kv.k, kv.v, out, meta, cfg.attn_scale, self.window, **kv.scales)
+        return self.o_proj(out.view(x.shape[0], self.q_size))
+
+    def rope_store(self, qkv: torch.Tensor, rope: RopeTables, kv: KVCacheLayer, meta: AttentionMetadata) -> torch.Tensor:
+        """q `[tokens, heads, head_dim]` from the qkv projection, normed and rotated; k and v (k
+        normed and rotated) stored in the paged cache."""
+        cfg = self.cfg
+        if cpu_attention.handles_rope_store(qkv, kv.k, kv.scales.get("k_scale"), cfg.head_dim, rope):
+            return cpu_attention.rope_store_kv(
+                qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.qk_norm, cfg.rms_norm_eps, rope,
+                self.rope.style == "neox", kv.k, kv.v, meta.slot_mapping)
+        n = qkv.shape[0]
         qk = qkv[:, : self.q_size + self.kv_size].reshape(n, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
         v = qkv[:, self.q_size + self.kv_size :].reshape(n, cfg.num_kv_heads, cfg.head_dim)
         if self.qk_norm is not None:
             qk = rms_norm(qk, self.qk_norm, cfg.rms_norm_eps)
         q, k = self.rope(qk, rope).split([cfg.num_heads, cfg.num_kv_heads], dim=1)
-        out = paged_attention(q.contiguous(), k.contiguous(), v.contiguous(), kv, meta, cfg.attn_scale, self.window)
-        return self.o_proj(out.reshape(n, self.q_size))
-
-    def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        act = F.gelu(gate, approximate="tanh") if self.cfg.hidden_act == "gelu_tanh" else F.silu(gate)
-        return self.down(act * up)
+        kernels.store_kv(k.contiguous(), v.contiguous(), kv.k, kv.v, meta.slot_mapping, **kv.scales)
+        return q.contiguous()
 
     def linears(self) -> list[Linear]:
         return [self.qkv, self.o_proj, self.gate_up, self.down]
@@ -181,6 +199,8 @@ class DecoderLM:
             DecoderLayer(cfg, i, weights, rope_local if cfg.is_sliding(i) else rope_global)
             for i in range(cfg.num_layers)
         ]
+        linears = [lin for layer in self.layers for lin in layer.linears()] + [self.head]
+        cpu_qgemm.consolidate([lin.packed for lin in linears if isinstance(lin.packed, (Q4Weight, Q8Weight))])
 
     def weight_bytes_per_step(self, rows: int = 1) -> int:
         """Bytes a forward of `rows` logits rows reads from the weights whatever its batch: every
@@ -217,11 +237,12 @@ class DecoderLM:
         # Gathered inside the forward (so a CUDA graph captures the gather), once per RoPE base.
         tables = {rope: rope.tables(positions) for rope in self.ropes}
         metas = meta if isinstance(meta, list) else itertools.repeat(meta)
+        h = None
         for layer, kv, layer_meta in zip(self.layers, kv_caches, metas):
-            x = layer(x, tables[layer.rope], kv, layer_meta)
+            x, h = layer(x, h, tables[layer.rope], kv, layer_meta)
         if logits_indices is not None:
-            x = x[logits_indices]
-        return rms_norm(x, self.final_norm, self.cfg.rms_norm_eps)
+            x, h = x[logits_indices], h[logits_indices]
+        return add_rms_norm(x, h, self.final_norm, self.cfg.rms_norm_eps)[1]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
