@@ -41,8 +41,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disable-hybrid-kv-cache-manager", action="store_true", default=None,
                    help="keep every token in sliding-window layers too (one block table for all layers)")
     p.add_argument("--kv-cache-dtype", default=None, choices=KV_CACHE_DTYPES,
-                   help="KV cache storage (default auto: the compute dtype); int8 and fp8_e4m3 (CUDA) "
-                        "hold ~2x the tokens, with a scale per token and KV head")
+                   help="KV cache storage (default auto: the compute dtype, but float16 for float32 "
+                        "compute on a CPU with the C attention); int8 and fp8_e4m3 (CUDA) hold ~2x the "
+                        "tokens of 16-bit, with a scale per token and KV head")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:

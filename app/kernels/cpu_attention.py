@@ -38,13 +38,17 @@ def _library() -> ctypes.CDLL | None:
     })
 
 
+def available() -> bool:
+    """The kernels are built here and not turned off (`LOCALBATCH_CPU_ATTENTION=torch`)."""
+    return os.environ.get(BACKEND_ENV, "c") != "torch" and _library() is not None
+
+
 def handles(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor | None) -> bool:
     """Whether the C kernels take this call: fp32 CPU tensors, an fp32 or fp16 cache, a head size
     the vector loops cover, and the library built here."""
     return (
         q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype in _CACHE_DTYPES and k_scale is None
-        and q.shape[2] % 8 == 0 and q.shape[1] <= _MAX_HEADS
-        and os.environ.get(BACKEND_ENV, "c") != "torch" and _library() is not None
+        and q.shape[2] % 8 == 0 and q.shape[1] <= _MAX_HEADS and available()
     )
 
 
@@ -54,8 +58,7 @@ def handles_rope_store(qkv: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.
     tables, and a head size the kernel's buffer holds (a multiple of 16, at most 512)."""
     return (qkv.device.type == "cpu" and qkv.dtype == torch.float32 and k_cache.dtype in _CACHE_DTYPES
             and k_scale is None and head_dim % 16 == 0 and head_dim <= 512
-            and all(t.dtype == torch.float32 for t in tables)
-            and os.environ.get(BACKEND_ENV, "c") != "torch" and _library() is not None)
+            and all(t.dtype == torch.float32 for t in tables) and available())
 
 
 def rope_store_kv(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, norm_w: torch.Tensor | None,

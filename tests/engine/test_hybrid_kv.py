@@ -255,7 +255,7 @@ def test_stats_panel_and_metrics_count_the_real_cost(model_path):  # noqa: F811 
     from app.server.prometheus import _engine_lines
     from app.ui.panels import render_kv
 
-    engine = make_engine(model_path)
+    engine = make_engine(model_path, kv_cache_dtype="float32")  # the figures below are fp32's
     idle = engine.stats()
     assert idle.kv_cache_dtype == "float32"
     assert idle.kv_bytes_per_token_past_window * GROUPS_TINY == idle.kv_bytes_per_token  # 1 of 7 layers

@@ -1,6 +1,6 @@
 """kv_cache_dtype on the engine: an int8 pool (per-token, per-head scales) keeps batch invariance,
 prefix caching and preemption on the tiny fp32 fixtures, holds about twice the tokens of a bf16
-pool in the same bytes, and settings the device cannot run fail in one line."""
+pool in the same bytes, settings the device cannot run fail in one line, and what "auto" picks."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import torch
 from app.engine.api.engine_config import EngineConfig
 from app.engine.api.errors import LocalbatchError
 from app.engine.runtime.kernel_choice import KERNEL_ENV
-from app.engine.runtime.kv_pool import allocate_kv_caches
+from app.engine.runtime.kv_pool import allocate_kv_caches, resolve_kv_cache_dtype
+from app.kernels import cpu_attention
 from tests.engine.test_engine import PREEMPTING_POOL, make_engine, prompts, run_all, run_alone
 from tests.engine.test_model import BLOCK, PagedRun, _ids
 from tests.support.reference_model import ReferenceModel
@@ -110,5 +111,15 @@ def test_fp8_on_cpu_is_refused_in_one_line(model_path):
 
 
 def test_unknown_kv_cache_dtype_is_refused():
-    with pytest.raises(LocalbatchError, match="invalid kv_cache_dtype='int4': choose auto, bfloat16, float16, int8"):
+    with pytest.raises(LocalbatchError, match="invalid kv_cache_dtype='int4': choose auto, float32, bfloat16, float16, int8"):
         EngineConfig(kv_cache_dtype="int4").validate()
+
+
+def test_auto_is_fp16_for_fp32_compute_on_a_cpu_with_the_c_attention(monkeypatch):
+    """llama.cpp's default KV type where the C attention reads it; the compute dtype elsewhere."""
+    cpu = torch.device("cpu")
+    expected = torch.float16 if cpu_attention.available() else torch.float32
+    assert resolve_kv_cache_dtype("auto", torch.float32, cpu) == expected
+    assert resolve_kv_cache_dtype("auto", torch.bfloat16, cpu) == torch.bfloat16
+    monkeypatch.setenv(cpu_attention.BACKEND_ENV, "torch")
+    assert resolve_kv_cache_dtype("auto", torch.float32, cpu) == torch.float32

@@ -8,7 +8,7 @@ from app.engine.api.errors import LocalbatchError
 
 # vLLM's names; "auto" stores K/V in the compute dtype. int8 and fp8_e4m3 keep a per-token,
 # per-KV-head scale beside the data (app/kernels/kv_quant.py); fp8_e4m3 is CUDA only.
-KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "int8", "fp8_e4m3")
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8_e4m3")
 
 
 @dataclass
