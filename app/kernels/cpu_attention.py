@@ -20,6 +20,7 @@ import os
 import torch
 
 from app.kernels import cpu_build
+from app.kernels.kv_cache import KVCacheLayer
 from app.kernels.metadata import AttentionMetadata
 
 BACKEND_ENV = "LOCALBATCH_CPU_ATTENTION"  # "torch": the reference instead of the C kernel
@@ -52,13 +53,13 @@ def handles(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor | None
     )
 
 
-def handles_rope_store(qkv: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor | None, head_dim: int,
-                       tables: tuple[torch.Tensor, torch.Tensor]) -> bool:
-    """Whether `rope_store_kv` takes this layer's call: what `handles` asks of q, fp32 rope
-    tables, and a head size the kernel's buffer holds (a multiple of 16, at most 512)."""
-    return (qkv.device.type == "cpu" and qkv.dtype == torch.float32 and k_cache.dtype in _CACHE_DTYPES
-            and k_scale is None and head_dim % 16 == 0 and head_dim <= 512
-            and all(t.dtype == torch.float32 for t in tables) and available())
+def handles_layer(x: torch.Tensor, kv: KVCacheLayer, heads: int, head_dim: int) -> bool:
+    """Whether a decoder layer's whole attention block runs here (`rope_store_kv`, then
+    `unified_attention`): fp32 CPU activations, an fp32 or fp16 cache, a head size the kernels'
+    buffers hold (a multiple of 16, at most 512). Asked once per step for every layer: the layers
+    then call the kernels without checking each call."""
+    return (x.is_cpu and x.dtype == torch.float32 and kv.k.dtype in _CACHE_DTYPES and kv.k_scale is None
+            and head_dim % 16 == 0 and head_dim <= 512 and heads <= _MAX_HEADS and available())
 
 
 def rope_store_kv(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, norm_w: torch.Tensor | None,
@@ -66,8 +67,8 @@ def rope_store_kv(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, n
                   v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
     """The qkv projection's rows `[tokens, (heads + 2 * kv_heads) * head_dim]` in one C pass: q and k
     heads RMS-normed by `norm_w` (`[heads + kv_heads, head_dim]`, if given) and rotated by the
-    step's cos / signed-sin `tables` (`[tokens, 1, head_dim]` each), k and v stored in their cache
-    slots. Returns q `[tokens, heads, head_dim]` (`handles_rope_store` said yes)."""
+    step's cos / signed-sin `tables` (`[tokens, 1, head_dim]` fp32 each), k and v stored in their
+    cache slots. Returns q `[tokens, heads, head_dim]` (`handles_layer` said yes)."""
     qkv = qkv.contiguous()
     cos, sin = (t.contiguous() for t in tables)
     slots = slot_mapping if slot_mapping.dtype == torch.int64 else slot_mapping.long()

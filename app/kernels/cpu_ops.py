@@ -28,7 +28,7 @@ GLU_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # the C kernel's `act` codes
 def handles(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """fp32 CPU rows whose size the vector loops cover, weights of one row (or one per head, the
     last two dims of x), and the library built here."""
-    return (x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu"
+    return (x.dtype == torch.float32 and weight.dtype == torch.float32 and x.is_cpu
             and x.shape[-1] % 8 == 0 and weight.shape == x.shape[x.dim() - weight.dim():]
             and _library() is not None)
 
@@ -62,7 +62,7 @@ def _call(x: torch.Tensor, residual: torch.Tensor | None, total: torch.Tensor | 
 
 def handles_glu(x: torch.Tensor, act: str) -> bool:
     """fp32 CPU rows `[M, 2F]` (F a multiple of 8), an activation the kernel has, the library built."""
-    return (x.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 2 and x.shape[1] % 16 == 0
+    return (x.dtype == torch.float32 and x.is_cpu and x.dim() == 2 and x.shape[1] % 16 == 0
             and act in GLU_ACTIVATIONS and _library() is not None)
 
 

@@ -105,7 +105,7 @@ def test_store_matches_reference(cache_dtype: str) -> None:
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("style,qk_norm", [("neox", False), ("normal", False), ("neox", True)])
-def test_rope_store_matches_the_torch_ops(cache_dtype, style: str, qk_norm: bool, monkeypatch) -> None:
+def test_rope_store_matches_the_torch_ops(cache_dtype, style: str, qk_norm: bool) -> None:
     """q/k norm, RoPE and the KV store in one C pass over the qkv projection: the same q and the same
     cache bits as the torch ops it replaces; a padding row (slot -1) stores nothing."""
     heads, kv_heads, d, tokens = 6, 2, 32, 5
@@ -120,12 +120,11 @@ def test_rope_store_matches_the_torch_ops(cache_dtype, style: str, qk_norm: bool
     meta = kernels.AttentionMetadata(torch.tensor([0, tokens], dtype=torch.int32), torch.tensor([tokens], dtype=torch.int32),
                                      torch.zeros(1, 4, dtype=torch.int32), torch.tensor([9, 0, 31, -1, 16]))
     outs = []
-    for backend in ("c", "torch"):
-        monkeypatch.setenv(cpu_attention.BACKEND_ENV, backend)
+    for c_attention in (True, False):
         kv = KVCacheLayer(torch.full((2, 16, kv_heads, d), 7.0, dtype=cache_dtype),
                           torch.full((2, 16, kv_heads, d), 7.0, dtype=cache_dtype))
-        assert cpu_attention.handles_rope_store(qkv, kv.k, None, d, tables) == (backend == "c")
-        outs.append((DecoderLayer.rope_store(layer, qkv, tables, kv, meta), kv.k, kv.v))
+        assert cpu_attention.handles_layer(qkv, kv, heads, d)
+        outs.append((DecoderLayer.rope_store(layer, qkv, tables, kv, meta, c_attention), kv.k, kv.v))
     for c, ref in zip(*outs):
         assert torch.equal(c, ref)
     assert (outs[0][1].view(-1, kv_heads, d)[[1, 2, 3, 4, 5, 6, 7, 8]] == 7.0).all()  # untouched slots
@@ -134,6 +133,8 @@ def test_rope_store_matches_the_torch_ops(cache_dtype, style: str, qk_norm: bool
 def test_the_torch_backend_can_be_chosen(monkeypatch) -> None:
     monkeypatch.setenv(cpu_attention.BACKEND_ENV, "torch")
     assert not cpu_attention.handles(torch.zeros(1, 4, 32), torch.zeros(1, 16, 1, 32), None)
+    kv = KVCacheLayer(torch.zeros(1, 16, 1, 32), torch.zeros(1, 16, 1, 32))
+    assert not cpu_attention.handles_layer(torch.zeros(1, 128), kv, 4, 32)
 
 
 @pytest.mark.parametrize("q_dtype,cache_dtype,head_dim", [

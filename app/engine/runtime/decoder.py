@@ -118,12 +118,13 @@ class DecoderLayer:
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
 
     def __call__(self, x: torch.Tensor, h: torch.Tensor | None, rope: RopeTables, kv: KVCacheLayer,
-                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+                 meta: AttentionMetadata, c_attention: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual stream `x` and the previous layer's output `h` (None before the first
-        layer) -> this layer's pair: each output is added in the pass of the norm that follows it."""
+        layer) -> this layer's pair: each output is added in the pass of the norm that follows it.
+        `c_attention`: `cpu_attention.handles_layer` said yes for this step."""
         eps = self.cfg.rms_norm_eps
         x, normed = add_rms_norm(x, h, self.attn_norm, eps) if h is not None else (x, rms_norm(x, self.attn_norm, eps))
-        h = self.attention(normed, rope, kv, meta)
+        h = self.attention(normed, rope, kv, meta, c_attention)
         if self.post_attn_norm is not None:
             h = rms_norm(h, self.post_attn_norm, eps)
         x, normed = add_rms_norm(x, h, self.ffn_norm, eps)
@@ -132,18 +133,23 @@ class DecoderLayer:
             h = rms_norm(h, self.post_ffw_norm, eps)
         return x, h
 
-    def attention(self, x: torch.Tensor, rope: RopeTables, kv: KVCacheLayer, meta: AttentionMetadata) -> torch.Tensor:
+    def attention(self, x: torch.Tensor, rope: RopeTables, kv: KVCacheLayer, meta: AttentionMetadata,
+                  c_attention: bool = False) -> torch.Tensor:
         cfg = self.cfg
-        q = self.rope_store(self.qkv(x), rope, kv, meta)
+        q = self.rope_store(self.qkv(x), rope, kv, meta, c_attention)
         out = torch.empty_like(q)
-        kernels.unified_attention(q, kv.k, kv.v, out, meta, cfg.attn_scale, self.window, **kv.scales)
+        if c_attention:  # checked once for the step (the dispatcher's checks cost ~20 us a call)
+            cpu_attention.unified_attention(q, kv.k, kv.v, out, meta, cfg.attn_scale, self.window)
+        else:
+            kernels.unified_attention(q, kv.k, kv.v, out, meta, cfg.attn_scale, self.window, **kv.scales)
         return self.o_proj(out.view(x.shape[0], self.q_size))
 
-    def rope_store(self, qkv: torch.Tensor, rope: RopeTables, kv: KVCacheLayer, meta: AttentionMetadata) -> torch.Tensor:
+    def rope_store(self, qkv: torch.Tensor, rope: RopeTables, kv: KVCacheLayer, meta: AttentionMetadata,
+                   c_attention: bool = False) -> torch.Tensor:
         """q `[tokens, heads, head_dim]` from the qkv projection, normed and rotated; k and v (k
-        normed and rotated) stored in the paged cache."""
+        normed and rotated) stored in the paged cache: one C pass with `c_attention`."""
         cfg = self.cfg
-        if cpu_attention.handles_rope_store(qkv, kv.k, kv.scales.get("k_scale"), cfg.head_dim, rope):
+        if c_attention:
             return cpu_attention.rope_store_kv(
                 qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.qk_norm, cfg.rms_norm_eps, rope,
                 self.rope.style == "neox", kv.k, kv.v, meta.slot_mapping)
@@ -237,9 +243,10 @@ class DecoderLM:
         # Gathered inside the forward (so a CUDA graph captures the gather), once per RoPE base.
         tables = {rope: rope.tables(positions) for rope in self.ropes}
         metas = meta if isinstance(meta, list) else itertools.repeat(meta)
+        c_attention = cpu_attention.handles_layer(x, kv_caches[0], self.cfg.num_heads, self.cfg.head_dim)
         h = None
         for layer, kv, layer_meta in zip(self.layers, kv_caches, metas):
-            x, h = layer(x, h, tables[layer.rope], kv, layer_meta)
+            x, h = layer(x, h, tables[layer.rope], kv, layer_meta, c_attention)
         if logits_indices is not None:
             x, h = x[logits_indices], h[logits_indices]
         return add_rms_norm(x, h, self.final_norm, self.cfg.rms_norm_eps)[1]
