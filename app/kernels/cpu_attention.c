@@ -49,11 +49,32 @@ static inline float dot_pool(const float *q, const void *pool, int64_t i, int n,
     return hsum_ps(_mm256_add_ps(s0, s1));
 }
 
-/* y += a * pool[i .. i+n) */
-static inline void axpy_pool(float *y, float a, const void *pool, int64_t i, int n, int f16) {
-    __m256 va = _mm256_set1_ps(a);
-    for (int e = 0; e < n; e += 8)
-        _mm256_storeu_ps(y + e, _mm256_fmadd_ps(va, load8(pool, i + e, f16), _mm256_loadu_ps(y + e)));
+/* y[0..d) += sum over keys j < n of p[j] * pool[off[j] + kv ..], keys in order: 64 elements of y
+ * stay in registers while the chunk's values stream past (adding into memory a key at a time
+ * loaded and stored y once per key). Each element's fmas come in the same order either way. */
+static inline void weigh_values(float *y, const float *p, const void *pool, const int64_t *off, int64_t kv, int n,
+                                int d, int f16) {
+    for (int e0 = 0; e0 < d; e0 += 64) {
+        if (e0 + 64 <= d) {
+            __m256 acc[8];
+            for (int u = 0; u < 8; u++)
+                acc[u] = _mm256_loadu_ps(y + e0 + 8 * u);
+            for (int j = 0; j < n; j++) {
+                __m256 pj = _mm256_set1_ps(p[j]);
+                for (int u = 0; u < 8; u++)
+                    acc[u] = _mm256_fmadd_ps(pj, load8(pool, off[j] + kv + e0 + 8 * u, f16), acc[u]);
+            }
+            for (int u = 0; u < 8; u++)
+                _mm256_storeu_ps(y + e0 + 8 * u, acc[u]);
+        } else {
+            for (int e = e0; e < d; e += 8) {
+                __m256 acc = _mm256_loadu_ps(y + e);
+                for (int j = 0; j < n; j++)
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load8(pool, off[j] + kv + e, f16), acc);
+                _mm256_storeu_ps(y + e, acc);
+            }
+        }
+    }
 }
 
 static inline void scale_vec(float *y, float a, int n) {
@@ -134,11 +155,10 @@ static void attend(const float *q, float *out, int h0, int h1, int group, int d,
                 sum += s[i][j];
             l[i] += sum;
         }
-        for (int j = 0; j < n; j++)
-            for (int i = 0; i < nh; i++) {
-                int h = h0 + i;
-                axpy_pool(out + (int64_t)h * d, s[i][j], v_pool, off[j] + (int64_t)(h / group) * d, d, f16);
-            }
+        for (int i = 0; i < nh; i++) {
+            int h = h0 + i;
+            weigh_values(out + (int64_t)h * d, s[i], v_pool, off, (int64_t)(h / group) * d, n, d, f16);
+        }
     }
     for (int i = 0; i < nh; i++)
         scale_vec(out + (int64_t)(h0 + i) * d, 1.0f / l[i], d);
