@@ -1,10 +1,11 @@
 /* Row-wise ops of the fp32 CPU path in C (x86 with AVX2 and FMA). A decode step of a small model
  * makes ~60 RMS norms of a few hundred floats each; through torch each is a chain of small ops
- * (~45 us), here one call (~5 us); the MLP's gated activation likewise. Every row is computed
- * alone, in one order: batch-invariant.
+ * (~45 us), here one call (~5 us); the MLP's gated activation and the sampler's argmax likewise.
+ * Every row is computed alone, in one order: batch-invariant.
  */
 #include "cpu_simd.h"
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 
 /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for rows of `dim` floats (a multiple of 8); `w`
@@ -47,4 +48,36 @@ void glu_f32(const float *x, float *out, int64_t rows, int64_t f, int act) {
             __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), z))));
             _mm256_storeu_ps(out + r * f + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), _mm256_loadu_ps(x + r * 2 * f + f + i)));
         }
+}
+
+/* out[r] = the index of the first largest value in row r of x [rows, n] (a NaN counts as the
+ * largest, the first NaN winning, as torch.argmax has it). The sampler's greedy pick: torch's CPU
+ * argmax takes ~0.3 ms a row of Gemma 3's 262k logits, this one a pass at memory speed. */
+void argmax_rows(const float *x, int64_t rows, int64_t n, int64_t *out) {
+#pragma omp parallel for schedule(static) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = x + r * n;
+        __m256 mx = _mm256_set1_ps(-INFINITY), nan = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8) {
+            __m256 v = _mm256_loadu_ps(row + i);
+            mx = _mm256_max_ps(v, mx);  /* a NaN in v gives mx back: NaNs are looked for apart */
+            nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        }
+        float best = -INFINITY, lanes[8];
+        _mm256_storeu_ps(lanes, mx);
+        for (int k = 0; k < 8; k++) best = lanes[k] > best ? lanes[k] : best;
+        int has_nan = _mm256_movemask_ps(nan) != 0;
+        for (; i < n; i++) {
+            has_nan |= row[i] != row[i];
+            best = row[i] > best ? row[i] : best;
+        }
+        int64_t found = 0;  /* every value -inf: index 0, as torch */
+        for (int64_t j = 0; j < n; j++)
+            if (has_nan ? row[j] != row[j] : row[j] == best) {
+                found = j;
+                break;
+            }
+        out[r] = found;
+    }
 }

@@ -1,5 +1,6 @@
 """Row-wise ops of the fp32 CPU path in C (`cpu_ops.c`): RMS norm, optionally after the residual
-add, and the gated MLP's activation (SiLU or GELU-tanh of the gate, times up). Each is one call
+add, the gated MLP's activation (SiLU or GELU-tanh of the gate, times up), and the greedy
+sampler's argmax. Each is one call
 where torch makes a chain of small ops; a row's numbers do not depend on the batch. Anything else
 (bf16, CUDA, odd sizes, no C compiler) stays with torch (`F.rms_norm`, `F.silu`, `F.gelu`)."""
 
@@ -19,6 +20,7 @@ def _library() -> ctypes.CDLL | None:
     return cpu_build.load("cpu_ops.c", {
         "rms_norm_f32": [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, f32],
         "glu_f32": [ptr, ptr, i64, i64, ctypes.c_int],
+        "argmax_rows": [ptr, i64, i64, ptr],
     })
 
 
@@ -72,4 +74,15 @@ def glu(x: torch.Tensor, act: str) -> torch.Tensor:
     f = x.shape[1] // 2
     out = torch.empty((x.shape[0], f), dtype=torch.float32)
     _library().glu_f32(x.data_ptr(), out.data_ptr(), x.shape[0], f, GLU_ACTIVATIONS[act])
+    return out
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """`logits.argmax(-1)` for `[M, V]` rows, in C for fp32 CPU rows (torch's CPU argmax takes ~0.3 ms
+    a row of a 262k vocabulary; this one ~0.05): the same indices, first maximum and NaN included."""
+    if not (logits.dtype == torch.float32 and logits.is_cpu and logits.dim() == 2 and _library() is not None):
+        return logits.argmax(-1)
+    logits = logits.contiguous()
+    out = torch.empty(logits.shape[0], dtype=torch.int64)
+    _library().argmax_rows(logits.data_ptr(), logits.shape[0], logits.shape[1], out.data_ptr())
     return out

@@ -68,3 +68,16 @@ def test_glu_matches_float64_and_rows_are_batch_invariant(act: str) -> None:
 ])
 def test_what_the_kernel_does_not_take_goes_to_torch(x, w) -> None:
     assert not cpu_ops.handles(x, w)
+
+
+def test_argmax_is_torchs_first_maximum_nan_and_all() -> None:
+    x = torch.randn(5, 262_147, generator=torch.Generator().manual_seed(2))  # a tail past the vectors
+    x[1, 7] = x[1, 90_000] = 1e9  # ties: the first
+    x[2, 262_146] = 1e9  # in the tail
+    x[3, 5:9] = float("nan")  # a NaN is the largest, the first one
+    x[4] = float("-inf")
+    out = cpu_ops.argmax(x)
+    assert out.dtype == torch.int64 and torch.equal(out, x.argmax(-1))
+    assert out.tolist()[1:4] == [7, 262_146, 5]
+    assert torch.equal(cpu_ops.argmax(x[2:3]), x[2:3].argmax(-1))
+    assert torch.equal(cpu_ops.argmax(x.bfloat16()), x.bfloat16().argmax(-1))  # torch's, for other dtypes

@@ -19,6 +19,7 @@ import torch
 from app.engine.core.outputs import TopLogprobs
 from app.engine.core.sequence import Sequence
 from app.engine.structured.bitmask import GrammarBitmask
+from app.kernels import cpu_ops
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, position) pairs over the 63-bit seed space
 # Top-k / top-p look at this many best tokens first; a full-vocabulary sort (0.1 s for a few rows of
@@ -40,7 +41,7 @@ class Sampler:
         logits = apply_logit_bias(logits, seqs)
         logits = apply_penalties(logits, seqs)
         greedy_rows = [is_greedy(s) for s in seqs]
-        tokens = logits.argmax(-1)
+        tokens = cpu_ops.argmax(logits)
         if not all(greedy_rows):
             greedy = torch.tensor(greedy_rows, device=logits.device)
             sampled = _inverse_cdf(sampling_probs(logits, seqs), seqs)
