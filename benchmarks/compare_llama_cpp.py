@@ -1,13 +1,17 @@
 """localbatch against llama.cpp on the same GGUF, back to back, on this machine.
 
     python benchmarks/compare_llama_cpp.py --model smollm2-135m-instruct [--batches 1,4,8,16]
-        [--svg assets/scaling_smollm2.svg] [--json]
+        [--rounds 3] [--svg assets/scaling_smollm2.svg] [--json]
 
 Runs `../shared/bench/llama_cpp_anchor.sh` (llama-batched-bench: 128-token prompts, 64 generated,
 all cores; it builds llama.cpp once, ~10 min) and then `localbatch bench --concurrency` with the same
 workload, prints the decode tok/s of both and their ratio per concurrency, draws the scaling curve
 in the terminal, and writes it as an SVG for the README. Nothing else should run meanwhile: on two
 cores any other process shows up in both figures.
+
+`--rounds N` repeats the pair N times, alternating which engine goes first, and reports the median
+of each figure and of the per-round ratios: on a shared VM the machine's speed drifts by tens of
+percent within a minute, so one pair of runs can favour either side.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +35,7 @@ def main() -> int:
     p.add_argument("--svg", type=Path, default=None, help="write the scaling curve here")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--bench-args", default="", help="extra `localbatch bench` arguments, e.g. '--dtype float32'")
+    p.add_argument("--rounds", type=int, default=1, help="pairs of runs, alternating which goes first")
     args = p.parse_args()
     from app.engine.gguf.catalog import resolve_model
 
@@ -43,16 +49,31 @@ def main() -> int:
     # stall every parallel op): the load average before the runs says whether the figures count
     # (after them it is mostly the runs' own).
     load_before = os.getloadavg()[0]
-    peer = run_llama_cpp(path, args.batches)
-    ours = run_localbatch(path, args.batches, args.bench_args.split())
-    rows = [(b, ours.get(b, 0.0), peer.get(b, 0.0)) for b in batches]
-    report = {"model": path, "cpu": cpu_name(), "load_1min_before": load_before, "rows": [
-        {"concurrency": b, "localbatch_tok_s": o, "llama_cpp_tok_s": l, "ratio": round(o / l, 3) if l else None}
+    rounds = []  # (llama.cpp, localbatch) per round
+    for i in range(args.rounds):
+        if i % 2 == 0:
+            peer_run = run_llama_cpp(path, args.batches)
+            ours_run = run_localbatch(path, args.batches, args.bench_args.split())
+        else:
+            ours_run = run_localbatch(path, args.batches, args.bench_args.split())
+            peer_run = run_llama_cpp(path, args.batches)
+        rounds.append((peer_run, ours_run))
+    peer = {b: statistics.median(r[0].get(b, 0.0) for r in rounds) for b in batches}
+    ours = {b: statistics.median(r[1].get(b, 0.0) for r in rounds) for b in batches}
+    ratios = {b: [r[1].get(b, 0.0) / r[0][b] if r[0].get(b) else 0.0 for r in rounds] for b in batches}
+    rows = [(b, ours[b], peer[b]) for b in batches]
+    report = {"model": path, "cpu": cpu_name(), "load_1min_before": load_before, "rounds": args.rounds, "rows": [
+        {"concurrency": b, "localbatch_tok_s": o, "llama_cpp_tok_s": l,
+         "ratio": round(statistics.median(ratios[b]), 3) if l else None,
+         "round_ratios": [round(r, 3) for r in ratios[b]]}
         for b, o, l in rows]}
     if args.svg:
         args.svg.write_text(scaling_svg(rows, Path(path).stem, report["cpu"]))
     load = f"load average (1 min) before the runs: {load_before:.2f}"
-    print(json.dumps(report) if args.json else format_table(rows) + "\n" + load + "\n\n" + terminal_chart(rows))
+    per_round = "" if args.rounds == 1 else "\n" + "\n".join(
+        f"c={b:<3} ratio per round: {' '.join(f'{r:.2f}' for r in ratios[b])}, median {statistics.median(ratios[b]):.2f}"
+        for b in batches)
+    print(json.dumps(report) if args.json else format_table(rows) + per_round + "\n" + load + "\n\n" + terminal_chart(rows))
     return 0
 
 
