@@ -38,7 +38,8 @@ def load(source_name: str, signatures: dict[str, list], restypes: dict[str, type
         log.info("no C compiler found: the CPU C kernels (%s) are off", source_name)
         return None
     source = Path(__file__).with_name(source_name)
-    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("cpu_*.h")))  # what it may include
+    # What it may include: the shared header, and (cpu_forward.c) the other kernels' sources.
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("cpu_*.[ch]")) if h != source)
     digest = hashlib.sha256(source.read_bytes() + headers + " ".join([compiler, *FLAGS]).encode()).hexdigest()[:16]
     path = _cache_dir() / f"{source.stem}-{digest}.so"
     try:

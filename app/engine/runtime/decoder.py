@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from app.engine.gguf.model_config import ModelConfig
 from app import kernels
 from app.engine.runtime.linear import Linear, nbytes, storage_key
-from app.kernels import AttentionMetadata, KVCacheLayer, cpu_attention, cpu_ops, cpu_qgemm
+from app.kernels import AttentionMetadata, KVCacheLayer, cpu_attention, cpu_forward, cpu_ops, cpu_qgemm
 from app.kernels.cpu_qgemm import Q4Weight, Q8Weight
 
 RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin at the step's positions
@@ -207,6 +207,7 @@ class DecoderLM:
         ]
         linears = [lin for layer in self.layers for lin in layer.linears()] + [self.head]
         cpu_qgemm.consolidate([lin.packed for lin in linears if isinstance(lin.packed, (Q4Weight, Q8Weight))])
+        self.c_layers = cpu_forward.takes_layers(self.layers)  # all layers in one C call, where the step allows
 
     def weight_bytes_per_step(self, rows: int = 1) -> int:
         """Bytes a forward of `rows` logits rows reads from the weights whatever its batch: every
@@ -244,9 +245,12 @@ class DecoderLM:
         tables = {rope: rope.tables(positions) for rope in self.ropes}
         metas = meta if isinstance(meta, list) else itertools.repeat(meta)
         c_attention = cpu_attention.handles_layer(x, kv_caches[0], self.cfg.num_heads, self.cfg.head_dim)
-        h = None
-        for layer, kv, layer_meta in zip(self.layers, kv_caches, metas):
-            x, h = layer(x, h, tables[layer.rope], kv, layer_meta, c_attention)
+        if c_attention and self.c_layers:
+            x, h = cpu_forward.run_layers(self.layers, x, tables, kv_caches, list(itertools.islice(metas, len(self.layers))))
+        else:
+            h = None
+            for layer, kv, layer_meta in zip(self.layers, kv_caches, metas):
+                x, h = layer(x, h, tables[layer.rope], kv, layer_meta, c_attention)
         if logits_indices is not None:
             x, h = x[logits_indices], h[logits_indices]
         return add_rms_norm(x, h, self.final_norm, self.cfg.rms_norm_eps)[1]

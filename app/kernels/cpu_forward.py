@@ -1,0 +1,116 @@
+"""The fp32 CPU path's decoder layers in one C call (`cpu_forward.c`): the same kernels the Python
+layer (`decoder.DecoderLayer`) calls one by one, in the same order, so the same bits; without the
+~9 ctypes calls a layer and the Python around them. `DecoderLM` takes it when every layer's
+matrices are 4/8-bit groups without bias and the C attention serves the step; otherwise its layers
+run one by one."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from app.kernels import cpu_build, cpu_ops
+from app.kernels.cpu_attention import _int32_metadata
+from app.kernels.cpu_qgemm import Q4Weight, Q8Weight
+from app.kernels.kv_cache import KVCacheLayer
+from app.kernels.metadata import AttentionMetadata
+
+_i64, _f32, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+MAX_ROPES = 2
+
+
+class _Meta(ctypes.Structure):
+    _fields_ = [("block_table", _ptr), ("cu_seqlens_q", _ptr), ("seq_lens", _ptr), ("slots", _ptr),
+                ("max_blocks", _i64), ("num_seqs", _i64)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, _ptr) for name in ("qkv", "o", "gate_up", "down", "attn_norm", "post_attn_norm", "ffn_norm",
+                                          "post_ffw_norm", "qk_norm", "k_cache", "v_cache")] + [
+        ("window", _i64), ("rope", _i64), ("meta", _Meta)]
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [(name, _i64) for name in ("M", "hidden", "heads", "kv_heads", "head_dim", "ffn", "block_size", "act",
+                                         "neox", "f16", "threads", "splits")] + [
+        ("eps", _f32), ("scale", _f32), ("cos", _ptr * MAX_ROPES), ("sin", _ptr * MAX_ROPES)] + [
+        (name, _ptr) for name in ("x", "h", "normed", "qkv", "q", "attn", "gate_up", "act_out")]
+
+
+@functools.lru_cache(maxsize=1)
+def _library() -> ctypes.CDLL | None:
+    return cpu_build.load("cpu_forward.c", {"forward_layers": [_ptr, _i64, _ptr]}, restypes={"forward_layers": ctypes.c_int})
+
+
+def takes_layers(layers: list) -> bool:
+    """Whether these layers (`DecoderLayer`s) can run here in one call: every matrix 4/8-bit groups
+    without a bias, widths the row kernels cover, an activation the C kernel has, the library built."""
+    if not layers or _library() is None:
+        return False
+    cfg = layers[0].cfg
+    return (cfg.hidden_act in cpu_ops.GLU_ACTIVATIONS and cfg.hidden_size % 8 == 0
+            and all(isinstance(lin.packed, (Q4Weight, Q8Weight)) and lin.bias is None and lin.weight is None
+                    and lin.dense is None for layer in layers for lin in layer.linears())
+            and all(layer.gate_up.packed.out_features % 16 == 0 for layer in layers)
+            and all(t.dtype == torch.float32 and t.is_contiguous() for layer in layers for t in layer.norms())
+            and len({layer.rope for layer in layers}) <= MAX_ROPES)
+
+
+def run_layers(layers: list, x: torch.Tensor, tables: dict, kv_caches: list[KVCacheLayer],
+               metas: list[AttentionMetadata]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every layer over the step's hidden states `x` `[M, hidden]` (`takes_layers` said yes, and
+    `cpu_attention.handles_layer` for the step): the residual stream and the last layer's output,
+    not yet added (as the Python layers leave them)."""
+    cfg = layers[0].cfg
+    m, d = x.shape[0], cfg.hidden_size
+    heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    q_size, qkv_size = heads * head_dim, (heads + 2 * kv_heads) * head_dim
+    ffn = layers[0].gate_up.packed.out_features // 2
+    sizes = {"x": d, "h": d, "normed": d, "qkv": qkv_size, "q": q_size, "attn": q_size, "gate_up": 2 * ffn, "act_out": ffn}
+    buffer = torch.empty(m * sum(sizes.values()), dtype=torch.float32)
+    views, offset = {}, 0
+    for name, width in sizes.items():
+        views[name] = buffer[offset : offset + m * width].view(m, width)
+        offset += m * width
+    views["x"].copy_(x)
+    threads = torch.get_num_threads()
+    step = _Step(M=m, hidden=d, heads=heads, kv_heads=kv_heads, head_dim=head_dim, ffn=ffn,
+                 block_size=kv_caches[0].k.shape[1], act=cpu_ops.GLU_ACTIVATIONS[cfg.hidden_act],
+                 neox=layers[0].rope.style == "neox", f16=kv_caches[0].k.dtype == torch.float16, threads=threads,
+                 splits=min(heads, -(-threads // m)) if 0 < m < threads else 1, eps=cfg.rms_norm_eps,
+                 scale=cfg.attn_scale)
+    ropes = list(dict.fromkeys(layer.rope for layer in layers))
+    keep = []  # every tensor the C side reads, alive until it returns
+    for i, rope in enumerate(ropes):
+        cos, sin = (t.contiguous() for t in tables[rope])
+        keep += [cos, sin]
+        step.cos[i], step.sin[i] = cos.data_ptr(), sin.data_ptr()
+    described: dict[int, _Meta] = {}  # one per KV cache group (layers share their group's metadata)
+    for meta in metas:
+        if id(meta) not in described:
+            cu, lens, table = _int32_metadata(meta)
+            slots = meta.slot_mapping.to(torch.int64).contiguous()
+            keep.append(slots)
+            described[id(meta)] = _Meta(table.data_ptr(), cu.data_ptr(), lens.data_ptr(), slots.data_ptr(),
+                                        table.shape[1], meta.num_seqs)
+    for name, view in views.items():
+        setattr(step, name, view.data_ptr())
+    descs = (_Layer * len(layers))()
+    for desc, layer, kv, meta in zip(descs, layers, kv_caches, metas):
+        _describe(desc, layer, kv, ropes.index(layer.rope), described[id(meta)])
+    if _library().forward_layers(descs, len(layers), ctypes.byref(step)):
+        raise MemoryError(f"no memory for the quantized activations of {m} rows")
+    return views["x"], views["h"]
+
+
+def _describe(desc: _Layer, layer, kv: KVCacheLayer, rope: int, meta: _Meta) -> None:
+    def ptr(t: torch.Tensor | None) -> int | None:
+        return None if t is None else t.data_ptr()
+
+    desc.qkv, desc.o, desc.gate_up, desc.down = (lin.packed._desc_ptr for lin in layer.linears())
+    desc.attn_norm, desc.post_attn_norm = ptr(layer.attn_norm), ptr(layer.post_attn_norm)
+    desc.ffn_norm, desc.post_ffw_norm, desc.qk_norm = ptr(layer.ffn_norm), ptr(layer.post_ffw_norm), ptr(layer.qk_norm)
+    desc.k_cache, desc.v_cache = kv.k.data_ptr(), kv.v.data_ptr()
+    desc.window, desc.rope, desc.meta = layer.window or 0, rope, meta

@@ -1,0 +1,40 @@
+"""The decoder layers in one C call (app/kernels/cpu_forward.c) against the Python layers calling
+the same kernels one by one: the same tokens and logprobs, bit for bit, for each tiny architecture
+that takes it (a sliding-window Gemma 3 with its two KV cache groups and two RoPE tables, Qwen3's
+q/k norms), with prefill chunks and a mixed batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.engine.api.sampling_params import SamplingParams
+from app.engine.core.llm_engine import LLMEngine
+from app.kernels import cpu_forward
+
+pytestmark = pytest.mark.skipif(
+    cpu_forward._library() is None, reason="no C compiler or no AVX2/FMA/F16C here: the C kernels cannot build"
+)
+
+
+def _generate(path, c_layers: bool) -> list[tuple[list[int], list]]:
+    engine = LLMEngine(str(path), device="cpu", dtype="float32", block_size=4, kv_cache_blocks=512,
+                       max_num_batched_tokens=24)  # prompts arrive in chunks, beside decodes
+    assert engine.model.c_layers
+    engine.model.c_layers = c_layers
+    seqs = [engine.add_request([(7 * i + 3 * j) % 200 + 5 for j in range(9 + 13 * i)],
+                               SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=3))
+            for i in range(3)]
+    while engine.has_unfinished():
+        engine.step()
+    return [(s.output_token_ids, s.logprobs) for s in seqs]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen3"])
+def test_one_call_equals_the_layers_one_by_one(arch, tiny_gguf_factory):
+    path = tiny_gguf_factory(arch)
+    assert _generate(path, True) == _generate(path, False)
+
+
+def test_a_bias_keeps_the_layers_one_by_one(tiny_gguf_factory):
+    engine = LLMEngine(str(tiny_gguf_factory("qwen2")), device="cpu", dtype="float32", kv_cache_blocks=64)
+    assert not engine.model.c_layers  # qkv has a bias: the Python layer adds it
