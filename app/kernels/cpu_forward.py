@@ -41,7 +41,8 @@ class _Step(ctypes.Structure):
 
 @functools.lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL | None:
-    return cpu_build.load("cpu_forward.c", {"forward_layers": [_ptr, _i64, _ptr]}, restypes={"forward_layers": ctypes.c_int})
+    return cpu_build.load("cpu_forward.c", {"forward_layers": [_ptr, _i64, _ptr]},
+                          restypes={"forward_layers": ctypes.c_int})
 
 
 def takes_layers(layers: list) -> bool:
@@ -68,7 +69,8 @@ def run_layers(layers: list, x: torch.Tensor, tables: dict, kv_caches: list[KVCa
     heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     q_size, qkv_size = heads * head_dim, (heads + 2 * kv_heads) * head_dim
     ffn = layers[0].gate_up.packed.out_features // 2
-    sizes = {"x": d, "h": d, "normed": d, "qkv": qkv_size, "q": q_size, "attn": q_size, "gate_up": 2 * ffn, "act_out": ffn}
+    sizes = {"x": d, "h": d, "normed": d, "qkv": qkv_size, "q": q_size, "attn": q_size, "gate_up": 2 * ffn,
+             "act_out": ffn}
     buffer = torch.empty(m * sum(sizes.values()), dtype=torch.float32)
     views, offset = {}, 0
     for name, width in sizes.items():

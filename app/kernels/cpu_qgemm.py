@@ -182,7 +182,8 @@ class Q8Weight(_GroupWeight):
             inv = torch.where(scale > 0, 1.0 / scale.float(), torch.zeros_like(scale, dtype=torch.float32))
             q = torch.round(w * inv.unsqueeze(-1)).clamp(-127, 127).to(torch.int8)
             q = F.pad(q, (0, 0, 0, 0, 0, -q.shape[0] % TILE))
-            self.qs[start // TILE : start // TILE + q.shape[0] // TILE] = q.view(-1, TILE, self.groups, GROUP).transpose(1, 2)
+            tiles = q.view(-1, TILE, self.groups, GROUP).transpose(1, 2)
+            self.qs[start // TILE : start // TILE + tiles.shape[0]] = tiles
             d[start : start + CHUNK_ROWS] = scale
         self.d = tile_rows(d)
         self._describe()

@@ -246,7 +246,8 @@ class DecoderLM:
         metas = meta if isinstance(meta, list) else itertools.repeat(meta)
         c_attention = cpu_attention.handles_layer(x, kv_caches[0], self.cfg.num_heads, self.cfg.head_dim)
         if c_attention and self.c_layers:
-            x, h = cpu_forward.run_layers(self.layers, x, tables, kv_caches, list(itertools.islice(metas, len(self.layers))))
+            layer_metas = list(itertools.islice(metas, len(self.layers)))
+            x, h = cpu_forward.run_layers(self.layers, x, tables, kv_caches, layer_metas)
         else:
             h = None
             for layer, kv, layer_meta in zip(self.layers, kv_caches, metas):
