@@ -27,7 +27,7 @@ typedef struct {
     void *k_cache, *v_cache;
     int64_t window; /* 0: none */
     int64_t rope;   /* which of the step's cos/sin tables */
-    meta_desc meta; /* the layer's KV cache group's block tables and slots for this step */
+    int64_t group;  /* which of the step's metadata: its KV cache group's block tables and slots */
 } layer_desc;
 
 #define MAX_ROPES 2
@@ -37,6 +37,7 @@ typedef struct {
     int64_t act, neox, f16, threads, splits;
     float eps, scale;
     const float *cos[MAX_ROPES], *sin[MAX_ROPES];
+    const meta_desc *metas; /* one per KV cache group */
     float *x, *h, *normed, *qkv, *q, *attn, *gate_up, *act_out; /* [M, ...] buffers */
 } step_desc;
 
@@ -45,7 +46,7 @@ int forward_layers(const layer_desc *layers, int64_t n, const step_desc *s) {
     const int64_t M = s->M, D = s->hidden;
     for (int64_t i = 0; i < n; i++) {
         const layer_desc *L = layers + i;
-        const meta_desc *m = &L->meta;
+        const meta_desc *m = s->metas + L->group;
         rms_norm_f32(s->x, i ? s->h : NULL, i ? s->x : NULL, L->attn_norm, s->normed, M, D, 1, s->eps);
         if (qgemm(L->qkv, s->normed, M, s->qkv, (int)s->threads))
             return -1;

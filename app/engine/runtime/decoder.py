@@ -207,7 +207,8 @@ class DecoderLM:
         ]
         linears = [lin for layer in self.layers for lin in layer.linears()] + [self.head]
         cpu_qgemm.consolidate([lin.packed for lin in linears if isinstance(lin.packed, (Q4Weight, Q8Weight))])
-        self.c_layers = cpu_forward.takes_layers(self.layers)  # all layers in one C call, where the step allows
+        # All layers in one C call where the model allows it (and the step: `handles_layer`).
+        self.c_layers = cpu_forward.OneCallLayers(self.layers) if cpu_forward.takes_layers(self.layers) else None
 
     def weight_bytes_per_step(self, rows: int = 1) -> int:
         """Bytes a forward of `rows` logits rows reads from the weights whatever its batch: every
@@ -245,9 +246,8 @@ class DecoderLM:
         tables = {rope: rope.tables(positions) for rope in self.ropes}
         metas = meta if isinstance(meta, list) else itertools.repeat(meta)
         c_attention = cpu_attention.handles_layer(x, kv_caches[0], self.cfg.num_heads, self.cfg.head_dim)
-        if c_attention and self.c_layers:
-            layer_metas = list(itertools.islice(metas, len(self.layers)))
-            x, h = cpu_forward.run_layers(self.layers, x, tables, kv_caches, layer_metas)
+        if c_attention and self.c_layers is not None:
+            x, h = self.c_layers.run(x, tables, kv_caches, list(itertools.islice(metas, len(self.layers))))
         else:
             h = None
             for layer, kv, layer_meta in zip(self.layers, kv_caches, metas):
