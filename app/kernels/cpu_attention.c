@@ -36,6 +36,14 @@ static inline __m256 load8(const void *pool, int64_t i, int f16) {
     return _mm256_loadu_ps((const float *)pool + i);
 }
 
+/* Eight fp32 values into a pool at element i: fp32, or fp16 rounded to nearest even (as torch). */
+static inline void store8(void *pool, int64_t i, __m256 v, int f16) {
+    if (f16)
+        _mm_storeu_si128((__m128i *)((uint16_t *)pool + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    else
+        _mm256_storeu_ps((float *)pool + i, v);
+}
+
 /* q . pool[i .. i+n), n a multiple of 8. */
 static inline float dot_pool(const float *q, const void *pool, int64_t i, int n, int f16) {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
@@ -204,25 +212,11 @@ void store_kv(const float *k, const float *v, const int64_t *slots, int64_t num_
     for (int64_t t = 0; t < num_tokens; t++) {
         if (slots[t] < 0)
             continue;
-        if (!f16) {
-            memcpy((float *)k_cache + slots[t] * row, k + t * row, sizeof(float) * row);
-            memcpy((float *)v_cache + slots[t] * row, v + t * row, sizeof(float) * row);
-            continue;
-        }
-        uint16_t *kd = (uint16_t *)k_cache + slots[t] * row, *vd = (uint16_t *)v_cache + slots[t] * row;
         for (int64_t e = 0; e < row; e += 8) {
-            _mm_storeu_si128((__m128i *)(kd + e), _mm256_cvtps_ph(_mm256_loadu_ps(k + t * row + e), _MM_FROUND_TO_NEAREST_INT));
-            _mm_storeu_si128((__m128i *)(vd + e), _mm256_cvtps_ph(_mm256_loadu_ps(v + t * row + e), _MM_FROUND_TO_NEAREST_INT));
+            store8(k_cache, slots[t] * row + e, _mm256_loadu_ps(k + t * row + e), f16);
+            store8(v_cache, slots[t] * row + e, _mm256_loadu_ps(v + t * row + e), f16);
         }
     }
-}
-
-/* Eight fp32 values into a pool at element i: fp32, or fp16 rounded to nearest even (as torch). */
-static inline void store8(void *pool, int64_t i, __m256 v, int f16) {
-    if (f16)
-        _mm_storeu_si128((__m128i *)((uint16_t *)pool + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-    else
-        _mm256_storeu_ps((float *)pool + i, v);
 }
 
 /* The attention's inputs from the qkv projection, in one pass: token t's row of qkv holds

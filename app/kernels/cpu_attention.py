@@ -62,6 +62,17 @@ def handles_layer(x: torch.Tensor, kv: KVCacheLayer, heads: int, head_dim: int) 
             and head_dim % 16 == 0 and head_dim <= 512 and heads <= _MAX_HEADS and available())
 
 
+def head_splits(num_tokens: int, heads: int, threads: int) -> int:
+    """Parts the kernel divides each row's query heads into: with fewer rows than threads, enough
+    that a batch of one decode still spreads over the threads."""
+    return min(heads, -(-threads // num_tokens)) if 0 < num_tokens < threads else 1
+
+
+def int64_slots(slot_mapping: torch.Tensor) -> torch.Tensor:
+    """`slot_mapping` as the kernels read it: contiguous int64."""
+    return slot_mapping.to(torch.int64).contiguous()
+
+
 def rope_store_kv(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, norm_w: torch.Tensor | None,
                   eps: float, tables: tuple[torch.Tensor, torch.Tensor], neox: bool, k_cache: torch.Tensor,
                   v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
@@ -71,8 +82,7 @@ def rope_store_kv(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, n
     cache slots. Returns q `[tokens, heads, head_dim]` (`handles_layer` said yes)."""
     qkv = qkv.contiguous()
     cos, sin = (t.contiguous() for t in tables)
-    slots = slot_mapping if slot_mapping.dtype == torch.int64 else slot_mapping.long()
-    slots = slots.contiguous()
+    slots = int64_slots(slot_mapping)
     norm = None if norm_w is None else norm_w.float().contiguous()
     q = torch.empty((qkv.shape[0], heads, head_dim), dtype=torch.float32)
     _library().rope_store_kv(
@@ -87,9 +97,9 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
              slot_mapping: torch.Tensor) -> None:
     """`store_kv_ref` for an fp32 or fp16 cache (`handles` said yes)."""
     k, v = k.float().contiguous(), v.float().contiguous()
-    slots = slot_mapping if slot_mapping.dtype == torch.int64 else slot_mapping.long()
+    slots = int64_slots(slot_mapping)
     row = k_cache.shape[2] * k_cache.shape[3]
-    _library().store_kv(k.data_ptr(), v.data_ptr(), slots.contiguous().data_ptr(), k.shape[0], row,
+    _library().store_kv(k.data_ptr(), v.data_ptr(), slots.data_ptr(), k.shape[0], row,
                         k_cache.data_ptr(), v_cache.data_ptr(), k_cache.dtype == torch.float16)
 
 
@@ -104,13 +114,13 @@ def unified_attention(
     cu, lens, table = _int32_metadata(meta)
     threads = torch.get_num_threads()
     # Fewer rows than threads: divide each row's query heads among them.
-    splits = min(heads, -(-threads // num_tokens)) if 0 < num_tokens < threads else 1
+    splits = head_splits(num_tokens, heads, threads)
     q = q.contiguous()
     target = out if out.is_contiguous() else torch.empty_like(q)
     _library().paged_attention(
         q.data_ptr(), target.data_ptr(), num_tokens, heads, kv_heads, head_dim, k_cache.data_ptr(),
-        v_cache.data_ptr(), k_cache.dtype == torch.float16, k_cache.shape[1], table.data_ptr(), table.shape[1], cu.data_ptr(), lens.data_ptr(),
-        meta.num_seqs, scale, sliding_window or 0, softcap or 0.0, splits, threads,
+        v_cache.data_ptr(), k_cache.dtype == torch.float16, k_cache.shape[1], table.data_ptr(), table.shape[1],
+        cu.data_ptr(), lens.data_ptr(), meta.num_seqs, scale, sliding_window or 0, softcap or 0.0, splits, threads,
     )
     if target is not out:
         out.copy_(target)

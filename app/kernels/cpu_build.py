@@ -39,8 +39,8 @@ def load(source_name: str, signatures: dict[str, list], restypes: dict[str, type
         return None
     source = Path(__file__).with_name(source_name)
     # What it may include: the shared header, and (cpu_forward.c) the other kernels' sources.
-    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("cpu_*.[ch]")) if h != source)
-    digest = hashlib.sha256(source.read_bytes() + headers + " ".join([compiler, *FLAGS]).encode()).hexdigest()[:16]
+    includes = b"".join(f.read_bytes() for f in sorted(source.parent.glob("cpu_*.[ch]")) if f != source)
+    digest = hashlib.sha256(source.read_bytes() + includes + " ".join([compiler, *FLAGS]).encode()).hexdigest()[:16]
     path = _cache_dir() / f"{source.stem}-{digest}.so"
     try:
         if not path.exists():

@@ -12,7 +12,7 @@ import functools
 import torch
 
 from app.kernels import cpu_build, cpu_ops
-from app.kernels.cpu_attention import _int32_metadata
+from app.kernels.cpu_attention import _int32_metadata, head_splits, int64_slots
 from app.kernels.cpu_qgemm import Q4Weight, Q8Weight
 from app.kernels.kv_cache import KVCacheLayer
 from app.kernels.metadata import AttentionMetadata
@@ -101,7 +101,7 @@ class OneCallLayers:
             if group not in seen:
                 seen.add(group)
                 cu, lens, table = _int32_metadata(meta)
-                slots = meta.slot_mapping.to(torch.int64).contiguous()
+                slots = int64_slots(meta.slot_mapping)
                 keep.append(slots)
                 metas_c[group] = _Meta(table.data_ptr(), cu.data_ptr(), lens.data_ptr(), slots.data_ptr(),
                                        table.shape[1], meta.num_seqs)
@@ -109,7 +109,7 @@ class OneCallLayers:
                      head_dim=cfg.head_dim, ffn=self.ffn, block_size=kv_caches[0].k.shape[1],
                      act=cpu_ops.GLU_ACTIVATIONS[cfg.hidden_act], neox=self.layers[0].rope.style == "neox",
                      f16=kv_caches[0].k.dtype == torch.float16, threads=threads,
-                     splits=min(cfg.num_heads, -(-threads // m)) if 0 < m < threads else 1, eps=cfg.rms_norm_eps,
+                     splits=head_splits(m, cfg.num_heads, threads), eps=cfg.rms_norm_eps,
                      scale=cfg.attn_scale, metas=ctypes.addressof(metas_c), **pointers)
         for i, rope in enumerate(self.ropes):
             cos, sin = (t.contiguous() for t in tables[rope])

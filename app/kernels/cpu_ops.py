@@ -1,8 +1,8 @@
 """Row-wise ops of the fp32 CPU path in C (`cpu_ops.c`): RMS norm, optionally after the residual
 add, the gated MLP's activation (SiLU or GELU-tanh of the gate, times up), and the greedy
-sampler's argmax. Each is one call
-where torch makes a chain of small ops; a row's numbers do not depend on the batch. Anything else
-(bf16, CUDA, odd sizes, no C compiler) stays with torch (`F.rms_norm`, `F.silu`, `F.gelu`)."""
+sampler's argmax. Each is one call where torch makes a chain of small ops; a row's numbers do not
+depend on the batch. Anything else (bf16, CUDA, odd sizes, no C compiler) stays with torch
+(`F.rms_norm`, `F.silu`, `F.gelu`, `argmax`)."""
 
 from __future__ import annotations
 
@@ -78,8 +78,9 @@ def glu(x: torch.Tensor, act: str) -> torch.Tensor:
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
-    """`logits.argmax(-1)` for `[M, V]` rows, in C for fp32 CPU rows (torch's CPU argmax takes ~0.3 ms
-    a row of a 262k vocabulary; this one ~0.05): the same indices, first maximum and NaN included."""
+    """`logits.argmax(-1)` for `[M, V]` rows, in C for fp32 CPU rows (a row of a 262k vocabulary:
+    torch's CPU argmax 0.35 ms, this one 0.17; 16 rows 4.9 against 1.6): the same indices, first
+    maximum and NaN included."""
     if not (logits.dtype == torch.float32 and logits.is_cpu and logits.dim() == 2 and _library() is not None):
         return logits.argmax(-1)
     logits = logits.contiguous()

@@ -85,11 +85,6 @@ def tile_rows(t: torch.Tensor) -> torch.Tensor:
     return padded.view(-1, TILE, groups).transpose(1, 2).contiguous()
 
 
-def untile_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
-    """`tile_rows` undone: `[rows, G]`."""
-    return t.transpose(1, 2).reshape(-1, t.shape[1])[:rows]
-
-
 def _tile_at(t: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Rows `ids` of a table tiled as `tile_rows` (`[tiles, G, 8, ...]`): `[len(ids), G, ...]`."""
     return t[ids // TILE, :, ids % TILE]
@@ -212,19 +207,16 @@ def consolidate(weights: list[_GroupWeight]) -> None:
     tensors = [getattr(w, name) for w in weights for name in w._TENSORS]
     if not tensors:
         return
-    sizes = [-(-t.nbytes // 64) * 64 for t in tensors]
+    total = sum(-(-t.nbytes // 64) * 64 for t in tensors)  # each tensor 64-byte aligned
     # Private: a shared anonymous mapping is shmem, whose huge pages are a separate switch.
-    region = mmap.mmap(-1, sum(sizes) + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    region = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         region.madvise(mmap.MADV_HUGEPAGE)
     arena = torch.frombuffer(region, dtype=torch.uint8)  # keeps the mapping alive
     offset = -arena.data_ptr() % HUGE_PAGE
-    moved = []
-    for t, size in zip(tensors, sizes):
-        moved.append(arena[offset : offset + t.nbytes].view(t.dtype).view(t.shape).copy_(t))
-        offset += size
-    it = iter(moved)
     for w in weights:
         for name in w._TENSORS:
-            setattr(w, name, next(it))
+            t = getattr(w, name)
+            setattr(w, name, arena[offset : offset + t.nbytes].view(t.dtype).view(t.shape).copy_(t))
+            offset += -(-t.nbytes // 64) * 64
         w._describe()

@@ -14,8 +14,9 @@ is a large vocabulary's output projection (`requantize_int4`), where the accurac
 With fp32 compute (a CPU whose bf16 GEMMs are slower than fp32 ones: AVX2 without AVX512-BF16,
 where torch's int4/int8 kernels want bf16 activations too) every matrix keeps its GGUF precision as
 4/8-bit groups for the C kernels (`cpu_qgemm`) where they build. Otherwise
-(`LOCALBATCH_CPU_QUANT_KERNELS=0`, no C compiler) it is kept as fbgemm's fp16 copy instead of fp32: half the bytes, fp32 activations in and out, finer rounding than bf16, and
-as fast as fp32 at prefill sizes. Measured on a 2-core AMD EPYC (AVX2), weights cold: SmolLM2's
+(`LOCALBATCH_CPU_QUANT_KERNELS=0`, no C compiler) it is kept as fbgemm's fp16 copy instead of
+fp32: half the bytes, fp32 activations in and out, finer rounding than bf16, and as fast as fp32
+at prefill sizes. Measured on a 2-core AMD EPYC (AVX2), weights cold: SmolLM2's
 3072 x 576 gate/up takes 0.20 / 0.26 / 0.54 / 9.7 ms at 1 / 4 / 16 / 512 rows against fp32's
 0.57 / 0.84 / 0.91 / 11.4, Gemma 3's 262k-row head 11.9 / 13.7 / 45 ms at 1 / 4 / 16 against
 49 / 125 / 134 (torch's int4 kernel with bf16 activations: 14.0 / 17.1 / 68).
