@@ -122,37 +122,44 @@ class _GroupWeight(abc.ABC):
         return self.rows(torch.arange(self.out_features))
 
 
+def _lanes(q: torch.Tensor, vectors: int) -> torch.Tensor:
+    """Per-row groups `[n, G, vectors * 4]` (bytes) as the kernels read them: `[tiles, G, vectors,
+    8, 4]`, so that in each 32-byte vector lane j carries row j's four bytes."""
+    n, groups = q.shape[:2]
+    q = F.pad(q, (0, 0, 0, 0, 0, -n % TILE)).view(-1, TILE, groups, vectors, 4)
+    return q.permute(0, 2, 3, 1, 4).contiguous()
+
+
+def _lane_rows(qs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of a `_lanes` layout: `[len(ids), G, vectors * 4]`."""
+    return qs[ids // TILE, :, :, ids % TILE].flatten(2)
+
+
 class Q4Weight(_GroupWeight):
     """w = d * level + m per group of 32 (level 0..15, d and m fp16): 5 bits a weight, as a Q4_1
-    GGUF tensor stores it. Laid out for the kernel (`cpu_qgemm.c`): tiles of 8 rows, a row's groups
-    in pairs (`qs [tiles, G / 2, 8, 32]`, byte i of a group: level i | level i + 16 << 4; an odd
-    last group padded with zeros), d and m tiled as `tile_rows`."""
+    GGUF tensor stores it. Laid out for the kernel (`cpu_qgemm.c`): `qs [tiles, G, 4, 8, 4]`,
+    byte b of row j in vector s holding level 4s+b | level 16+4s+b << 4; d and m tiled as
+    `tile_rows`."""
 
     _TENSORS = ("qs", "d", "m")
 
     def __init__(self, levels: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
         n, k = levels.shape
-        self.out_features, self.in_features = n, k
-        self.groups = -(-k // (2 * GROUP)) * 2
-        g = levels.view(n, k // GROUP, 2, GROUP // 2).to(torch.uint8)
-        packed = g[:, :, 0] | (g[:, :, 1] << 4)  # [n, K/32, 16]
-        packed = F.pad(packed, (0, 0, 0, self.groups - k // GROUP, 0, -n % TILE))
-        self.qs = packed.view(-1, TILE, self.groups // 2, GROUP).transpose(1, 2).contiguous()
-        pad = (0, self.groups - k // GROUP)
-        self.d = tile_rows(F.pad(d.to(torch.float16), pad))
-        self.m = tile_rows(F.pad(m.to(torch.float16), pad))
+        self.out_features, self.in_features, self.groups = n, k, k // GROUP
+        g = levels.view(n, self.groups, 2, GROUP // 2).to(torch.uint8)
+        self.qs = _lanes(g[:, :, 0] | (g[:, :, 1] << 4), 4)
+        self.d = tile_rows(d.to(torch.float16))
+        self.m = tile_rows(m.to(torch.float16))
         self._describe()
 
     def levels(self, ids: torch.Tensor | None = None) -> torch.Tensor:
         """uint8 levels `[N, K/32, 32]` (of rows `ids`, if given)."""
         ids = torch.arange(self.out_features) if ids is None else ids
-        real = self.in_features // GROUP
-        halves = _tile_at(self.qs, ids).reshape(len(ids), self.groups, GROUP // 2)[:, :real]
+        halves = _lane_rows(self.qs, ids)
         return torch.cat((halves & 0x0F, halves >> 4), -1)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        real = self.in_features // GROUP
-        d, m = (_tile_at(t, ids)[:, :real].float().unsqueeze(-1) for t in (self.d, self.m))
+        d, m = (_tile_at(t, ids).float().unsqueeze(-1) for t in (self.d, self.m))
         return (self.levels(ids).float() * d + m).view(-1, self.in_features)
 
     @property
@@ -163,28 +170,27 @@ class Q4Weight(_GroupWeight):
 class Q8Weight(_GroupWeight):
     """w = d * level per group of 32 (level -127..127, d fp16 = the group's absmax / 127): 8.5 bits
     a weight. Exact for a Q8_0 tensor; within half a level (1/254 of the group's range) for any
-    other. Laid out for the kernel: `qs [tiles, K/32, 8, 32]`, d tiled as `tile_rows`."""
+    other. Laid out for the kernel: `qs [tiles, G, 8, 8, 4]` (vector s, lane j: row j's levels
+    4s .. 4s+3), d tiled as `tile_rows`."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         n, k = weight.shape
         self.out_features, self.in_features, self.groups = n, k, k // GROUP
-        tiles = -(-n // TILE)
-        self.qs = torch.zeros((tiles, self.groups, TILE, GROUP), dtype=torch.int8)
+        self.qs = torch.empty((-(-n // TILE), self.groups, GROUP // 4, TILE, 4), dtype=torch.int8)
         d = torch.empty((n, self.groups), dtype=torch.float16)
         for start in range(0, n, CHUNK_ROWS):  # a multiple of TILE: chunks start on a tile
             w = weight[start : start + CHUNK_ROWS].float().view(-1, self.groups, GROUP)
             scale = (w.abs().amax(-1) / 127.0).half()
             inv = torch.where(scale > 0, 1.0 / scale.float(), torch.zeros_like(scale, dtype=torch.float32))
             q = torch.round(w * inv.unsqueeze(-1)).clamp(-127, 127).to(torch.int8)
-            q = F.pad(q, (0, 0, 0, 0, 0, -q.shape[0] % TILE))
-            tiles = q.view(-1, TILE, self.groups, GROUP).transpose(1, 2)
+            tiles = _lanes(q, GROUP // 4)
             self.qs[start // TILE : start // TILE + tiles.shape[0]] = tiles
             d[start : start + CHUNK_ROWS] = scale
         self.d = tile_rows(d)
         self._describe()
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        q, d = _tile_at(self.qs, ids).float(), _tile_at(self.d, ids).float().unsqueeze(-1)
+        q, d = _lane_rows(self.qs, ids).float(), _tile_at(self.d, ids).float().unsqueeze(-1)
         return (q * d).view(-1, self.in_features)
 
     @property

@@ -29,7 +29,7 @@ def _q8(n: int = 96, k: int = 128, seed: int = 0) -> Q8Weight:
     return Q8Weight(torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05)
 
 
-@pytest.mark.parametrize("k", [128, 96])  # 96: an odd number of groups (q4 pads a pair)
+@pytest.mark.parametrize("k", [128, 96])  # 96: an odd number of groups
 @pytest.mark.parametrize("make", [_q4, _q8], ids=["q4", "q8"])
 def test_kernel_matches_quantized_activations_times_dequantized_weights(make, k):
     w = make(k=k)
@@ -67,7 +67,7 @@ def test_zero_groups_and_the_q8_rows_of_a_tied_embedding():
 
 @pytest.mark.parametrize("k", [128, 96])
 def test_the_tiled_layouts_keep_every_weight(k):
-    """The kernels' interleaved tiles (and q4's padded pair) give back the rows they were made of."""
+    """The kernels' interleaved tiles give back the rows they were made of."""
     g = torch.Generator().manual_seed(1)
     levels = torch.randint(0, 16, (21, k), generator=g)
     d, m = torch.rand(21, k // 32, generator=g).half(), -torch.rand(21, k // 32, generator=g).half()
