@@ -1,7 +1,7 @@
 """The fp32 CPU path's decoder layers in one C call (`cpu_forward.c`): the same kernels the Python
 layer (`decoder.DecoderLayer`) calls one by one, in the same order, so the same bits; without the
 ~9 ctypes calls a layer and the Python around them. `DecoderLM` takes it when every layer's
-matrices are 4/8-bit groups without bias and the C attention serves the step; otherwise its layers
+matrices are 4/5/8-bit groups without bias and the C attention serves the step; otherwise its layers
 run one by one."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _library() -> ctypes.CDLL | None:
 
 
 def takes_layers(layers: list) -> bool:
-    """Whether these layers (`DecoderLayer`s) can run here in one call: every matrix 4/8-bit groups
+    """Whether these layers (`DecoderLayer`s) can run here in one call: every matrix 4/5/8-bit groups
     without a bias, widths the row kernels cover, an activation the C kernel has, the library built."""
     if not layers or _library() is None:
         return False

@@ -1,5 +1,5 @@
-"""Weight-quantized CPU GEMMs (`cpu_qgemm.c`) for fp32 compute on x86 CPUs with AVX2: 4-bit
-(Q4_1-style, d * level + m) and 8-bit (d * level) weights in groups of 32, with the activations
+"""Weight-quantized CPU GEMMs (`cpu_qgemm.c`) for fp32 compute on x86 CPUs with AVX2: 4- and 5-bit
+(Q4_1 / Q5_1-style, d * level + m) and 8-bit (d * level) weights in groups of 32, with the activations
 quantized per group of 32 to int8 inside the kernel, as llama.cpp multiplies on the CPU.
 
 Torch has nothing like it for such machines: its int4/int8 weight kernels want bf16 activations
@@ -10,8 +10,8 @@ row in the same order whatever the batch, so with the C attention (`cpu_attentio
 numbers are the same alone, batched, chunked or from the prefix cache, bit for bit (quantized
 activations would otherwise carry an fp32 difference of 1e-7 upstream across a rounding boundary
 and grow it). The weights take about the GGUF file's size (SmolLM2 92 MiB for a 94 MiB file,
-Gemma 3 272 MiB for 241, against 311 and 832 with fp16). Accuracy against llama.cpp,
-teacher-forced (fp16 KV cache): Gemma 3 1096/1096 top-1 at 0.0056 nats, SmolLM2 1106/1106 at
+Gemma 3 245 MiB for 241, against 311 and 832 with fp16). Accuracy against llama.cpp,
+teacher-forced (fp16 KV cache): Gemma 3 1096/1096 top-1 at 0.0054 nats, SmolLM2 1106/1106 at
 0.0074. Prefill-sized batches run near fbgemm's fp16 speed (3072 x 576 at 512 rows: 11.8 against
 10.8 ms).
 
@@ -62,7 +62,7 @@ class _QWeight(ctypes.Structure):
     """The kernel's `qweight`: a matrix's shape and tensors, passed as one pointer a call."""
 
     _fields_ = [("K", ctypes.c_int64), ("N", ctypes.c_int64), ("qs", ctypes.c_void_p), ("d", ctypes.c_void_p),
-                ("m", ctypes.c_void_p)]
+                ("m", ctypes.c_void_p), ("qh", ctypes.c_void_p)]
 
 
 def fake_quantize(x: torch.Tensor) -> torch.Tensor:
@@ -109,9 +109,9 @@ class _GroupWeight(abc.ABC):
 
     def _describe(self) -> None:
         """The C side's view of this matrix (again whenever its tensors move)."""
-        m = getattr(self, "m", None)
+        m, qh = getattr(self, "m", None), getattr(self, "qh", None)
         self._desc = _QWeight(self.in_features, self.out_features, self.qs.data_ptr(), self.d.data_ptr(),
-                              None if m is None else m.data_ptr())
+                              None if m is None else m.data_ptr(), None if qh is None else qh.data_ptr())
         self._desc_ptr = ctypes.addressof(self._desc)
 
     @abc.abstractmethod
@@ -165,6 +165,34 @@ class Q4Weight(_GroupWeight):
     @property
     def nbytes(self) -> int:
         return self.qs.numel() + 2 * self.d.numel() * 2
+
+
+class Q5Weight(Q4Weight):
+    """w = d * level + m per group of 32 with levels 0..31 (Q5_0 / Q5_1 blocks: d and m fp16), 6
+    bits a weight: `Q4Weight`'s nibbles plus the 5th bits, `qh [tiles, G, 32]`: byte 4j+b, bit
+    2s+p holds the 5th bit of row j's level 16p+4s+b (the nibbles' vector s, plane p)."""
+
+    _TENSORS = ("qs", "qh", "d", "m")
+
+    def __init__(self, levels: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
+        n, k = levels.shape
+        levels = levels.to(torch.uint8)
+        fifth = (levels >> 4).view(n, k // GROUP, 2, 4, 4)  # [n, G, p, s, b]
+        fifth = F.pad(fifth, (0, 0, 0, 0, 0, 0, 0, 0, 0, -n % TILE)).view(-1, TILE, k // GROUP, 2, 4, 4)
+        bits = fifth.permute(0, 2, 1, 5, 4, 3).reshape(-1, k // GROUP, 4 * TILE, 8)  # [tiles, G, 4j+b, 2s+p]
+        self.qh = (bits << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8).contiguous()
+        super().__init__(levels & 0x0F, d, m)
+
+    def levels(self, ids: torch.Tensor | None = None) -> torch.Tensor:
+        ids = torch.arange(self.out_features) if ids is None else ids
+        lanes = self.qh[ids // TILE].view(len(ids), -1, TILE, 4)[torch.arange(len(ids)), :, ids % TILE]  # [len, G, b]
+        bits = (lanes.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)) & 1  # [len, G, b, 2s+p]
+        fifth = bits.view(len(ids), -1, 4, 4, 2).permute(0, 1, 4, 3, 2).flatten(2)  # [len, G, 16p+4s+b]
+        return super().levels(ids) | (fifth << 4)
+
+    @property
+    def nbytes(self) -> int:
+        return super().nbytes + self.qh.numel()
 
 
 class Q8Weight(_GroupWeight):

@@ -1,15 +1,18 @@
-"""The C kernels for 4/8-bit weight groups (app/kernels/cpu_qgemm.c) against their torch
+"""The C kernels for 4/5/8-bit weight groups (app/kernels/cpu_qgemm.c) against their torch
 references: quantized activations times the dequantized weights."""
 
 from __future__ import annotations
 
+import gguf
+import numpy as np
 import pytest
 import torch
 
+from app.engine.gguf.quants import dequantize
 from app.engine.runtime import kernel_choice
-from app.engine.runtime.linear import Linear, q4_weight
+from app.engine.runtime.linear import Linear, grid_weight, group_weight
 from app.kernels import cpu_qgemm
-from app.kernels.cpu_qgemm import Q4Weight, Q8Weight, fake_quantize
+from app.kernels.cpu_qgemm import Q4Weight, Q5Weight, Q8Weight, fake_quantize
 
 pytestmark = pytest.mark.skipif(
     cpu_qgemm._library() is None, reason="no C compiler or no AVX2/FMA/F16C here: the C kernels cannot build"
@@ -25,12 +28,21 @@ def _q4(n: int = 96, k: int = 128, seed: int = 0) -> Q4Weight:
     return Q4Weight(levels.view(n, k), d, m)
 
 
+def _q5(n: int = 96, k: int = 128, seed: int = 0) -> Q5Weight:
+    g = torch.Generator().manual_seed(seed)
+    d = torch.rand(n, k // 32, generator=g) * 0.02 + 0.001
+    m = -torch.rand(n, k // 32, generator=g) * 0.2
+    levels = torch.randint(0, 32, (n, k // 32, 32), generator=g)
+    levels[..., 0], levels[..., 1] = 0, 31
+    return Q5Weight(levels.view(n, k), d, m)
+
+
 def _q8(n: int = 96, k: int = 128, seed: int = 0) -> Q8Weight:
     return Q8Weight(torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05)
 
 
 @pytest.mark.parametrize("k", [128, 96])  # 96: an odd number of groups
-@pytest.mark.parametrize("make", [_q4, _q8], ids=["q4", "q8"])
+@pytest.mark.parametrize("make", [_q4, _q5, _q8], ids=["q4", "q5", "q8"])
 def test_kernel_matches_quantized_activations_times_dequantized_weights(make, k):
     w = make(k=k)
     x = torch.randn(19, w.in_features) * 3
@@ -42,10 +54,10 @@ def test_kernel_matches_quantized_activations_times_dequantized_weights(make, k)
 
 
 @pytest.mark.parametrize(("n", "k"), [(96, 128), (100, 96)])
-@pytest.mark.parametrize("make", [_q4, _q8], ids=["q4", "q8"])
+@pytest.mark.parametrize("make", [_q4, _q5, _q8], ids=["q4", "q5", "q8"])
 def test_rows_are_batch_invariant_and_empty_batches_work(make, n, k):
-    """13 rows take one tile of 8 rows per weight row and 5 of 8 weight rows per row; a single row
-    only the latter (100 weight rows: a last tile of 4): the same bits either way."""
+    """13 rows are a block of 8, one of 4 and one row; a single row only the last kind (100 weight
+    rows: a last tile of 4): the same bits either way."""
     w = make(n, k)
     x = torch.randn(13, w.in_features)
     together = w(x)
@@ -75,9 +87,43 @@ def test_the_tiled_layouts_keep_every_weight(k):
     assert torch.equal(q4.levels().view(21, k), levels.to(torch.uint8))
     expected = levels.float().view(21, -1, 32) * d.float().unsqueeze(-1) + m.float().unsqueeze(-1)
     assert torch.equal(q4.dequantize_ref(), expected.view(21, k))
+    levels5 = torch.randint(0, 32, (21, k), generator=g)
+    q5 = Q5Weight(levels5, d, m)
+    assert torch.equal(q5.levels().view(21, k), levels5.to(torch.uint8))
+    ids = torch.tensor([20, 3, 8, 3])
+    assert torch.equal(q5.rows(ids), q5.dequantize_ref()[ids])
     w = torch.randn(21, k, generator=g)
     q8 = Q8Weight(w)
     assert (q8.dequantize_ref() - w).abs().max() <= w.abs().max() / 127
+
+
+@pytest.mark.parametrize(("kind", "packed"), [("Q4_0", Q4Weight), ("Q4_1", Q4Weight), ("Q5_0", Q5Weight),
+                                              ("Q5_1", Q5Weight), ("Q8_0", Q8Weight)])
+def test_a_gguf_tensor_keeps_its_own_grid(kind, packed):
+    """A dequantized Q4/Q5 tensor gets the 4/5-bit groups with its own numbers (no new rounding);
+    Q8_0 stays 8-bit."""
+    x = np.random.default_rng(0).standard_normal((48, 256)).astype(np.float32) * 0.05
+    ggml_type = gguf.GGMLQuantizationType[kind]
+    raw = gguf.quants.quantize(x, ggml_type)
+    weight = dequantize(torch.from_numpy(raw.view(np.uint8).reshape(-1)), int(ggml_type), (48, 256))
+    w = group_weight(weight)
+    assert type(w) is packed
+    assert torch.equal(w.dequantize_ref(), weight)
+
+
+def test_a_k_quant_sub_block_need_not_reach_either_end_of_its_grid():
+    """Q4_K: w = d * scale * q - dmin * min per sub-block of 32, levels 0..15 that a sub-block need
+    not span. Its 4-bit groups take the step from the smallest gap; the fp16 step and low are
+    within 2^-11 of the products, far inside an 8-bit requantization's half level."""
+    rng = np.random.default_rng(1)
+    blocks = rng.integers(0, 256, (48, 144), dtype=np.uint8)
+    blocks[:, 0:4] = np.float16(rng.uniform(1e-4, 1e-3, (48, 2))).view(np.uint8)  # d, dmin
+    blocks[:, 16:] &= 0x77  # levels 0..7: no sub-block spans 0..15
+    weight = dequantize(torch.from_numpy(blocks.reshape(-1)), int(gguf.GGMLQuantizationType.Q4_K), (48, 256))
+    w = group_weight(weight)
+    assert isinstance(w, Q4Weight) and not isinstance(w, Q5Weight)
+    span = (weight.view(48, -1, 32).amax(-1) - weight.view(48, -1, 32).amin(-1)).amax()
+    assert (w.dequantize_ref() - weight).abs().max() <= span / 2048
 
 
 def test_linear_takes_the_c_kernels_unless_turned_off(monkeypatch: pytest.MonkeyPatch):
@@ -91,4 +137,4 @@ def test_linear_takes_the_c_kernels_unless_turned_off(monkeypatch: pytest.Monkey
     assert torch.equal(linear.packed.dequantize_ref(), four_bit)  # the file's own 4-bit grid: no new rounding
     assert isinstance(Linear(torch.randn(64, 96)).packed, Q8Weight)  # finer than 4 bits
     assert [id(t) for t in linear.resident()] == [id(linear.packed)]  # the only copy
-    assert q4_weight(torch.randn(64, 96)) is None
+    assert grid_weight(torch.randn(64, 96), 4) is None and grid_weight(torch.randn(64, 96), 5) is None

@@ -17,7 +17,7 @@ from app.engine.gguf.model_config import ModelConfig
 from app import kernels
 from app.engine.runtime.linear import Linear, nbytes, storage_key
 from app.kernels import AttentionMetadata, KVCacheLayer, cpu_attention, cpu_forward, cpu_ops, cpu_qgemm
-from app.kernels.cpu_qgemm import Q4Weight, Q8Weight
+from app.kernels.cpu_qgemm import Q4Weight, Q5Weight, Q8Weight
 
 RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin at the step's positions
 
@@ -186,9 +186,9 @@ class DecoderLM:
         # bytes a small batch reads; above its measured crossover the dense weight serves.
         self.head = Linear(lm_head, requantize_int4=cfg.vocab_size >= INT4_HEAD_MIN_VOCAB)
         # With fp32 compute only the batch's rows are read from the table once the head keeps its
-        # own copy: a tied table is read from the head's 4/8-bit groups (exact for Q8_0 and Q4
-        # sources; Gemma 3's 262k x 640: no second copy instead of 671 MB), any other kept in fp16.
-        self.embed_rows: Q4Weight | Q8Weight | None = None
+        # own copy: a tied table is read from the head's 4/5/8-bit groups (exact for Q8_0, Q4
+        # and Q5 sources; Gemma 3's 262k x 640: no second copy instead of 671 MB), any other kept in fp16.
+        self.embed_rows: Q4Weight | Q5Weight | Q8Weight | None = None
         if self.embed.dtype == torch.float32 and self.head.weight is None:
             if lm_head is self.embed and isinstance(self.head.packed, (Q4Weight, Q8Weight)) and self.head.dense is None:
                 self.embed_rows, self.embed = self.head.packed, None

@@ -13,7 +13,7 @@ is a large vocabulary's output projection (`requantize_int4`), where the accurac
 
 With fp32 compute (a CPU whose bf16 GEMMs are slower than fp32 ones: AVX2 without AVX512-BF16,
 where torch's int4/int8 kernels want bf16 activations too) every matrix keeps its GGUF precision as
-4/8-bit groups for the C kernels (`cpu_qgemm`) where they build. Otherwise
+4/5/8-bit groups for the C kernels (`cpu_qgemm`) where they build (`group_weight`). Otherwise
 (`LOCALBATCH_CPU_QUANT_KERNELS=0`, no C compiler) it is kept as fbgemm's fp16 copy instead of
 fp32: half the bytes, fp32 activations in and out, finer rounding than bf16, and as fast as fp32
 at prefill sizes. Measured on a 2-core AMD EPYC (AVX2), weights cold: SmolLM2's
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from app.engine.runtime.kernel_choice import PACKED_EVERYWHERE, KernelChoice, choose_packed_rows, dense_forced
 from app.kernels import cpu_qgemm
-from app.kernels.cpu_qgemm import CHUNK_ROWS, GROUP, Q4Weight, Q8Weight
+from app.kernels.cpu_qgemm import CHUNK_ROWS, GROUP, Q4Weight, Q5Weight, Q8Weight
 
 
 class Int8Weight:
@@ -158,31 +158,75 @@ def grid_levels(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     return torch.round((w - low) / step).clamp(0, 15), step, low
 
 
-def q4_weight(weight: torch.Tensor) -> Q4Weight | None:
-    """`weight` as the C kernels' 4-bit groups if every group of 32 already holds at most 16
-    evenly spaced levels (a dequantized Q4_0/Q4_1/Q4_K tensor), else None."""
+# A group sits on a grid when every value is within 5% of a step of a level: the fp16 step and low
+# alone stay below 1% (2^-12 of 31 levels, or of a low 60 steps from 0); a wrong grid misses by a
+# quarter step or more.
+GRID_TOLERANCE = 0.05
+
+
+def _fit_error(w: torch.Tensor, step: torch.Tensor, low: torch.Tensor, top: int) -> tuple[torch.Tensor, ...]:
+    """Groups `w [..., 32]` on levels 0..top of (step, low) as the kernel reads them (fp16): the
+    worst error of each group in steps, the levels, the step, the low."""
+    step, low = step.half().float(), low.half().float()
+    step = torch.where(torch.isfinite(step) & (step != 0), step, torch.ones_like(step))
+    q = torch.round((w - low) / step).clamp(0, top)
+    return ((q * step + low - w).abs() / step.abs()).amax(-1, keepdim=True), q, step, low
+
+
+def _grid_fit(w: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Groups `w [rows, G, 32]` as levels 0..top times an fp16 step plus an fp16 low, as GGUF blocks
+    are: Q4_1/Q5_1 span min to max; Q4_0/Q5_0 put the largest magnitude on level 0 (step = -it / 8
+    or / 16: negative when it is positive). A K-quant's sub-block (Q4_K) need not reach either
+    end: where neither fits, the step is the smallest gap between the group's values, from its
+    minimum (a sort, for those groups only). None if some group fits nothing within
+    `GRID_TOLERANCE`."""
+    low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+    peak = w.gather(-1, w.abs().argmax(-1, keepdim=True))
+    fit = _fit_error(w, (high - low) / top, low, top)
+    other = _fit_error(w, -peak / ((top + 1) // 2), peak, top)
+    fit = tuple(torch.where(other[0] < fit[0], o, f) for o, f in zip(other, fit))
+    miss = (fit[0] > GRID_TOLERANCE).squeeze(-1)
+    if bool(miss.any()):
+        rest, rest_low = w[miss], low[miss]
+        for part in (slice(0, 256), slice(None)):  # a sample first: other data fails it in a few ms
+            gaps = rest[part].sort(-1).values.diff(dim=-1)
+            gap = _fit_error(rest[part], torch.where(gaps > 0, gaps, torch.inf).amin(-1, keepdim=True), rest_low[part], top)
+            if bool((gap[0] > GRID_TOLERANCE).any()):
+                return None
+        for whole, found in zip(fit, gap):
+            whole[miss] = found
+    return fit[1], fit[2], fit[3]
+
+
+def grid_weight(weight: torch.Tensor, bits: int) -> Q4Weight | Q5Weight | None:
+    """`weight` as the C kernels' 4- or 5-bit groups if every group of 32 already sits on 16 or 32
+    evenly spaced levels (a dequantized Q4_0/Q4_1/Q4_K or Q5_0/Q5_1 tensor), else None."""
     n, k = weight.shape
     levels, steps, lows = [], [], []
     for start in range(0, n, CHUNK_ROWS):
-        w = weight[start : start + CHUNK_ROWS].float().view(-1, k // GROUP, GROUP)
-        q, step, low = grid_levels(w)
-        step, low = step.half().float(), low.half().float()  # as the kernel reads them
-        if bool(((q * step + low - w).abs() > Int4Weight._TOLERANCE * step).any()):
+        fit = _grid_fit(weight[start : start + CHUNK_ROWS].float().view(-1, k // GROUP, GROUP), (1 << bits) - 1)
+        if fit is None:
             return None
+        q, step, low = fit
         levels.append(q.to(torch.uint8).view(-1, k))
         steps.append(step.view(-1, k // GROUP))
         lows.append(low.view(-1, k // GROUP))
-    return Q4Weight(torch.cat(levels), torch.cat(steps), torch.cat(lows))
+    return (Q4Weight if bits == 4 else Q5Weight)(torch.cat(levels), torch.cat(steps), torch.cat(lows))
 
 
-PackedWeight = Int8Weight | Int4Weight | Fp16Weight | Q4Weight | Q8Weight
+def group_weight(weight: torch.Tensor) -> Q4Weight | Q5Weight | Q8Weight:
+    """The C kernels' copy of `weight`: the fewest bits that hold it (8 requantizes)."""
+    return grid_weight(weight, 4) or grid_weight(weight, 5) or Q8Weight(weight)
+
+
+PackedWeight = Int8Weight | Int4Weight | Fp16Weight | Q4Weight | Q5Weight | Q8Weight
 
 
 class Linear:
     """`y = x @ weight.T + bias`, through the packed copy (int4, int8) for up to
     `choice.packed_max_rows` rows and the dense kernel above: the weight itself, or with fp32
     compute on a CPU its fbgemm fp16 copy (as fast as fp32 from one row to prefill sizes, half the
-    bytes), which then replaces it. With the C kernels (`cpu_qgemm`) the 4/8-bit groups are the
+    bytes), which then replaces it. With the C kernels (`cpu_qgemm`) the 4/5/8-bit groups are the
     only copy and serve every row count."""
 
     def __init__(
@@ -199,7 +243,7 @@ class Linear:
         if _takes_group_weights(weight):
             # The only copy, and every row count goes through the C kernels: a row's numbers are
             # then the same whatever batch or prefill chunk it is in (no crossover to measure).
-            self.packed, self.weight = q4_weight(weight) or Q8Weight(weight), None
+            self.packed, self.weight = group_weight(weight), None
             self.choice = KernelChoice(PACKED_EVERYWHERE)
             return
         if Fp16Weight.supported(weight):
