@@ -113,6 +113,16 @@ static inline __m256i bcast4(const int8_t *x) {
  * (and unpacked) once for R activation rows. */
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
+/* The weights stream from memory once a step (a decode step is bound by it): the cache lines 1 KiB
+ * ahead of a group's `bytes` are asked for now. Interleaved against the hardware prefetcher alone:
+ * Gemma 3's head at one row 8.4 -> 8.1 ms, its 72 layer GEMMs 4.1 -> 3.9 (512 or 2048 bytes ahead
+ * did less). __builtin_prefetch: gcc 12 dropped _mm_prefetch's in this loop. */
+#define PREFETCH_DISTANCE 1024
+ALWAYS_INLINE void prefetch_ahead(const void *p, const int bytes) {
+    const char *c = (const char *)p + PREFETCH_DISTANCE;
+    for (int off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 3);
+}
+
 /* The 5th bits of q5 levels: of a group's 32 bytes, byte 4j+b holds in bit 2s+p the 5th bit of row
  * j's level 16p+4s+b (nibble vector s, plane p: 0 low nibbles, 1 high). One shift and one mask
  * move a (s, p)'s bits to 0x10 in every byte (16-bit shifts: bits crossing a byte are masked). */
@@ -143,6 +153,9 @@ ALWAYS_INLINE void q4_tile(const gemm_args *a, int64_t t, int64_t r, const int R
     for (int i = 0; i < R; i++) acc[i] = mac[i] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; g++, w += TILE * 16, qh += q5 ? 32 : 0, xg += 32 * TILE, xd += TILE, xs += TILE) {
         __m256i lo[4], hi[4];
+        prefetch_ahead(w, TILE * 16);
+        if (q5)
+            prefetch_ahead(qh, 32);
         const __m256i h = q5 ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
         for (int s = 0; s < 4; s++) {
             __m256i b = _mm256_loadu_si256((const __m256i *)(w + s * 32));
@@ -193,6 +206,7 @@ ALWAYS_INLINE void q8_tile(const gemm_args *a, int64_t t, int64_t r, const int R
     __m256 acc[R];
     for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; g++, w += TILE * 32, xg += 32 * TILE, xd += TILE) {
+        prefetch_ahead(w, TILE * 32);
         __m256i p[R];
         for (int i = 0; i < R; i++) p[i] = _mm256_setzero_si256();
         for (int s = 0; s < 8; s++) {
