@@ -12,12 +12,12 @@ activations would otherwise carry an fp32 difference of 1e-7 upstream across a r
 and grow it). The weights take about the GGUF file's size (SmolLM2 92 MiB for a 94 MiB file,
 Gemma 3 245 MiB for 241, against 311 and 832 with fp16). Accuracy against llama.cpp,
 teacher-forced (fp16 KV cache): Gemma 3 1096/1096 top-1 at 0.0054 nats, SmolLM2 1106/1106 at
-0.0074. Prefill-sized batches run near fbgemm's fp16 speed (3072 x 576 at 512 rows: 11.8 against
-10.8 ms).
+0.0074. Prefill-sized batches run faster than fbgemm's fp16 (3072 x 576 at 512 rows: 12.7 against
+19.4 ms).
 
 The default wherever the fp32 path runs and the kernels build (a CPU without fast bf16: the
 start-up probe picks fp32 compute there); `LOCALBATCH_CPU_QUANT_KERNELS=0` keeps fbgemm's fp16
-weights instead (slightly faster prefill, three times the memory, batched runs equal to alone ones only up
+weights instead (three times the memory, batched runs equal to alone ones only up
 to near-ties).
 
 The C source ships in the package and is compiled once per machine into the user cache dir at the
