@@ -102,7 +102,7 @@ static inline __m256i bcast4(const int8_t *x) {
 
 /* Every output y[r, n] is, over the groups g in order,
  *     acc = fma(d[n, g] * xd[r, g], (float)dot_int(w[n, g], x[r, g]), acc)
- *     mac = fma(m[n, g], xs[r, g], mac)            (q4 only)
+ *     mac = fma(m[n, g], xs[r, g], mac)            (q4 and q5)
  * and then acc + mac, in lane n % 8 of a tile. The integer dot is exact, so neither the batch size
  * nor the row blocking below changes a bit of any output.
  *

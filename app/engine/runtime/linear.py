@@ -188,7 +188,8 @@ def _grid_fit(w: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor, to
     miss = (fit[0] > GRID_TOLERANCE).squeeze(-1)
     if bool(miss.any()):
         rest, rest_low = w[miss], low[miss]
-        for part in (slice(0, 256), slice(None)):  # a sample first: other data fails it in a few ms
+        # A sample first: data on no grid fails it in a few ms instead of a sort of the whole chunk.
+        for part in (slice(0, 256), slice(None)) if len(rest) > 256 else (slice(None),):
             gaps = rest[part].sort(-1).values.diff(dim=-1)
             gap = _fit_error(rest[part], torch.where(gaps > 0, gaps, torch.inf).amin(-1, keepdim=True), rest_low[part], top)
             if bool((gap[0] > GRID_TOLERANCE).any()):
