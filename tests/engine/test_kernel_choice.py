@@ -122,6 +122,18 @@ def test_fp32_compute_runs_fp16_weights_batch_invariant_without_an_fp32_copy(mon
     assert Linear(w, allow_packed=False).weight is w
 
 
+def test_auto_dtype_on_a_cpu_is_fp32_where_the_c_kernels_build_whatever_bf16_measures(monkeypatch):
+    from app.engine.runtime import device
+    from app.kernels import cpu_qgemm
+
+    monkeypatch.setattr(device, "cpu_bf16_is_faster", lambda: True)
+    monkeypatch.setattr(cpu_qgemm, "enabled", lambda: True)
+    assert device.resolve_device("cpu", "auto").dtype == torch.float32
+    monkeypatch.setattr(cpu_qgemm, "enabled", lambda: False)  # LOCALBATCH_CPU_QUANT_KERNELS=0, no compiler
+    assert device.resolve_device("cpu", "auto").dtype == torch.bfloat16
+    assert device.resolve_device("cpu", "bfloat16").dtype == torch.bfloat16
+
+
 def test_an_x86_cpu_without_bf16_dot_products_computes_in_fp32_whatever_a_probe_says(monkeypatch):
     from app.engine.runtime import device
     from app.kernels import cpu_build
