@@ -88,8 +88,8 @@ typedef struct {
 static inline __m256 load_ph(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
 /* The activations come in blocks of 8 rows, group by group: [M/8][G][8 rows][32 levels], so that a
- * kernel reaches R rows from one pointer at constant offsets (with rows K apart it spent its
- * registers and time on addresses); the scale tables likewise, [M/8][G][8]. */
+ * kernel reaches its R rows from one pointer at constant offsets; the scale tables likewise,
+ * [M/8][G][8]. */
 static inline int64_t x_at(int64_t r, int64_t K) { return r / TILE * K * TILE + r % TILE * 32; }
 static inline int64_t tab_at(int64_t r, int64_t G) { return r / TILE * G * TILE + r % TILE; }
 
