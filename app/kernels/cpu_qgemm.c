@@ -227,26 +227,22 @@ ALWAYS_INLINE void q8_tile(const gemm_args *a, int64_t t, int64_t r, const int R
     }
 }
 
+/* Tile t against rows r .. r+R-1, in the matrix's format (a branch per tile, not per group). */
+ALWAYS_INLINE void tile(const gemm_args *a, int64_t t, int64_t r, const int R) {
+    if (a->qh)
+        q4_tile(a, t, r, R, 1);
+    else if (a->m)
+        q4_tile(a, t, r, R, 0);
+    else
+        q8_tile(a, t, r, R);
+}
+
 /* Tile t against rows r .. end-1, eight at a time, then four, two, one. */
-static void q4_rows(const gemm_args *a, int64_t t, int64_t r, int64_t end) {
-    for (; r + 8 <= end; r += 8) q4_tile(a, t, r, 8, 0);
-    if (r + 4 <= end) q4_tile(a, t, r, 4, 0), r += 4;
-    if (r + 2 <= end) q4_tile(a, t, r, 2, 0), r += 2;
-    if (r < end) q4_tile(a, t, r, 1, 0);
-}
-
-static void q5_rows(const gemm_args *a, int64_t t, int64_t r, int64_t end) {
-    for (; r + 8 <= end; r += 8) q4_tile(a, t, r, 8, 1);
-    if (r + 4 <= end) q4_tile(a, t, r, 4, 1), r += 4;
-    if (r + 2 <= end) q4_tile(a, t, r, 2, 1), r += 2;
-    if (r < end) q4_tile(a, t, r, 1, 1);
-}
-
-static void q8_rows(const gemm_args *a, int64_t t, int64_t r, int64_t end) {
-    for (; r + 8 <= end; r += 8) q8_tile(a, t, r, 8);
-    if (r + 4 <= end) q8_tile(a, t, r, 4), r += 4;
-    if (r + 2 <= end) q8_tile(a, t, r, 2), r += 2;
-    if (r < end) q8_tile(a, t, r, 1);
+static void tile_rows(const gemm_args *a, int64_t t, int64_t r, int64_t end) {
+    for (; r + 8 <= end; r += 8) tile(a, t, r, 8);
+    if (r + 4 <= end) tile(a, t, r, 4), r += 4;
+    if (r + 2 <= end) tile(a, t, r, 2), r += 2;
+    if (r < end) tile(a, t, r, 1);
 }
 
 /* Quantize x, then every tile. Each thread owns a contiguous share of the weight tiles; x is
@@ -267,19 +263,12 @@ static inline void run_gemm(const gemm_args *a, const float *x, int nthreads) {
         int64_t t0 = tiles * th / nt, t1 = tiles * (th + 1) / nt;
         for (int64_t b = 0; b < M; b += block) {
             int64_t end = b + block < M ? b + block : M;
-            for (int64_t t = t0; t < t1; t++) {
-                if (a->qh)
-                    q5_rows(a, t, b, end);
-                else if (a->m)
-                    q4_rows(a, t, b, end);
-                else
-                    q8_rows(a, t, b, end);
-            }
+            for (int64_t t = t0; t < t1; t++) tile_rows(a, t, b, end);
         }
     }
 }
 
-/* A weight as Q4Weight / Q8Weight (cpu_qgemm.py) lay it out: built once per matrix, so a call
+/* A weight as Q4Weight / Q5Weight / Q8Weight (cpu_qgemm.py) lay it out: built once per matrix, so a call
  * passes one pointer for it. */
 typedef struct {
     int64_t K, N;
