@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -58,13 +59,19 @@ def test_wheel_holds_every_module(wheel):
 
 
 def test_installed_wheel_reads_its_assets(wheel, tmp_path):
-    """Installed into a fresh venv (dependencies from the running interpreter's site-packages) and
+    """Installed into a fresh venv (dependencies from the running environment's site-packages) and
     run outside the checkout: ASSETS_DIR (which the TUI's CSS and the chat templates are read
     from) is the wheel's own app/assets."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
-                   check=True, timeout=120)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
+    # The running environment's packages (a venv's, not the base interpreter's, which is all that
+    # --system-site-packages would expose), after the new venv's own. Plain paths: the .pth files
+    # in them (the editable install of this checkout) are not processed.
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    running = dict.fromkeys(sysconfig.get_path(k) for k in ("purelib", "platlib"))
+    (Path(purelib) / "running_env.pth").write_text("".join(f"{p}\n" for p in running))
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q", str(wheel)],
         capture_output=True, text=True, timeout=300, check=False,
