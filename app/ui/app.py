@@ -18,6 +18,7 @@ from app.engine.api.engine_client import EngineClient
 from app.engine.api.progress import ProgressFn
 from app.ui.endpoint import EmbeddedEndpoint, ServeFn
 from app.ui.keys import CHAT_ACTIONS, effective_keys
+from app.ui.pulling import PullState, start_pull
 from app.ui.loading import (
     EngineFactory,
     LoadingScreen,
@@ -84,6 +85,7 @@ class LocalbatchApp(App):
         self.model: str | None = None  # what was asked for (catalog name or path); None: the default
         self._remember: str | None = None  # a model switched to, stored as the next start's model once loaded
         self._serve_after_load = False  # the endpoint was serving when the model was switched
+        self.pulling: PullState | None = None  # the latest model pull started from the picker
 
     # start-up
 
@@ -155,9 +157,48 @@ class LocalbatchApp(App):
         screen = ChatScreen(engine, self.store, info, self.endpoint, self.export_dir, self.options.poll_interval)
         self.switch_screen(screen)
         self.notify(f"{info.headline()} ready in {elapsed_s:.1f} s", title="Model loaded")
+        if not engine.is_remote and not engine.chat_template:
+            self._no_chat_model_hint()
         if self.options.serve or self._serve_after_load:
             screen.call_after_refresh(screen.action_toggle_endpoint)
         self._serve_after_load = False
+
+    def _no_chat_model_hint(self) -> None:
+        """A base model is loaded: if no chat model is pulled either, say how to get one."""
+        from app.engine.gguf.catalog import CATALOG, CHAT_DEFAULT, CHAT_PREFERENCE, installed_path
+
+        if any(installed_path(name) for name in CHAT_PREFERENCE):
+            return
+        key = self.keys["switch_model"].split(",")[0]
+        size = CATALOG[CHAT_DEFAULT].size / 1e9
+        self.notify(f"No chat model is pulled, so this base model only continues text. Press {key} to pull "
+                    f"{CHAT_DEFAULT} ({size:.1f} GB) here, or run `localbatch pull {CHAT_DEFAULT}`.",
+                    title="No chat model", severity="warning", timeout=30)
+
+    def pull_model(self, name: str) -> None:
+        """Pull catalog model `name` in a thread while the current model keeps serving; the chat
+        screen shows its progress, and a note says when it is done (or why not)."""
+        if self.pulling is not None and not self.pulling.done:
+            self.notify(f"Already pulling {self.pulling.name}", severity="warning")
+            return
+        from app.engine.gguf.pull import pull
+
+        self.pulling = start_pull(name, pull, self._pull_ended)
+        self.notify(f"Pulling {name}; the current model keeps serving", title="Pull")
+
+    def _pull_ended(self, state: PullState) -> None:
+        """From the pull's thread: one hand-off to the UI thread (gone if the app has exited)."""
+        try:
+            self.call_from_thread(self._pull_done, state)
+        except RuntimeError:
+            pass
+
+    def _pull_done(self, state: PullState) -> None:
+        if state.error:
+            self.notify(f"Could not pull {state.name}: {state.error}", title="Pull failed", severity="error", timeout=20)
+            return
+        key = self.keys["switch_model"].split(",")[0]
+        self.notify(f"{state.name} is pulled: press {key} to switch to it", title="Pull done", timeout=20)
 
     def export_dir(self) -> Path:
         return self.config.export_dir or self.data_dir / "exports"

@@ -68,15 +68,19 @@ class RenameDialog(ModalScreen["str | None"]):
 
 
 class ModelPicker(ModalScreen["str | None"]):
-    """Choose the model to switch to: a catalog entry (those not pulled yet are listed, disabled,
-    with the command that pulls them) or a GGUF file path. Dismisses with the choice or None."""
+    """Choose the model to switch to: a catalog entry or a GGUF file path. Entries not pulled yet
+    are listed with their size: choosing one pulls it in the background (the current model keeps
+    serving). Dismisses with the choice or None."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, entries: list[tuple[str, str, bool]], current: str) -> None:
+    def __init__(self, entries: list[tuple[str, str, bool]], current: str, sizes: dict[str, str] | None = None,
+                 pulling: str | None = None) -> None:
         super().__init__(classes="dialog-screen")
         self._entries = entries
         self._current = current
+        self._sizes = sizes or {}
+        self._pulling = pulling
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog model-picker"):
@@ -86,8 +90,14 @@ class ModelPicker(ModalScreen["str | None"]):
 
     def _option(self, name: str, description: str, ready: bool) -> Option:
         marker = "● " if name == self._current else "  "
-        note = description if ready else f"not pulled: run `localbatch pull {name}`"
-        return Option(f"{marker}{name}\n    {note}", id=name, disabled=not ready)
+        size = self._sizes.get(name, "")
+        if name == self._pulling:
+            note = "pulling now (progress in the side panel)"
+        elif ready:
+            note = description
+        else:
+            note = f"not pulled ({size}): enter pulls it, the current model keeps serving"
+        return Option(f"{marker}{name}\n    {note}", id=name, disabled=name == self._pulling)
 
     def on_mount(self) -> None:
         self.query_one(OptionList).focus()

@@ -97,6 +97,7 @@ class ChatScreen(Screen):
                 yield KVBudgetPanel(id="kv-panel")
                 yield ThroughputPanel(id="tp-panel")
                 yield PanelText(id="endpoint-status")
+                yield Static("", id="pull-status")
         yield StableFooter()
 
     def _pane(self, chat: ChatRecord) -> ChatPane:
@@ -123,6 +124,8 @@ class ChatScreen(Screen):
         self.set_interval(1 / FRAME_HZ, self._on_frame)
         self.call_after_refresh(self._focus_active)
         self.call_after_refresh(freeze_long_lived_objects)
+        self._pull_text: str | None = None
+        self.set_interval(0.25, self._paint_pull)
 
     def on_unmount(self) -> None:
         gc.unfreeze()  # this screen's objects may be garbage now (a model switch, the app's exit)
@@ -316,14 +319,32 @@ class ChatScreen(Screen):
             self.notify("The remote server chooses the model; run without --backend-url to switch models here.",
                         severity="warning")
             return
-        from app.engine.gguf.catalog import picker_entries
+        from app.engine.gguf.catalog import CATALOG, picker_entries
+
+        entries = picker_entries()
+        ready = {name: ok for name, _, ok in entries}
+        state = getattr(self.app, "pulling", None)
+        pulling = state.name if state is not None and not state.done else None
 
         def chosen(target: str | None) -> None:
-            if target and target != self.info.model_name:
+            if target and target in ready and not ready[target]:
+                self.app.pull_model(target)
+            elif target and target != self.info.model_name:
                 # The app's worker, not this screen's: the switch replaces this screen.
                 self.app.run_worker(self.app.switch_model(target), group="switch-model", exclusive=True)
 
-        self.app.push_screen(ModelPicker(picker_entries(), self.info.model_name), chosen)
+        sizes = {e.name: f"{e.size / 1e9:.1f} GB" if e.size >= 1e9 else f"{e.size / 1e6:.0f} MB" for e in CATALOG.values()}
+        self.app.push_screen(ModelPicker(entries, self.info.model_name, sizes, pulling), chosen)
+
+    def _paint_pull(self) -> None:
+        """The side panel's pull line, from the pull thread's latest report (frame clock)."""
+        state = getattr(self.app, "pulling", None)
+        text = state.line() if state is not None and not state.done else ""
+        widget = self.query_one("#pull-status", Static)
+        if text != self._pull_text:
+            self._pull_text = text
+            widget.update(text)
+            widget.display = bool(text)
 
     # embedded endpoint
 

@@ -220,3 +220,24 @@ def test_embedded_model_full_dequantization(embedded_model_path: Path) -> None:
     # ~0.5 s on an idle 2-core machine. The bound only catches a fall-back to per-block loops: with
     # OpenMP spin-waiting, 2 threads on a machine shared with other jobs can take 10-20 s.
     assert elapsed < 60, f"dequantizing the embedded model took {elapsed:.2f} s"
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+def test_grid_form_gives_the_dequantized_values(qtype):
+    """levels * step + low per group of 32 equals dequantize() exactly, read from the blocks."""
+    from gguf import GGMLQuantizationType
+    from gguf import quants as gq
+
+    from app.engine.gguf.quants import GridForm, dequantize, grid_form
+
+    t = GGMLQuantizationType[qtype]
+    w = (torch.randn(24, 256, generator=torch.Generator().manual_seed(3)) * 0.05).numpy()
+    raw = gq.quantize(w, t)
+    form = grid_form(raw, t, (24, 256))
+    assert form.bits == (4 if qtype.startswith("Q4") else 5) and int(form.levels.max()) < (1 << form.bits)
+    values = form.levels.float().view(24, 8, 32) * form.step.unsqueeze(-1) + form.low.unsqueeze(-1)
+    assert torch.equal(values.view(24, 256), dequantize(raw, t, (24, 256)))
+    both = GridForm.cat([form, form])
+    assert both.levels.shape == (48, 256) and both.step.shape == (48, 8)
+    assert grid_form(gq.quantize(w, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0, (24, 256)) is None
+    assert GridForm.cat([form, None]) is None

@@ -74,3 +74,24 @@ async def test_chat_model_sends_messages_and_no_base_model_note(tmp_path: Path) 
         prompt, params, _ = fake.submitted[0]
         assert prompt == [{"role": "user", "content": "hi there"}]
         assert not params.stop
+
+
+async def test_no_chat_model_pulled_says_how_to_get_one(tmp_path: Path, monkeypatch: Any) -> None:
+    from app.engine.gguf import catalog
+
+    monkeypatch.setattr(catalog, "installed_path", lambda name: None)
+    app, _ = make_app(tmp_path, engine(False))
+    async with app.run_test(size=SIZE) as pilot:
+        await chat_screen(pilot)
+        notes = [n.message for n in app._notifications]
+        assert any(f"localbatch pull {catalog.CHAT_DEFAULT}" in m and "f5" in m for m in notes), notes
+
+
+async def test_no_hint_once_a_chat_model_is_pulled(tmp_path: Path, monkeypatch: Any) -> None:
+    from app.engine.gguf import catalog
+
+    monkeypatch.setattr(catalog, "installed_path", lambda name: tmp_path / f"{name}.gguf")
+    app, _ = make_app(tmp_path, engine(False))
+    async with app.run_test(size=SIZE) as pilot:
+        await chat_screen(pilot)
+        assert not any("No chat model" in (n.title or "") for n in app._notifications)

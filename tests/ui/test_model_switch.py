@@ -78,8 +78,8 @@ async def test_switch_keeps_chats_records_models_and_remembers_the_choice(tmp_pa
         await pilot.press("f5")
         await until(pilot, lambda: isinstance(pilot.app.screen, ModelPicker))
         labels = [str(o.prompt) for o in pilot.app.screen.query_one(OptionList).options]
-        assert "not pulled: run `localbatch pull not-pulled`" in labels[1]
-        assert pilot.app.screen.query_one(OptionList).get_option_at_index(1).disabled
+        assert "not pulled" in labels[1] and "enter pulls it" in labels[1]
+        assert not pilot.app.screen.query_one(OptionList).get_option_at_index(1).disabled
         await pilot.press("escape")
         await _pick(pilot, "model-b")
         screen = await _chat(pilot, "model-b")
@@ -141,3 +141,49 @@ async def test_the_endpoint_serves_the_new_model_after_a_switch(tmp_path: Path, 
         assert resp.json()["data"][0]["id"] == "model-b"
         await pilot.press("f9")
         await until(pilot, lambda: not screen.endpoint.running)
+
+
+async def test_the_picker_pulls_a_model_while_the_current_one_serves(tmp_path: Path, monkeypatch: Any) -> None:
+    """Choosing an unpulled entry pulls it in a thread: the side panel shows its progress, replies
+    keep streaming from the current model, and a note says when it is done; a failed pull says why."""
+    import threading
+
+    from textual.widgets import Static
+
+    from app.engine.gguf import pull as pull_module
+
+    _entries(monkeypatch)
+    release, calls = threading.Event(), []
+
+    def fake_pull(name: str, progress: Any = None) -> Path:
+        calls.append(name)
+        progress("downloading not-pulled: part 3/6, 200 / 491 MB", 0.4)
+        if not release.wait(10):
+            raise AssertionError("never released")
+        if len(calls) > 1:
+            raise LocalbatchError("part 2/6 (x==1): checksum mismatch")
+        return tmp_path / "x.gguf"
+
+    monkeypatch.setattr(pull_module, "pull", fake_pull)
+    models = Models()
+    app = _app(tmp_path, models)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await _chat(pilot, "default-model")
+        await _pick(pilot, "not-pulled")
+        await until(pilot, lambda: "40%" in str(screen.query_one("#pull-status", Static).render()))
+        assert screen.query_one("#pull-status", Static).display
+        await type_and_send(pilot, "still here?")  # the current model keeps serving meanwhile
+        await idle(pilot, screen)
+        assert [m.role for m in screen.active_pane().messages][-1] == "assistant"
+        assert app.engine is models.engines[0] and models.loaded == [None]
+        release.set()
+        await until(pilot, lambda: app.pulling.done)
+        await until(pilot, lambda: not screen.query_one("#pull-status", Static).display)
+        notes = [n.message for n in app._notifications]
+        assert any("not-pulled is pulled" in m for m in notes), notes
+        release.clear()
+        await _pick(pilot, "not-pulled")
+        release.set()
+        await until(pilot, lambda: app.pulling.done)
+        await pilot.pause()
+        assert any("Could not pull not-pulled: part 2/6" in n.message for n in app._notifications)

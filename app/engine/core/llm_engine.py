@@ -27,6 +27,7 @@ from app.engine.gguf.loader import load_gguf
 from app.engine.runtime.decoder import DecoderLM
 from app.engine.runtime.device import DeviceSetup, copy_bandwidth, kv_pool_blocks, resolve_device
 from app.engine.runtime.kv_pool import kv_sizes, resolve_kv_cache_dtype
+from app.engine.runtime.linear import takes_grids
 from app.engine.runtime.model_runner import ModelRunner, StepOutput
 from app.engine.structured.compiler import ConstraintCompiler
 from app.engine.text.tokenizer import Tokenizer
@@ -76,11 +77,12 @@ class LLMEngine:
             from app.engine.gguf.default_model import default_model_path
 
             path = default_model_path(progress=progress)
-        loaded = load_gguf(path, self.setup.device, self.setup.dtype, progress)
+        grids = takes_grids(self.setup.device, self.setup.dtype)
+        loaded = load_gguf(path, self.setup.device, self.setup.dtype, progress, grids=grids)
         self.model_config = loaded.config
         self.model_name = catalog_name(loaded.path) or str(loaded.metadata.get("general.name") or loaded.path.stem)
         self.tokenizer: Tokenizer | None = Tokenizer.from_gguf_metadata(loaded.metadata)
-        self.model = DecoderLM(loaded.config, loaded.weights, self.setup.device)
+        self.model = DecoderLM(loaded.config, loaded.weights, self.setup.device, loaded.grids if grids else None)
 
     def _init_random(self, spec: str) -> None:
         from app.engine.gguf.random_weights import random_model

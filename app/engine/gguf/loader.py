@@ -6,7 +6,7 @@ Every problem with the file surfaces as one `GGUFError` line naming the file and
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import torch
 from app.engine.api.errors import GGUFError
 from app.engine.api.progress import ProgressFn
 from app.engine.gguf.model_config import ModelConfig
-from app.engine.gguf.quants import SUPPORTED_TYPES, dequantize
+from app.engine.gguf.quants import SUPPORTED_TYPES, GridForm, dequantize, grid_form
 from app.engine.gguf.reader import GGUFFile
 
 
@@ -25,6 +25,8 @@ class LoadedModel:
     config: ModelConfig
     weights: dict[str, torch.Tensor]
     metadata: dict[str, Any]
+    # The 4/5-bit matrices' levels, steps and lows, read from their blocks (load_gguf(grids=True)).
+    grids: dict[str, GridForm] = field(default_factory=dict)
 
 
 def expected_shapes(cfg: ModelConfig, vocab: int) -> dict[str, tuple[int, ...]]:
@@ -60,7 +62,9 @@ def load_gguf(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     progress: ProgressFn | None = None,
+    grids: bool = False,
 ) -> LoadedModel:
+    """`grids`: also read every 4/5-bit matrix as a GridForm (what the CPU's C kernels hold)."""
     path = Path(path)
     with GGUFFile(path) as f:
         md = f.metadata
@@ -76,15 +80,18 @@ def load_gguf(
             if optional in f.tensors:
                 shapes[optional] = (cfg.vocab_size, cfg.hidden_size)
         _check_tensors(path, f, shapes)
-        weights = {}
+        weights, forms = {}, {}
         for n, name in enumerate(shapes):
             info = f.tensors[name]
             # Norm weights stay fp32: rms_norm runs in fp32 anyway.
             target = torch.float32 if "norm" in name else dtype
             weights[name] = dequantize(f.raw(name), info.ggml_type, info.shape, dtype=target, name=name).to(device)
+            form = grid_form(f.raw(name), info.ggml_type, info.shape, name=name) if grids else None
+            if form is not None:
+                forms[name] = form
             if progress is not None:
                 progress("loading tensors", (n + 1) / len(shapes))
-        return LoadedModel(path=path, config=cfg, weights=weights, metadata=md)
+        return LoadedModel(path=path, config=cfg, weights=weights, metadata=md, grids=forms)
 
 
 def _check_tensors(path: Path, f: GGUFFile, shapes: dict[str, tuple[int, ...]]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from types import MappingProxyType
 
 import numpy as np
@@ -321,6 +322,78 @@ def dequantize(
         src = data.view(float_dtype)
         return (src.clone() if float_dtype == dtype else src.to(dtype)).view(shape)
     return _dequantize_blocks(data, ggml_type, dtype).view(shape)
+
+
+@dataclass(frozen=True)
+class GridForm:
+    """A tensor of 4- or 5-bit GGUF blocks as the C kernels' groups hold it: per group of 32
+    consecutive weights of a row, w = level * step + low (level 0..15 or 0..31). Read straight
+    from the blocks, so no fit against dequantized values is needed."""
+
+    levels: torch.Tensor  # uint8 [rows, k]
+    step: torch.Tensor  # fp32 [rows, k // 32]
+    low: torch.Tensor  # fp32 [rows, k // 32]
+    bits: int
+
+    @staticmethod
+    def cat(forms: list[GridForm | None]) -> GridForm | None:
+        """Row-wise concatenation (fused q/k/v, gate/up); 4-bit levels are valid 5-bit ones."""
+        if not forms or any(f is None for f in forms):
+            return None
+        if len(forms) == 1:
+            return forms[0]
+        return GridForm(torch.cat([f.levels for f in forms]), torch.cat([f.step for f in forms]),
+                        torch.cat([f.low for f in forms]), max(f.bits for f in forms))
+
+
+def _grid_legacy(planes: tuple[torch.Tensor, torch.Tensor], step: torch.Tensor, low: torch.Tensor) -> tuple:
+    """Q4_0/Q4_1/Q5_0/Q5_1: one group a block, its first and second 16 levels in two planes."""
+    return torch.cat(planes, dim=-1), step, low
+
+
+def _grid_k(blocks: torch.Tensor, planes: tuple[torch.Tensor, torch.Tensor]) -> tuple:
+    """Q4_K/Q5_K: eight groups a block, even and odd ones in two [n, 4, 32] planes; step = d *
+    scale, low = -(dmin * min), the products _k_affine rounds to fp32."""
+    scales, mins = _k_scales_mins(blocks[:, 4:16])
+    levels = torch.stack(planes, dim=2).view(-1, 8 * 32)
+    return levels, _f16(blocks, 0) * scales, -(_f16(blocks, 2) * mins)
+
+
+def _q5_k_planes(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    low, high = _nibble_planes(blocks[:, 48:].view(-1, 4, 32))
+    fifth = _bits(blocks[:, 16:48], 1, lshift=4).view(-1, 4, 2, 32)
+    return low.bitwise_or_(fifth[:, :, 0]), high.bitwise_or_(fifth[:, :, 1])
+
+
+_GRID_KERNELS: MappingProxyType[int, tuple[int, Callable[[torch.Tensor], tuple]]] = MappingProxyType({
+    _T.Q4_0: (4, lambda b: _grid_legacy(_nibble_planes(b[:, 2:]), _f16(b, 0), -8 * _f16(b, 0))),
+    _T.Q4_1: (4, lambda b: _grid_legacy(_nibble_planes(b[:, 4:]), _f16(b, 0), _f16(b, 2))),
+    _T.Q5_0: (5, lambda b: _grid_legacy(_q5_planes(b, 2), _f16(b, 0), -16 * _f16(b, 0))),
+    _T.Q5_1: (5, lambda b: _grid_legacy(_q5_planes(b, 4), _f16(b, 0), _f16(b, 2))),
+    _T.Q4_K: (4, lambda b: _grid_k(b, _nibble_planes(b[:, 16:].view(-1, 4, 32)))),
+    _T.Q5_K: (5, lambda b: _grid_k(b, _q5_k_planes(b))),
+})
+
+
+def grid_form(raw: np.ndarray | torch.Tensor, ggml_type: int, shape: tuple[int, ...], *,
+              name: str | None = None) -> GridForm | None:
+    """A 2-D tensor's GGUF bytes as a GridForm, or None for a type that has no 16- or 32-level
+    grid per group of 32 (F32, Q8_0, Q6_K, ...)."""
+    kernel = _GRID_KERNELS.get(int(ggml_type))
+    if kernel is None or len(shape) != 2:
+        return None
+    shape = tuple(int(d) for d in shape)
+    data = _as_uint8_tensor(raw)
+    _check_request(int(ggml_type), shape, data.numel(), name)
+    bits, decode = kernel
+    block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(ggml_type))]
+    blocks = data.view(-1, type_size)
+    step = max(1, _CHUNK_ELEMENTS // block_size)
+    parts = [decode(blocks[start:start + step]) for start in range(0, blocks.shape[0], step)]
+    rows, k = shape
+    levels, steps, lows = (torch.cat([p[i] for p in parts]) for i in range(3))
+    return GridForm(levels.reshape(rows, k).contiguous(), steps.reshape(rows, k // 32).float(),
+                    lows.reshape(rows, k // 32).float(), bits)
 
 
 def _dequantize_blocks(data: torch.Tensor, ggml_type: int, dtype: torch.dtype) -> torch.Tensor:

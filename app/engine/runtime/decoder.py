@@ -15,7 +15,8 @@ import torch.nn.functional as F
 
 from app.engine.gguf.model_config import ModelConfig
 from app import kernels
-from app.engine.runtime.linear import Linear, nbytes, storage_key
+from app.engine.gguf.quants import GridForm
+from app.engine.runtime.linear import Linear, grid_packed, nbytes, storage_key
 from app.kernels import AttentionMetadata, KVCacheLayer, cpu_attention, cpu_forward, cpu_ops, cpu_qgemm
 from app.kernels.cpu_qgemm import Q4Weight, Q5Weight, Q8Weight
 
@@ -94,25 +95,32 @@ class RotaryEmbedding:
 
 
 class DecoderLayer:
-    def __init__(self, cfg: ModelConfig, idx: int, w: dict[str, torch.Tensor], rope: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig, idx: int, w: dict[str, torch.Tensor], rope: RotaryEmbedding,
+                 grids: dict[str, GridForm] | None = None) -> None:
         p = f"blk.{idx}."
+
+        def fused(*names: str, bias: torch.Tensor | None = None) -> Linear:
+            weight = torch.cat([w[p + n] for n in names]) if len(names) > 1 else w[p + names[0]]
+            grid = GridForm.cat([grids.get(p + n) for n in names]) if grids is not None else None
+            return Linear(weight, bias, grid=grid, fit_grid=grids is None)
+
         self.cfg = cfg
         self.window = cfg.layer_window(idx)
         self.rope = rope
         self.attn_norm = w[p + "attn_norm.weight"]
         qkv_bias = torch.cat([w[p + "attn_q.bias"], w[p + "attn_k.bias"], w[p + "attn_v.bias"]]) if cfg.attn_bias else None
-        self.qkv = Linear(torch.cat([w[p + "attn_q.weight"], w[p + "attn_k.weight"], w[p + "attn_v.weight"]]), qkv_bias)
+        self.qkv = fused("attn_q.weight", "attn_k.weight", "attn_v.weight", bias=qkv_bias)
         # q and k are normalised and rotated as one [tokens, q_heads + kv_heads, head_dim] tensor:
         # half the small ops of doing them apart, the same numbers (both are per-head operations).
         self.qk_norm = None
         if cfg.qk_norm:
             q_norm, k_norm = w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"]
             self.qk_norm = torch.cat([q_norm.expand(cfg.num_heads, -1), k_norm.expand(cfg.num_kv_heads, -1)])
-        self.o_proj = Linear(w[p + "attn_output.weight"])
+        self.o_proj = fused("attn_output.weight")
         self.post_attn_norm = w.get(p + "post_attention_norm.weight")
         self.ffn_norm = w[p + "ffn_norm.weight"]
-        self.gate_up = Linear(torch.cat([w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]]))
-        self.down = Linear(w[p + "ffn_down.weight"])
+        self.gate_up = fused("ffn_gate.weight", "ffn_up.weight")
+        self.down = fused("ffn_down.weight")
         self.post_ffw_norm = w.get(p + "post_ffw_norm.weight")
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
@@ -174,17 +182,22 @@ class DecoderLM:
     """`hidden_states(input_ids [N], positions [N], meta, kv_caches, logits_indices)` -> final hidden
     states `[len(idx), hidden_size]`; `compute_logits` of those -> logits `[len(idx), vocab]`."""
 
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device) -> None:
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device,
+                 grids: dict[str, GridForm] | None = None) -> None:
+        """`grids`: the 4/5-bit matrices as their GGUF blocks hold them (`load_gguf(grids=True)`); a
+        matrix missing there has none. None: look for grids in the values (random weights)."""
         self.cfg = cfg
         self.device = device
         self.embed = weights["token_embd.weight"]
-        lm_head = weights.get("output.weight", self.embed)  # tied unless the file has its own
+        head_name = "output.weight" if "output.weight" in weights else "token_embd.weight"  # tied unless
+        lm_head = weights[head_name]
         self.final_norm = weights["output_norm.weight"]
         self.dtype = self.embed.dtype
         # The output projection is the biggest matrix (262k x 640 for Gemma 3): its packed copy (int8,
         # int4 for a large vocabulary with bf16 compute; 8-bit groups with fp32 compute) cuts the
         # bytes a small batch reads; above its measured crossover the dense weight serves.
-        self.head = Linear(lm_head, requantize_int4=cfg.vocab_size >= INT4_HEAD_MIN_VOCAB)
+        self.head = Linear(lm_head, requantize_int4=cfg.vocab_size >= INT4_HEAD_MIN_VOCAB,
+                           grid=(grids or {}).get(head_name), fit_grid=grids is None)
         # With fp32 compute only the batch's rows are read from the table once the head keeps its
         # own copy: a tied table is read from the head's 4/5/8-bit groups (exact for Q8_0, Q4
         # and Q5 sources; Gemma 3's 262k x 640: no second copy instead of 671 MB), any other kept in fp16.
@@ -192,6 +205,8 @@ class DecoderLM:
         if self.embed.dtype == torch.float32 and self.head.weight is None:
             if lm_head is self.embed and isinstance(self.head.packed, (Q4Weight, Q8Weight)) and self.head.dense is None:
                 self.embed_rows, self.embed = self.head.packed, None
+            elif grids and "token_embd.weight" in grids:  # an untied 4/5-bit table: its groups, not an fp16 copy
+                self.embed_rows, self.embed = grid_packed(grids["token_embd.weight"]), None
             elif _fits_fp16(self.embed):
                 self.embed = self.embed.half()
         rope_global = RotaryEmbedding(
@@ -202,7 +217,7 @@ class DecoderLM:
             rope_local = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta_local, cfg.rope_style, 1.0, device)
         self.ropes = list({rope_global: None, rope_local: None})
         self.layers = [
-            DecoderLayer(cfg, i, weights, rope_local if cfg.is_sliding(i) else rope_global)
+            DecoderLayer(cfg, i, weights, rope_local if cfg.is_sliding(i) else rope_global, grids)
             for i in range(cfg.num_layers)
         ]
         linears = [lin for layer in self.layers for lin in layer.linears()] + [self.head]
@@ -222,7 +237,8 @@ class DecoderLM:
     def resident_weight_bytes(self) -> int:
         """Every weight byte held, int8 copies included (compare with the GGUF file's size)."""
         linears = [lin for layer in self.layers for lin in layer.linears()] + [self.head]
-        tensors = [t for lin in linears for t in lin.resident()] + [t for t in (self.embed, self.final_norm) if t is not None]
+        held = (self.embed, self.embed_rows, self.final_norm)
+        tensors = [t for lin in linears for t in lin.resident()] + [t for t in held if t is not None]
         return _unique_bytes(tensors + [t for layer in self.layers for t in layer.norms()])
 
     @torch.inference_mode()

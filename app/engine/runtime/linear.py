@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from app.engine.gguf.quants import GridForm
 from app.engine.runtime.kernel_choice import PACKED_EVERYWHERE, KernelChoice, choose_packed_rows, dense_forced
 from app.kernels import cpu_qgemm
 from app.kernels.cpu_qgemm import CHUNK_ROWS, GROUP, Q4Weight, Q5Weight, Q8Weight
@@ -215,6 +216,17 @@ def grid_weight(weight: torch.Tensor, bits: int) -> Q4Weight | Q5Weight | None:
     return (Q4Weight if bits == 4 else Q5Weight)(torch.cat(levels), torch.cat(steps), torch.cat(lows))
 
 
+def grid_packed(grid: GridForm) -> Q4Weight | Q5Weight:
+    """The C kernels' copy of a matrix read from 4/5-bit GGUF blocks."""
+    return (Q4Weight if grid.bits == 4 else Q5Weight)(grid.levels, grid.step, grid.low)
+
+
+def takes_grids(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether matrices on `device` in `dtype` go to the C kernels' groups (so the loader should
+    read their grids)."""
+    return device.type == "cpu" and dtype == torch.float32 and cpu_qgemm.enabled()
+
+
 def group_weight(weight: torch.Tensor) -> Q4Weight | Q5Weight | Q8Weight:
     """The C kernels' copy of `weight`: the fewest bits that hold it (8 requantizes)."""
     return grid_weight(weight, 4) or grid_weight(weight, 5) or Q8Weight(weight)
@@ -232,8 +244,11 @@ class Linear:
 
     def __init__(
         self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, allow_packed: bool = True,
-        requantize_int4: bool = False,
+        requantize_int4: bool = False, grid: GridForm | None = None, fit_grid: bool = True,
     ) -> None:
+        """`grid`: the weight's 4/5-bit groups as the file holds them, taken as they are by the C
+        kernels. Without one, `fit_grid` looks for a 4/5-bit grid in the values (a source read
+        without grids); False: the loader knows there is none (Q6_K, Q8_0), so 8-bit groups."""
         self.weight: torch.Tensor | None = weight
         self.bias = bias
         self.dense: Fp16Weight | None = None
@@ -244,7 +259,8 @@ class Linear:
         if _takes_group_weights(weight):
             # The only copy, and every row count goes through the C kernels: a row's numbers are
             # then the same whatever batch or prefill chunk it is in (no crossover to measure).
-            self.packed, self.weight = group_weight(weight), None
+            self.packed = grid_packed(grid) if grid else group_weight(weight) if fit_grid else Q8Weight(weight)
+            self.weight = None
             self.choice = KernelChoice(PACKED_EVERYWHERE)
             return
         if Fp16Weight.supported(weight):
