@@ -36,6 +36,8 @@ def main() -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--bench-args", default="", help="extra `localbatch bench` arguments, e.g. '--dtype float32'")
     p.add_argument("--rounds", type=int, default=1, help="pairs of runs, alternating which goes first")
+    p.add_argument("--prefill-len", type=int, default=512,
+                   help="also time one prompt of this many tokens to its first token (0: skip)")
     args = p.parse_args()
     from app.engine.gguf.catalog import resolve_model
 
@@ -50,6 +52,7 @@ def main() -> int:
     # (after them it is mostly the runs' own).
     load_before = os.getloadavg()[0]
     rounds = []  # (llama.cpp, localbatch) per round
+    prefill = []  # (llama.cpp, localbatch) prompt tok/s per round
     for i in range(args.rounds):
         if i % 2 == 0:
             peer_run = run_llama_cpp(path, args.batches)
@@ -58,6 +61,9 @@ def main() -> int:
             ours_run = run_localbatch(path, args.batches, args.bench_args.split())
             peer_run = run_llama_cpp(path, args.batches)
         rounds.append((peer_run, ours_run))
+        if args.prefill_len:
+            pair = (prefill_llama_cpp(path, args.prefill_len), prefill_localbatch(path, args.prefill_len, args.bench_args.split()))
+            prefill.append(pair)
     peer = {b: statistics.median(r[0].get(b, 0.0) for r in rounds) for b in batches}
     ours = {b: statistics.median(r[1].get(b, 0.0) for r in rounds) for b in batches}
     ratios = {b: [r[1].get(b, 0.0) / r[0][b] if r[0].get(b) else 0.0 for r in rounds] for b in batches}
@@ -67,13 +73,24 @@ def main() -> int:
          "ratio": round(statistics.median(ratios[b]), 3) if l else None,
          "round_ratios": [round(r, 3) for r in ratios[b]]}
         for b, o, l in rows]}
+    if prefill:
+        peer_pp, ours_pp = (statistics.median(p[i] for p in prefill) for i in (0, 1))
+        report["prefill"] = {"prompt_tokens": args.prefill_len, "localbatch_tok_s": round(ours_pp, 1),
+                             "llama_cpp_tok_s": round(peer_pp, 1), "ratio": round(statistics.median(p[1] / p[0] for p in prefill), 3),
+                             "localbatch_ttft_s": round(args.prefill_len / ours_pp, 2),
+                             "llama_cpp_ttft_s": round(args.prefill_len / peer_pp, 2)}
     if args.svg:
         args.svg.write_text(scaling_svg(rows, Path(path).stem, report["cpu"]))
     load = f"load average (1 min) before the runs: {load_before:.2f}"
     per_round = "" if args.rounds == 1 else "\n" + "\n".join(
         f"c={b:<3} ratio per round: {' '.join(f'{r:.2f}' for r in ratios[b])}, median {statistics.median(ratios[b]):.2f}"
         for b in batches)
-    print(json.dumps(report) if args.json else format_table(rows) + per_round + "\n" + load + "\n\n" + terminal_chart(rows))
+    pp = report.get("prefill")
+    pp_line = "" if not pp else (
+        f"\nprefill, one {pp['prompt_tokens']}-token prompt: localbatch {pp['localbatch_tok_s']:.1f} tok/s "
+        f"({pp['localbatch_ttft_s']:.2f} s), llama.cpp {pp['llama_cpp_tok_s']:.1f} tok/s ({pp['llama_cpp_ttft_s']:.2f} s): "
+        f"{pp['ratio']:.2f}x")
+    print(json.dumps(report) if args.json else format_table(rows) + per_round + pp_line + "\n" + load + "\n\n" + terminal_chart(rows))
     return 0
 
 
@@ -89,6 +106,31 @@ def run_localbatch(model: str, batches: str, extra: list[str]) -> dict[int, floa
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO)
     report = json.loads(out.stdout.strip().splitlines()[-1])
     return {s["concurrency"]: float(s["decode_tok_s"]) for s in report["sweep"]}
+
+
+def llama_bench_binary() -> Path:
+    """Where the anchor script builds llama-batched-bench (it builds it on its first run)."""
+    home = os.environ.get("LLAMA_ANCHOR_HOME") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "localbatch-anchor"
+    return Path(home) / "llama.cpp" / "build" / "bin" / "llama-batched-bench"
+
+
+def prefill_llama_cpp(model: str, prompt_len: int) -> float:
+    """llama.cpp's prompt tok/s for one prompt of `prompt_len` tokens (S_PP of batched-bench)."""
+    cmd = [str(llama_bench_binary()), "-m", model, "-c", str(prompt_len + 64), "-b", "2048", "-ub", "512",
+           "-npp", str(prompt_len), "-ntg", "1", "-npl", "1", "-t", str(os.cpu_count() or 1)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("|") and line.split("|")[1].strip().isdigit()]
+    return float(rows[0][5])
+
+
+def prefill_localbatch(model: str, prompt_len: int, extra: list[str]) -> float:
+    """localbatch's prompt tok/s for one prompt of `prompt_len` tokens: the prompt over its
+    time to first token (median of three prompts run one after another)."""
+    cmd = [sys.executable, "-m", "app.cli", "bench", "--model", model, "--input-len", str(prompt_len), "--output-len", "1",
+           "--range-ratio", "0", "--num-prompts", "3", "--concurrency", "1", "--json", *extra]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO)
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    return prompt_len / (report["sweep"][0]["ttft_ms_p50"] / 1000)
 
 
 def cpu_name() -> str:

@@ -10,6 +10,8 @@ Checks (each line prints passed/total; the exit status is 1 if any fails):
 - a streamed json_schema reply, joined, validates;
 - forced tool calls, named and "required" (10 each): every call names a tool and its arguments
   validate against the tool's parameters; a streamed forced call joins to a valid call;
+- tool_choice "auto": 12 questions a tool answers get a valid call, 12 that none fits get a text
+  reply (temperature 0.8);
 - bad schemas and a bad logit_bias: 400 with OpenAI's error object (message, type, param, code),
   and the server still answers afterwards.
 
@@ -198,6 +200,45 @@ def forced_calls(client: openai.OpenAI, model: str, choice: Any, count: int) -> 
     return record_concurrently(check, one, count)
 
 
+FITS_A_TOOL = [
+    "What's the weather like in Paris right now, in celsius?", "Is it cold in Toronto today? Use fahrenheit.",
+    "How warm is it in Madrid at the moment (celsius)?", "Tell me the current temperature in Tokyo in celsius.",
+    "Should I take an umbrella in London today? Check the weather in celsius.",
+    "Weather in Chicago in fahrenheit, please.", "Find me flights from SFO to JFK for one passenger.",
+    "Book-search: flights from LHR to CDG for 2 people.", "Are there flights from BOS to MIA for four passengers?",
+    "Look up flights from SEA to LAX for 3 travellers.", "I want to fly from ORD to DEN with my wife: search flights.",
+    "Search flights from AMS to BCN for 1 passenger.",
+]
+FITS_NO_TOOL = [
+    "Write a Python function that reverses a string.", "What is the capital of Italy?",
+    "Explain what a hash map is in two sentences.", "Write a haiku about autumn.",
+    "What does the `yield` keyword do in Python?", "Translate 'good morning' into Spanish.",
+    "How many sides does a hexagon have?", "Give me three tips for writing clean code.",
+    "What is 17 times 23?", "Who wrote the novel 'Pride and Prejudice'?",
+    "Fix this code: `print('hello'`", "Summarize what a binary search does.",
+]
+
+
+def auto_calls(client: openai.OpenAI, model: str) -> tuple[Check, Check]:
+    """tool_choice "auto": a call where a tool fits, text where none does."""
+    fits = Check(f"tool_choice auto, a tool fits: called ({len(FITS_A_TOOL)} questions)")
+    none = Check(f"tool_choice auto, no tool fits: answered in text ({len(FITS_NO_TOOL)} questions)")
+
+    def ask(question: str) -> Any:
+        return client.chat.completions.create(model=model, temperature=0.8, max_tokens=160, tools=TOOLS,
+                                              tool_choice="auto", messages=[{"role": "user", "content": question}])
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for question, reply in zip(FITS_A_TOOL, pool.map(ask, FITS_A_TOOL)):
+            ok, why = check_calls(reply.choices[0].message, reply.choices[0].finish_reason, set(PARAMETERS))
+            fits.record(ok, f"{question!r}: {why}")
+        for question, reply in zip(FITS_NO_TOOL, pool.map(ask, FITS_NO_TOOL)):
+            message = reply.choices[0].message
+            fits_none = not message.tool_calls and bool((message.content or "").strip())
+            none.record(fits_none, f"{question!r}: {len(message.tool_calls or [])} calls, {message.content!r:.80}")
+    return fits, none
+
+
 def streamed_call(client: openai.OpenAI, model: str) -> Check:
     check = Check("streamed forced tool call, joined")
     stream = client.chat.completions.create(
@@ -284,14 +325,16 @@ def run(base_url: str, count: int) -> bool:
         lambda: forced_calls(client, model, {"type": "function", "function": {"name": "get_weather"}}, count // 2),
         lambda: forced_calls(client, model, "required", count // 2),
         lambda: streamed_call(client, model),
+        lambda: auto_calls(client, model),
         lambda: bad_requests(client, model),
     ]
     all_ok = True
     for make in checks:
         start = time.perf_counter()
-        check = make()
-        print(f"{check.line()}  ({time.perf_counter() - start:.1f} s)", flush=True)
-        all_ok &= check.passed == check.total
+        made = make()
+        for check in made if isinstance(made, tuple) else (made,):
+            print(f"{check.line()}  ({time.perf_counter() - start:.1f} s)", flush=True)
+            all_ok &= check.passed == check.total
     return all_ok
 
 

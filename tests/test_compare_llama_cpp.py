@@ -25,3 +25,18 @@ def test_terminal_chart_and_svg_draw_both_engines():
     assert chart.count("│") == 2 * len(ROWS) and "░" * 20 in chart  # the top value fills the width
     svg = ET.fromstring(compare.scaling_svg(ROWS, "model", "cpu"))
     assert len(svg.findall("{http://www.w3.org/2000/svg}polyline")) == 2
+
+
+def test_prefill_figures_from_both_engines(monkeypatch):
+    """llama.cpp's S_PP column for one prompt; localbatch's prompt over its median TTFT."""
+    import json
+    import subprocess
+
+    table = ("|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |\n"
+             "|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|\n"
+             "|   512 |      1 |    1 |    513 |    4.400 |   116.36 |    0.050 |    20.00 |    4.450 |   115.28 |\n")
+    sweep = json.dumps({"sweep": [{"concurrency": 1, "ttft_ms_p50": 4000.0}]})
+    outputs = iter([table, sweep])
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, next(outputs), ""))
+    assert compare.prefill_llama_cpp("m.gguf", 512) == 116.36
+    assert compare.prefill_localbatch("m.gguf", 512, []) == 128.0
