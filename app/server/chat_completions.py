@@ -51,6 +51,7 @@ class _Chat(Endpoint):
         super().__init__(state, [prompt], params, renames)
         self.body = body
         self._parsers: dict[int, ToolCallParser] = {}
+        self._names = frozenset(t.function.name for t in body.tools or []) if self.tools_offered else frozenset()
 
     def opening(self, choice: Choice) -> list[dict[str, Any]]:
         return [_entry(choice, {"role": "assistant", "content": ""})]
@@ -77,7 +78,7 @@ class _Chat(Endpoint):
         message: dict[str, Any] = {"role": "assistant", "content": text}
         calls: list[ParsedCall] = []
         if self.tools_offered:
-            message["content"], calls = collect(text)
+            message["content"], calls = collect(text, self._names)
             if calls:
                 message["tool_calls"] = [c.openai() for c in calls]
         return {"index": choice.index, "message": message,
@@ -85,7 +86,7 @@ class _Chat(Endpoint):
                 "finish_reason": finish_reason(choice.finish_reason, calls)}
 
     def _tool_entries(self, choice: Choice, delta: StreamDelta) -> list[dict[str, Any]]:
-        parser = self._parsers.setdefault(choice.index, ToolCallParser())
+        parser = self._parsers.setdefault(choice.index, ToolCallParser(loose_names=self._names))
         events = parser.feed(delta.text)
         if delta.finish_reason is not None:
             events += parser.finish()

@@ -8,7 +8,12 @@ agree: the arguments pieces of a call join to its `arguments` string.
 
 Held back while undecided: text that may be the start of `<tool_call>`, trailing whitespace
 (whitespace around calls is not content), and the end of a call's arguments that may be the
-closing `}` of the call object or part of `</tool_call>`."""
+closing `}` of the call object or part of `</tool_call>`.
+
+Small models often drop the tags: a reply that opens with the call object itself, bare or in a
+```json fence (Qwen's template even shows it with doubled braces), is a call too when it names an
+offered tool (`loose_names`), as llama.cpp's Hermes/Qwen parser takes it. Such a reply's first
+characters are held until it is clear whether it opens that way, and a loose call until the end."""
 
 from __future__ import annotations
 
@@ -25,6 +30,9 @@ from app.server.tool_grammar import CALL_CLOSE, CALL_OPEN
 _HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\S)')
 # What may follow the arguments before `</tool_call>`: the call object's `}` and whitespace.
 _ARGS_TAIL = " \t\r\n}"
+# A reply opening with an untagged call object, in an optional ```json fence, braces maybe doubled.
+_LOOSE_OPEN = re.compile(r'\s*(?:```(?:json)?\s*)?\{\{?\s*"name"\s*:')
+_LOOSE_DECIDE = 40  # characters after which a reply that has not opened that way is content
 
 
 @dataclass(frozen=True)
@@ -72,12 +80,20 @@ class _OpenCall:
 @dataclass
 class ToolCallParser:
     calls: list[ParsedCall] = field(default_factory=list)
+    loose_names: frozenset[str] = frozenset()  # offered tools: an untagged call to one counts
     _pending: str = ""  # text not yet sent: a possible start of <tool_call>, or trailing whitespace
     _open: _OpenCall | None = None
+    _start_decided: bool = False  # past the reply's opening (loose calls are looked for there only)
+    _loose: str | None = None  # the reply so far, once it opened as an untagged call
 
     def feed(self, text: str) -> list[Event]:
         events: list[Event] = []
+        if self._loose is not None:
+            self._loose += text
+            return events
         self._pending += text
+        if not self._start_decided and not self._decide_start():
+            return events
         while self._pending:
             if self._open is None:
                 if not self._scan_text(events):
@@ -89,6 +105,19 @@ class ToolCallParser:
     def finish(self) -> list[Event]:
         """Flush what is held back at the end of the output (a cut-off call is kept as far as it got)."""
         events: list[Event] = []
+        if self._loose is not None or not self._start_decided:
+            self._start_decided = True
+            text, self._loose = (self._loose if self._loose is not None else self._pending), None
+            loose = _loose_call(text, self.loose_names)
+            if loose is None:
+                self._pending = ""
+                return self.feed(text) + self.finish()
+            name, arguments, rest = loose
+            self._start(name, events)
+            self._send_rest(_OpenCall(), arguments, events)
+            if rest.strip():
+                events.append(Text(rest.strip()))
+            return events
         if self._open is not None:
             call, self._open = self._open, None
             self._close(call, events, closed=False)
@@ -96,6 +125,21 @@ class ToolCallParser:
             events.append(Text(self._pending))
         self._pending = ""
         return events
+
+    def _decide_start(self) -> bool:
+        """Whether the reply's opening is decided: True when it is content or tagged calls to
+        parse as usual; False while held (it may be an untagged call, or it is one)."""
+        if not self.loose_names:
+            self._start_decided = True
+            return True
+        if _LOOSE_OPEN.match(self._pending):
+            self._loose, self._pending = self._pending, ""
+            return False
+        head = self._pending.lstrip()
+        if head[:1] in ("", "`", "{") and len(head) < _LOOSE_DECIDE:
+            return False
+        self._start_decided = True
+        return True
 
     # --- between calls ---
 
@@ -217,9 +261,34 @@ def _is_json(text: str) -> bool:
     return True
 
 
-def collect(text: str) -> tuple[str | None, list[ParsedCall]]:
+def _loose_call(text: str, names: frozenset[str]) -> tuple[str, str, str] | None:
+    """(name, arguments JSON, text after it) of a reply that is an untagged call to one of
+    `names`, else None."""
+    opening = _LOOSE_OPEN.match(text)
+    if opening is None:
+        return None
+    start = text.index("{", opening.start())
+    doubled = text.startswith("{{", start)
+    try:
+        obj, end = json.JSONDecoder().raw_decode(text, start + doubled)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or obj.get("name") not in names:
+        return None
+    if doubled and text[end:].lstrip().startswith("}"):
+        end = text.index("}", end) + 1
+    rest = text[end:].lstrip()
+    if rest.startswith("```"):
+        rest = rest[3:]
+    arguments = obj.get("arguments", obj.get("parameters", {}))
+    if not (isinstance(arguments, str) and _is_json(arguments)):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    return obj["name"], arguments, rest
+
+
+def collect(text: str, loose_names: frozenset[str] = frozenset()) -> tuple[str | None, list[ParsedCall]]:
     """The whole output's content (None when it is only calls) and calls."""
-    parser = ToolCallParser()
+    parser = ToolCallParser(loose_names=loose_names)
     events = parser.feed(text) + parser.finish()
     content = "".join(e.text for e in events if isinstance(e, Text))
     return (content if content.strip() or not parser.calls else None), parser.calls

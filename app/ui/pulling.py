@@ -23,11 +23,12 @@ class PullState:
         self.stage, self.fraction = stage, fraction
 
     def line(self) -> str:
-        """One sidebar line: a bar where the fraction is known, then the stage."""
+        """Side-panel lines: the model, a bar where the fraction is known, the stage's detail."""
+        detail = self.stage.replace(f" {self.name}:", ":")
         if self.fraction is None:
-            return f"pulling {self.name}: {self.stage}"
+            return f"pulling {self.name}\n{detail}"
         filled = int(self.fraction * 20)
-        return f"{'█' * filled}{'░' * (20 - filled)} {self.fraction * 100:3.0f}%\n{self.stage}"
+        return f"pulling {self.name}\n{'█' * filled}{'░' * (20 - filled)} {self.fraction * 100:3.0f}%\n{detail}"
 
 
 def start_pull(name: str, pull: Callable[..., object], finished: Callable[[PullState], None]) -> PullState:

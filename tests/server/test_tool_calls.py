@@ -136,3 +136,37 @@ def test_fallback_turns_and_system_prompt() -> None:
     assert turns[3]["content"] == "<tool_response>\nrain\n</tool_response>"
     named = NamedToolChoice.model_validate({"type": "function", "function": {"name": "get_weather"}})
     assert "calling the function get_weather" in tools_system_prompt([WEATHER], named)
+
+
+LOOSE = frozenset({"get_weather"})
+
+
+def _streamed(text: str, names: frozenset[str], step: int = 1) -> tuple[str, list]:
+    parser = ToolCallParser(loose_names=names)
+    events = [e for i in range(0, len(text), step) for e in parser.feed(text[i:i + step])] + parser.finish()
+    return "".join(e.text for e in events if isinstance(e, Text)), [(c.name, c.arguments) for c in parser.calls]
+
+
+@pytest.mark.parametrize("reply", [
+    '{{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}}',
+    '```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Paris", "unit": "celsius"}\n}\n```',
+    '  {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}',
+])
+def test_an_untagged_call_to_an_offered_tool_is_a_call(reply):
+    """What small models write when they drop the <tool_call> tags (llama.cpp takes these too)."""
+    want = [("get_weather", '{"city": "Paris", "unit": "celsius"}')]
+    content, calls = collect(reply, LOOSE)
+    assert content is None and [(c.name, c.arguments) for c in calls] == want
+    for step in (1, 3, 1000):
+        assert _streamed(reply, LOOSE, step) == ("", want)
+
+
+@pytest.mark.parametrize("reply", [
+    '{"name": "unknown_tool", "arguments": {}}', '```python\nprint("hi")\n```', '{"a": 1}',
+    "The weather tool needs a city.", '```json\n{"name": "get_weather", "arguments": {"city": ',
+])
+def test_other_replies_stay_content(reply):
+    content, calls = collect(reply, LOOSE)
+    assert calls == [] and content == reply.strip()
+    assert _streamed(reply, LOOSE) == (reply.strip(), [])
+    assert collect(reply) == (reply.strip(), [])  # no tools offered: never a loose call
