@@ -123,3 +123,22 @@ def test_auto_is_fp16_for_fp32_compute_on_a_cpu_with_the_c_attention(monkeypatch
     assert resolve_kv_cache_dtype("auto", torch.bfloat16, cpu) == torch.bfloat16
     monkeypatch.setenv(cpu_attention.BACKEND_ENV, "torch")
     assert resolve_kv_cache_dtype("auto", torch.float32, cpu) == torch.float32
+
+
+def test_cpu_pool_is_sized_by_need_capped_by_the_budget(monkeypatch):
+    """By default the CPU pool holds what every sequence at the full context can use, at most 25%
+    of the available RAM; an explicit byte budget or block count is taken as given."""
+    import torch
+
+    from app.engine.api.engine_config import EngineConfig
+    from app.engine.runtime import device as dev
+
+    monkeypatch.setattr(dev, "available_ram_bytes", lambda: 4 * 1000 * 4096)
+    setup = dev.DeviceSetup(torch.device("cpu"), torch.float32)
+    per_token = 256  # a 4096-byte block of 16 tokens
+
+    assert dev.kv_pool_blocks(EngineConfig(), setup, per_token, lambda: None, max_needed=300) == 300
+    assert dev.kv_pool_blocks(EngineConfig(), setup, per_token, lambda: None, max_needed=5000) == 1000
+    assert dev.kv_pool_blocks(EngineConfig(), setup, per_token, lambda: None) == 1000
+    assert dev.kv_pool_blocks(EngineConfig(kv_cache_bytes=4096 * 2000), setup, per_token, lambda: None, max_needed=10) == 2000
+    assert dev.kv_pool_blocks(EngineConfig(kv_cache_blocks=7), setup, per_token, lambda: None, max_needed=10) == 7

@@ -179,3 +179,28 @@ def test_block_accounting_property(reqs, num_blocks, block_size, budget, rnd):
             break
     assert not live and not pending, "requests did not finish: the scheduler stalled"
     assert bm.num_free_blocks == num_blocks
+
+
+def test_freed_blocks_without_a_prefix_are_handed_out_first():
+    """A block with no reusable prefix goes back to the front of the free list: the next request
+    takes it (its pages warm) instead of touching an untouched block of the pool; blocks holding a
+    cached prefix still age out from the least recently used end."""
+    bm = BlockManager(16, 4, enable_prefix_caching=False)
+    a = make_seq("a", 6)
+    bm.allocate(a, 6)
+    used = list(a.block_tables[0])
+    bm.free_seq(a)
+    b = make_seq("b", 6, base=100)
+    bm.allocate(b, 6)
+    assert sorted(b.block_tables[0]) == sorted(used)  # the same two blocks, not blocks 2 and 3
+    cached = BlockManager(16, 4)
+    c = make_seq("c", 8)
+    cached.allocate(c, 8)
+    c.num_computed_tokens = 8
+    cached.cache_full_blocks(c)
+    kept = [bid for bid in c.block_tables[0] if cached.blocks[bid].hash is not None]
+    assert len(kept) == 2
+    cached.free_seq(c)
+    d = make_seq("d", 4, base=200)
+    cached.allocate(d, 4)
+    assert not set(kept) & set(d.block_tables[0])  # a cached prefix is not the first to go

@@ -5,7 +5,8 @@ A full block is identified by the hash of (parent block's hash, its token ids), 
 mean equal prefixes; each group keeps its own hash -> block map, since its blocks hold other
 layers. When its last user frees it, a cached block keeps its hash and joins the free list at the
 most-recently-used end; allocation takes from the least-recently-used end and only then forgets the
-old hash. A later request with the same prefix takes the block back from the free list instead of
+old hash. A freed block with no hash holds nothing to reuse: it goes to the front and is handed out
+next, so the pages in use stay few and warm in cache instead of the pool's untouched ones. A later request with the same prefix takes the block back from the free list instead of
 recomputing it.
 
 Sliding-window groups give back the blocks that fell behind every future query's window as the
@@ -202,6 +203,8 @@ class BlockManager:
         block.ref_count -= 1
         if block.ref_count == 0:
             self.free[block_id] = None
+            if block.hash is None:  # nothing to reuse in it: handed out next, while its pages are warm
+                self.free.move_to_end(block_id, last=False)
             self._num_cached_free += block.hash is not None
 
     def free_seq(self, seq: Sequence) -> None:

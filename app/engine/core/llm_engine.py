@@ -100,7 +100,9 @@ class LLMEngine:
         self.kv_bytes_per_token = self.model_config.kv_bytes_per_token(**kv_sizes(kv_dtype))
         # A pool block holds block_size tokens of one group's layers (layers_per_block of them).
         page_bytes_per_token = self.kv_bytes_per_token * self.kv_spec.layers_per_block // self.model_config.num_layers
-        num_blocks = kv_pool_blocks(cfg, self.setup, page_bytes_per_token, self._warmup)
+        # No more than every sequence at the full context can hold, in every group's blocks.
+        max_needed = cfg.max_num_seqs * -(-self.max_model_len // cfg.block_size) * len(self.kv_spec.groups)
+        num_blocks = kv_pool_blocks(cfg, self.setup, page_bytes_per_token, self._warmup, max_needed)
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, self.kv_spec)
         self.scheduler = Scheduler(
             SchedulerConfig(cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_waiting), self.block_manager

@@ -94,10 +94,12 @@ def available_ram_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
-def kv_pool_blocks(cfg: EngineConfig, setup: DeviceSetup, bytes_per_token: int, warmup: Callable[[], None]) -> int:
+def kv_pool_blocks(cfg: EngineConfig, setup: DeviceSetup, bytes_per_token: int, warmup: Callable[[], None],
+                   max_needed: int | None = None) -> int:
     """Blocks in the pool: `kv_cache_blocks` if given; on CUDA, what `gpu_memory_utilization` of the
-    card leaves after the weights and one warm-up forward; on CPU, `kv_cache_bytes` (default 25%
-    of available RAM)."""
+    card leaves after the weights and one warm-up forward; on CPU, `kv_cache_bytes`, by default
+    what `max_needed` blocks take (every sequence at the full context) capped by 25% of the
+    available RAM."""
     block_bytes = bytes_per_token * cfg.block_size
     if cfg.kv_cache_blocks is not None:
         return cfg.kv_cache_blocks
@@ -110,8 +112,12 @@ def kv_pool_blocks(cfg: EngineConfig, setup: DeviceSetup, bytes_per_token: int, 
         used_by_others = total - free - torch.cuda.memory_reserved()
         peak = torch.cuda.max_memory_allocated()
         budget = int(total * cfg.gpu_memory_utilization) - used_by_others - peak
+    elif cfg.kv_cache_bytes is not None:
+        budget = cfg.kv_cache_bytes
     else:
-        budget = cfg.kv_cache_bytes if cfg.kv_cache_bytes is not None else available_ram_bytes() // 4
+        budget = available_ram_bytes() // 4
+        if max_needed is not None:
+            budget = min(budget, max_needed * block_bytes)
     blocks = budget // block_bytes
     if blocks < 1:
         raise LocalbatchError(
