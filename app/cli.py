@@ -118,7 +118,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cors = cors_policy(args.allowed_origins, args.allowed_methods, args.allowed_headers)
 
     async def run() -> None:
-        engine = AsyncEngine(progress=stderr_progress, **engine_kwargs(args))
+        engine = AsyncEngine(progress=stderr_progress, adaptive_threads=True, **engine_kwargs(args))
         _clear_progress()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
         try:
@@ -146,7 +146,7 @@ def cmd_tui(args: argparse.Namespace) -> int:
     def factory(progress, model, device):  # runs in the app's worker thread
         from app.engine.api.async_engine import AsyncEngine
 
-        return AsyncEngine(model=model, device=device or "auto", progress=progress, **extra)
+        return AsyncEngine(model=model, device=device or "auto", progress=progress, adaptive_threads=True, **extra)
 
     run_tui(factory, TuiOptions(
         model=args.model, device=args.device, data_dir=args.data_dir, config_path=args.config,

@@ -37,7 +37,7 @@ def default_engine_factory(progress: ProgressFn, model: str | None, device: str 
         AsyncEngine,  # heavy (torch): imported in the loader thread, not at start
     )
 
-    kwargs: dict[str, Any] = {"model": model, "progress": progress}
+    kwargs: dict[str, Any] = {"model": model, "progress": progress, "adaptive_threads": True}
     if device:
         kwargs["device"] = device
     return AsyncEngine(**kwargs)

@@ -27,6 +27,10 @@ class EngineConfig:
     # One block table for all layers, every layer keeping every token (vLLM's flag): turns off the
     # freeing of sliding-window layers' blocks behind their window.
     disable_hybrid_kv_cache_manager: bool = False
+    # CPU: pick the thread count (all cores or one) by measuring decode steps, so that a busy
+    # neighbour process costs its share of the CPU rather than stalling every barrier. The app and
+    # `serve` turn it on; offline runs and benchmarks keep a fixed count.
+    adaptive_threads: bool = False
 
     @classmethod
     def names(cls) -> list[str]:

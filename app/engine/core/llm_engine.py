@@ -28,6 +28,7 @@ from app.engine.runtime.decoder import DecoderLM
 from app.engine.runtime.device import DeviceSetup, copy_bandwidth, kv_pool_blocks, resolve_device
 from app.engine.runtime.kv_pool import kv_sizes, resolve_kv_cache_dtype
 from app.engine.runtime.linear import takes_grids
+from app.engine.runtime.threads import ThreadTuner
 from app.engine.runtime.model_runner import ModelRunner, StepOutput
 from app.engine.structured.compiler import ConstraintCompiler
 from app.engine.text.tokenizer import Tokenizer
@@ -53,6 +54,8 @@ class LLMEngine:
         self.setup: DeviceSetup = resolve_device(device, dtype)
         # Before loading weights: an impossible kv_cache_dtype (fp8 on a CPU) fails at once.
         self.kv_dtype = resolve_kv_cache_dtype(self.config.kv_cache_dtype, self.setup.dtype, self.setup.device)
+        adaptive = self.config.adaptive_threads and self.setup.device.type == "cpu"
+        self.thread_tuner: ThreadTuner | None = ThreadTuner() if adaptive else None
         if random_weights is not None:
             self._init_random(random_weights)
         else:
@@ -245,7 +248,10 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         output = self._run(batch)
         deltas = self._postprocess(batch, output)
-        self.metrics.record_step(batch, len(output.sampled), time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
+        self.metrics.record_step(batch, len(output.sampled), elapsed)
+        if self.thread_tuner is not None and batch.seqs and all(n == 1 for n in batch.num_tokens):
+            self.thread_tuner.observe(len(batch.seqs), elapsed)  # decode steps only: comparable
         return deltas
 
     def _run(self, batch: ScheduledBatch) -> StepOutput:

@@ -1,0 +1,57 @@
+"""The thread-count tuner: it tries the other count now and then, on decode steps of one batch
+size, and keeps the faster; a probe interrupted by a new batch size changes nothing."""
+
+from __future__ import annotations
+
+from app.engine.runtime import threads
+from app.engine.runtime.threads import ThreadTuner
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def drive(tuner: ThreadTuner, clock: Clock, step_time: dict[int, float], steps: int, key: int = 1) -> None:
+    for _ in range(steps):
+        clock.now += step_time[tuner_threads(tuner)]
+        tuner.observe(key, step_time[tuner_threads(tuner)])
+
+
+def tuner_threads(tuner: ThreadTuner) -> int:
+    return tuner._applied
+
+
+def test_keeps_two_threads_on_an_idle_machine_and_drops_to_one_under_contention():
+    clock, applied = Clock(), []
+    tuner = ThreadTuner(2, clock=clock, set_threads=applied.append)
+    idle = {2: 0.004, 1: 0.008}
+    drive(tuner, clock, idle, 10_000)  # 40 s: several probes, each one lost
+    assert tuner.current == 2 and tuner_threads(tuner) == 2 and tuner.switches == 0
+    assert applied and set(applied) == {1, 2}  # it did try one thread
+    busy = {2: 0.050, 1: 0.010}  # a neighbour holds a core: every barrier waits for it
+    drive(tuner, clock, busy, 2_000)
+    assert tuner.current == 1 and tuner.switches == 1
+    drive(tuner, clock, idle, 5_000)  # the neighbour is gone: back to both cores
+    assert tuner.current == 2 and tuner.switches == 2
+
+
+def test_a_probe_interrupted_by_another_batch_size_keeps_the_count():
+    clock, applied = Clock(), []
+    tuner = ThreadTuner(2, clock=clock, set_threads=applied.append)
+    drive(tuner, clock, {2: 0.01, 1: 0.001}, threads.PROBE_STEPS)
+    clock.now += threads.PROBE_EVERY_S
+    tuner.observe(1, 0.01)  # starts a probe with one thread
+    assert tuner_threads(tuner) == 1
+    tuner.observe(4, 0.001)  # another batch size: not comparable
+    assert tuner.current == 2 and tuner_threads(tuner) == 2
+
+
+def test_one_core_never_probes():
+    tuner = ThreadTuner(1, set_threads=lambda n: (_ for _ in ()).throw(AssertionError(n)))
+    for _ in range(100):
+        tuner.observe(1, 0.01)
+    assert not tuner.enabled
