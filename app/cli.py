@@ -18,7 +18,7 @@ ENGINE_FLAGS: dict[str, tuple[type, str]] = {
     "max_num_batched_tokens": (int, "token budget of one step (default 512 on CPU, 8192 on CUDA)"),
     "max_num_seqs": (int, "most sequences running at once (default 64)"),
     "block_size": (int, "tokens per KV block (default 16)"),
-    "kv_cache_bytes": (int, "CPU KV pool size in bytes (default 25%% of available RAM)"),
+    "kv_cache_bytes": (int, "CPU KV pool size in bytes (default: what max-num-seqs sequences at the full context use, at most 25%% of available RAM)"),
     "kv_cache_blocks": (int, "KV pool size in blocks (overrides the byte budgets)"),
     "max_waiting": (int, "bound of the waiting queue (default 256)"),
     "gpu_memory_utilization": (float, "fraction of GPU memory to use (default 0.9)"),

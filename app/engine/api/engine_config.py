@@ -16,7 +16,7 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None  # None: 512 on CPU, 8192 on CUDA
     max_num_seqs: int = 64
     block_size: int = 16
-    kv_cache_bytes: int | None = None  # CPU pool size; None: 25% of available RAM
+    kv_cache_bytes: int | None = None  # CPU pool size; None: by need, at most 25% of available RAM
     kv_cache_blocks: int | None = None  # overrides both byte budgets
     max_waiting: int = 256
     enable_prefix_caching: bool = True

@@ -13,7 +13,8 @@ PromptInput = str | list[int]
 
 
 class LLM:
-    """`LLM(model=None)` loads the embedded default model. Keyword settings are `EngineConfig`'s."""
+    """`LLM(model=None)` loads the default model (the first pulled chat model, else the embedded one).
+    Keyword settings are `EngineConfig`'s."""
 
     def __init__(
         self, model: str | None = None, device: str = "auto", dtype: str = "auto",
