@@ -29,7 +29,7 @@ from app.engine.core.timing import ReplyClock
 from app.ui.format import fmt_rate, fmt_seconds
 from app.ui.loading import first_line
 from app.ui.reply_stream import DELTA_MAX_DELAY_S, ReplyWriter
-from app.ui.store import ChatRecord, ChatStore, MessageRecord
+from app.ui.store import INTERRUPTED, STREAMING, ChatRecord, ChatStore, MessageRecord
 from app.ui.widgets import (
     EarlierMessages,
     MessageView,
@@ -37,6 +37,9 @@ from app.ui.widgets import (
     SettingsForm,
     SettingsTitle,
 )
+
+# A growing reply is written to the store this often: what a crash can lose of it.
+COMMIT_EVERY_S = 1.0
 
 _DEFAULT_TITLE = re.compile(r"^Chat \d+$")
 HISTORY_PAGE = 12  # messages mounted when a tab is first shown, and per "earlier messages" click
@@ -86,7 +89,7 @@ def meta_line(num_tokens: int, tokens_per_s: float | None, ttft_s: float | None,
     parts = [f"{num_tokens} tok", f"{fmt_rate(tokens_per_s)} tok/s", f"TTFT {fmt_seconds(ttft_s)}"]
     if model:
         parts.insert(0, model)
-    note = {"abort": "stopped", "length": "hit max tokens"}.get(finish_reason or "")
+    note = {"abort": "stopped", "length": "hit max tokens", INTERRUPTED: "cut off: the app stopped"}.get(finish_reason or "")
     return " · ".join(parts + ([note] if note else []))
 
 
@@ -339,6 +342,8 @@ class ChatPane(TabPane):
         self.cache_hit = None
         self.finish_reason = None
         self._stop_requested = False
+        self._partial: MessageRecord | None = None  # this reply's row once committed
+        self._committed_at = time.monotonic()
         self.post_message(self.Changed(self))
         self._worker = self.run_worker(self._generate(self.request_id), group="generate", exit_on_error=False)
 
@@ -366,8 +371,12 @@ class ChatPane(TabPane):
             async for delta in deltas:
                 if self._stop_requested:
                     return "abort", None
-                metrics.observe(delta, time.monotonic())
+                now = time.monotonic()
+                metrics.observe(delta, now)
                 writer.write(delta.text)
+                if now - self._committed_at >= COMMIT_EVERY_S and writer.text:
+                    self._commit(writer.text, STREAMING)
+                    self._committed_at = now
                 if delta.finish_reason:
                     return delta.finish_reason, delta.error
             return "stop", None
@@ -383,15 +392,26 @@ class ChatPane(TabPane):
             if aclose is not None:
                 await aclose()
 
+    def _commit(self, text: str, finish: str) -> MessageRecord:
+        """The reply so far (`STREAMING`) or whole, in one write: inserted once, then updated."""
+        metrics = self.metrics
+        figures = {"finish_reason": finish, "num_tokens": metrics.num_tokens, "ttft_s": metrics.ttft_s,
+                   "tokens_per_s": metrics.tokens_per_s}
+        if self._partial is None:
+            self._partial = self._store.add_message(self.chat.id, "assistant", text, model=self._engine.model_name,
+                                                    **figures)
+        else:
+            self._partial = self._store.update_reply(self._partial, text, **figures)
+        return self._partial
+
     def _finish(self, view: MessageView, text: str, finish: str, error: str | None) -> None:
         metrics = self.metrics
         if text:
             # Committed at once: a crash from here on loses nothing of this reply.
-            message = self._store.add_message(
-                self.chat.id, "assistant", text, finish_reason=finish, num_tokens=metrics.num_tokens,
-                ttft_s=metrics.ttft_s, tokens_per_s=metrics.tokens_per_s, model=self._engine.model_name,
-            )
-            self._messages.append(message)
+            self._messages.append(self._commit(text, finish))
+        elif self._partial is not None:
+            self._store.delete_message(self._partial.id)
+        self._partial = None
         if error:
             view.set_meta(f"error: {error}", error=True)
             view.set_class(not text, "failed")

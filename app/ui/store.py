@@ -1,5 +1,7 @@
 """Conversations in SQLite: chats (title, system prompt, sampling settings, tab order) and their
-messages. Every write commits at once, so a crash loses at most the reply being generated.
+messages. Every write commits at once. A reply being generated is committed as it grows, marked
+`STREAMING`; a store opened with such rows left over (the app was killed) marks them
+`INTERRUPTED`, so a crash loses at most the last second of a reply.
 
 The schema version lives in `PRAGMA user_version`; opening an older file upgrades it in place
 and a newer one is refused."""
@@ -16,6 +18,8 @@ from app.engine.api.errors import LocalbatchError
 from app.ui.user_config import ChatSettings
 
 DB_NAME = "chats.sqlite3"
+STREAMING = "streaming"  # finish_reason of a reply still being generated
+INTERRUPTED = "interrupted"  # ... of one the app never finished (killed, crashed)
 
 
 class StoreError(LocalbatchError):
@@ -101,6 +105,7 @@ class ChatStore:
             # without an fsync per message.
             self._db.execute("PRAGMA synchronous = NORMAL")
             self._migrate()
+            self._db.execute("UPDATE messages SET finish_reason = ? WHERE finish_reason = ?", (INTERRUPTED, STREAMING))
         except sqlite3.Error as e:
             raise StoreError(f"cannot open chat database {self.path}: {e}") from None
 
@@ -209,6 +214,15 @@ class ChatStore:
         )
         return MessageRecord(cur.lastrowid, chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, now,
                              model)
+
+    def update_reply(self, message: MessageRecord, content: str, *, finish_reason: str | None, num_tokens: int,
+                     ttft_s: float | None, tokens_per_s: float | None) -> MessageRecord:
+        """A reply committed while it grows: its text so far, or its final text and metadata."""
+        self._db.execute(
+            "UPDATE messages SET content = ?, finish_reason = ?, num_tokens = ?, ttft_s = ?, tokens_per_s = ?"
+            " WHERE id = ?", (content, finish_reason, num_tokens, ttft_s, tokens_per_s, message.id))
+        return MessageRecord(message.id, message.chat_id, message.role, content, finish_reason, num_tokens, ttft_s,
+                             tokens_per_s, message.created_at, message.model)
 
     def messages(self, chat_id: int) -> list[MessageRecord]:
         rows = self._db.execute(
