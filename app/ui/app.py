@@ -79,6 +79,7 @@ class LocalbatchApp(App):
                 )
             self.theme = self.config.theme
         self.store = ChatStore.in_dir(self.data_dir, self.config.sampling)
+        self.store.on_write_error = self._store_unwritable
         self._factory = engine_factory or default_engine_factory
         self.engine: EngineClient | None = None
         self.endpoint: EmbeddedEndpoint | None = None
@@ -86,6 +87,7 @@ class LocalbatchApp(App):
         self._remember: str | None = None  # a model switched to, stored as the next start's model once loaded
         self._serve_after_load = False  # the endpoint was serving when the model was switched
         self.pulling: PullState | None = None  # the latest model pull started from the picker
+        self._store_warned = False
 
     # start-up
 
@@ -157,11 +159,21 @@ class LocalbatchApp(App):
         screen = ChatScreen(engine, self.store, info, self.endpoint, self.export_dir, self.options.poll_interval)
         self.switch_screen(screen)
         self.notify(f"{info.headline()} ready in {elapsed_s:.1f} s", title="Model loaded")
+        if self.store.write_error is not None and not self._store_warned:  # failed before the app ran
+            self._store_unwritable(f"cannot save chats to {self.store.path} ({self.store.write_error}): they are "
+                                   "kept in memory until the app exits")
         if not engine.is_remote and not engine.chat_template:
             self._no_chat_model_hint()
         if self.options.serve or self._serve_after_load:
             screen.call_after_refresh(screen.action_toggle_endpoint)
         self._serve_after_load = False
+
+    def _store_unwritable(self, message: str) -> None:
+        """Said once: the chats cannot be saved (read-only or full disk); the app keeps them in memory."""
+        if self._store_warned or not self.is_running:
+            return
+        self._store_warned = True
+        self.notify(message, title="Chats not saved", severity="error", timeout=30)
 
     def _no_chat_model_hint(self) -> None:
         """A base model is loaded: if no chat model is pulled either, say how to get one."""

@@ -8,9 +8,11 @@ and a newer one is refused."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,19 +97,25 @@ class ChatStore:
     def __init__(self, path: Path, defaults: ChatSettings | None = None) -> None:
         self.path = Path(path)
         self.defaults = defaults or ChatSettings()
+        # A write that fails (read-only file, full disk) is said once through this, and the app
+        # goes on with what it holds in memory (records get negative ids).
+        self.on_write_error: Callable[[str], None] | None = None
+        self.write_error: str | None = None
+        self._memory_ids = itertools.count(-1, -1)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # isolation_level=None: autocommit, each statement is durable when it returns.
             self._db = sqlite3.connect(self.path, isolation_level=None)
             self._db.execute("PRAGMA foreign_keys = ON")
-            self._db.execute("PRAGMA journal_mode = WAL")
-            # In WAL mode NORMAL survives an app crash (only an OS crash may lose the last commits)
-            # without an fsync per message.
-            self._db.execute("PRAGMA synchronous = NORMAL")
             self._migrate()
-            self._db.execute("UPDATE messages SET finish_reason = ? WHERE finish_reason = ?", (INTERRUPTED, STREAMING))
         except sqlite3.Error as e:
             raise StoreError(f"cannot open chat database {self.path}: {e}") from None
+
+        # In WAL mode NORMAL survives an app crash (only an OS crash may lose the last commits)
+        # without an fsync per message. A file that cannot be written fails these: said later.
+        self._write("PRAGMA journal_mode = WAL")
+        self._write("PRAGMA synchronous = NORMAL")
+        self._write("UPDATE messages SET finish_reason = ? WHERE finish_reason = ?", (INTERRUPTED, STREAMING))
 
     @classmethod
     def in_dir(cls, data_dir: Path, defaults: ChatSettings | None = None) -> ChatStore:
@@ -130,6 +138,18 @@ class ChatStore:
                     self._db.execute(statement)
                 self._db.execute(f"PRAGMA user_version = {target}")
 
+    def _write(self, sql: str, params: tuple = ()) -> int:
+        """Run one write; its row id, or a new negative id where the file cannot be written."""
+        try:
+            return self._db.execute(sql, params).lastrowid
+        except sqlite3.Error as e:
+            if self.write_error is None:
+                self.write_error = str(e)
+                if self.on_write_error is not None:
+                    self.on_write_error(f"cannot save chats to {self.path} ({e}): they are kept in memory until the "
+                                        "app exits")
+            return next(self._memory_ids)
+
     def _transaction(self) -> _Transaction:
         return _Transaction(self._db)
 
@@ -142,11 +162,11 @@ class ChatStore:
         settings = settings or self.defaults
         position = self._db.execute("SELECT COALESCE(MAX(position), -1) + 1 FROM chats").fetchone()[0]
         now = time.time()
-        cur = self._db.execute(
+        chat_id = self._write(
             "INSERT INTO chats (title, system_prompt, settings, position, created_at) VALUES (?, ?, ?, ?, ?)",
             (title, system_prompt, json.dumps(settings.to_dict()), position, now),
         )
-        return ChatRecord(cur.lastrowid, title, system_prompt, settings, position, now)
+        return ChatRecord(chat_id, title, system_prompt, settings, position, now)
 
     def chats(self) -> list[ChatRecord]:
         rows = self._db.execute(
@@ -173,6 +193,8 @@ class ChatStore:
     def fork_chat(self, chat: ChatRecord, messages: list[MessageRecord], title: str) -> ChatRecord:
         """A new chat with `chat`'s system prompt and settings and copies of `messages` (one
         transaction: a crash leaves no half-copied fork)."""
+        if self.write_error is not None:
+            return self.create_chat(title, chat.system_prompt, chat.settings)
         with self._transaction():
             fork = self.create_chat(title, chat.system_prompt, chat.settings)
             self._db.executemany(
@@ -184,13 +206,13 @@ class ChatStore:
         return fork
 
     def update_chat(self, chat: ChatRecord) -> None:
-        self._db.execute(
+        self._write(
             "UPDATE chats SET title = ?, system_prompt = ?, settings = ? WHERE id = ?",
             (chat.title, chat.system_prompt, json.dumps(chat.settings.to_dict()), chat.id),
         )
 
     def delete_chat(self, chat_id: int) -> None:
-        self._db.execute("DELETE FROM chats WHERE id = ?", (chat_id,))
+        self._write("DELETE FROM chats WHERE id = ?", (chat_id,))
 
     # messages
 
@@ -207,18 +229,18 @@ class ChatStore:
         model: str | None = None,
     ) -> MessageRecord:
         now = time.time()
-        cur = self._db.execute(
+        message_id = self._write(
             "INSERT INTO messages (chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, created_at,"
             " model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, now, model),
         )
-        return MessageRecord(cur.lastrowid, chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, now,
+        return MessageRecord(message_id, chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, now,
                              model)
 
     def update_reply(self, message: MessageRecord, content: str, *, finish_reason: str | None, num_tokens: int,
                      ttft_s: float | None, tokens_per_s: float | None) -> MessageRecord:
         """A reply committed while it grows: its text so far, or its final text and metadata."""
-        self._db.execute(
+        self._write(
             "UPDATE messages SET content = ?, finish_reason = ?, num_tokens = ?, ttft_s = ?, tokens_per_s = ?"
             " WHERE id = ?", (content, finish_reason, num_tokens, ttft_s, tokens_per_s, message.id))
         return MessageRecord(message.id, message.chat_id, message.role, content, finish_reason, num_tokens, ttft_s,
@@ -234,7 +256,7 @@ class ChatStore:
         return self._db.execute("SELECT COUNT(*) FROM messages WHERE chat_id = ?", (chat_id,)).fetchone()[0]
 
     def delete_message(self, message_id: int) -> None:
-        self._db.execute("DELETE FROM messages WHERE id = ?", (message_id,))
+        self._write("DELETE FROM messages WHERE id = ?", (message_id,))
 
     # app state
 
@@ -243,7 +265,8 @@ class ChatStore:
         return row[0] if row else None
 
     def set_meta(self, key: str, value: str) -> None:
-        self._db.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
+        self._write("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                    (key, value))
 
 
 class _Transaction:

@@ -79,3 +79,43 @@ def test_sigkill_while_four_tabs_stream_loses_no_chat(tmp_path: Path) -> None:
         assert reply.content and reply.finish_reason == INTERRUPTED and reply.num_tokens > 0
         assert "cut off" in meta_line(reply.num_tokens, reply.tokens_per_s, reply.ttft_s, reply.finish_reason)
     store.close()
+
+
+def _read_only(store: ChatStore) -> None:
+    """Every later write fails as on a read-only or full disk (root ignores file modes)."""
+    store._db.close()
+    store._db = sqlite3.connect(f"file:{store.path}?mode=ro", uri=True, isolation_level=None)
+
+
+def test_a_store_that_cannot_be_written_says_so_once_and_keeps_going(tmp_path: Path) -> None:
+    store = ChatStore.in_dir(tmp_path)
+    chat = store.create_chat("Chat 1")
+    said: list[str] = []
+    store.on_write_error = said.append
+    _read_only(store)
+    message = store.add_message(chat.id, "user", "hello")
+    reply = store.add_message(chat.id, "assistant", "hi", finish_reason=STREAMING, num_tokens=1)
+    store.update_reply(reply, "hi there", finish_reason="stop", num_tokens=2, ttft_s=None, tokens_per_s=None)
+    assert message.id < 0 and reply.id < 0 and message.content == "hello"
+    assert len(said) == 1 and "cannot save chats" in said[0] and str(store.path) in said[0]
+    assert store.create_chat("Chat 2").id < 0
+    assert [c.title for c in store.chats()] == ["Chat 1"]  # reads still work
+    store.close()
+
+
+async def test_the_app_keeps_chatting_when_its_store_goes_read_only(tmp_path: Path) -> None:
+    from tests.support.fake_engine import FakeEngine, echo_reply
+    from tests.ui.test_tui import SIZE, chat_screen, idle, make_app, type_and_send
+
+    app, _ = make_app(tmp_path, FakeEngine(model_name="fake", max_model_len=4096, script=echo_reply))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await chat_screen(pilot)
+        _read_only(app.store)
+        await type_and_send(pilot, "first")
+        await idle(pilot, screen)
+        await type_and_send(pilot, "second")
+        await idle(pilot, screen)
+        pane = screen.active_pane()
+        assert [m.content for m in pane.messages] == ["first", "Reply to: first", "second", "Reply to: second"]
+        warnings = [n for n in app._notifications if n.title == "Chats not saved"]
+        assert len(warnings) == 1
