@@ -245,6 +245,11 @@ def _whole_call(body: str) -> tuple[str, str] | None:
         obj = json.loads(body)
     except ValueError:
         return None
+    return _call_of(obj)
+
+
+def _call_of(obj: object) -> tuple[str, str] | None:
+    """(name, arguments JSON) of a decoded call object, else None."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     arguments = obj.get("arguments", obj.get("parameters", {}))
@@ -273,17 +278,15 @@ def _loose_call(text: str, names: frozenset[str]) -> tuple[str, str, str] | None
         obj, end = json.JSONDecoder().raw_decode(text, start + doubled)
     except ValueError:
         return None
-    if not isinstance(obj, dict) or obj.get("name") not in names:
+    call = _call_of(obj)
+    if call is None or call[0] not in names:
         return None
     if doubled and text[end:].lstrip().startswith("}"):
         end = text.index("}", end) + 1
     rest = text[end:].lstrip()
     if rest.startswith("```"):
         rest = rest[3:]
-    arguments = obj.get("arguments", obj.get("parameters", {}))
-    if not (isinstance(arguments, str) and _is_json(arguments)):
-        arguments = json.dumps(arguments, ensure_ascii=False)
-    return obj["name"], arguments, rest
+    return *call, rest
 
 
 def collect(text: str, loose_names: frozenset[str] = frozenset()) -> tuple[str | None, list[ParsedCall]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -200,10 +201,8 @@ class LocalbatchApp(App):
 
     def _pull_ended(self, state: PullState) -> None:
         """From the pull's thread: one hand-off to the UI thread (gone if the app has exited)."""
-        try:
+        with contextlib.suppress(RuntimeError):  # the app has exited: nobody to tell
             self.call_from_thread(self._pull_done, state)
-        except RuntimeError:
-            pass
 
     def _pull_done(self, state: PullState) -> None:
         if state.error:

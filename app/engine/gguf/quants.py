@@ -164,11 +164,16 @@ def _q4_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
     _k_affine(blocks, _nibble_planes(blocks[:, 16:].view(-1, 4, 32)), out)
 
 
-def _q5_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
+def _q5_k_planes(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q5_K quants (0..31) of the even and the odd sub-blocks, [n, 4, 32] each."""
     low, high = _nibble_planes(blocks[:, 48:].view(-1, 4, 32))
     # Bit s of qh[l] is the 5th bit of element l of sub-block s (even s: low nibbles, odd: high).
     fifth = _bits(blocks[:, 16:48], 1, lshift=4).view(-1, 4, 2, 32)
-    _k_affine(blocks, (low.bitwise_or_(fifth[:, :, 0]), high.bitwise_or_(fifth[:, :, 1])), out)
+    return low.bitwise_or_(fifth[:, :, 0]), high.bitwise_or_(fifth[:, :, 1])
+
+
+def _q5_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    _k_affine(blocks, _q5_k_planes(blocks), out)
 
 
 def _q6_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
@@ -357,12 +362,6 @@ def _grid_k(blocks: torch.Tensor, planes: tuple[torch.Tensor, torch.Tensor]) -> 
     scales, mins = _k_scales_mins(blocks[:, 4:16])
     levels = torch.stack(planes, dim=2).view(-1, 8 * 32)
     return levels, _f16(blocks, 0) * scales, -(_f16(blocks, 2) * mins)
-
-
-def _q5_k_planes(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    low, high = _nibble_planes(blocks[:, 48:].view(-1, 4, 32))
-    fifth = _bits(blocks[:, 16:48], 1, lshift=4).view(-1, 4, 2, 32)
-    return low.bitwise_or_(fifth[:, :, 0]), high.bitwise_or_(fifth[:, :, 1])
 
 
 _GRID_KERNELS: MappingProxyType[int, tuple[int, Callable[[torch.Tensor], tuple]]] = MappingProxyType({

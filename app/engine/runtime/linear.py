@@ -213,7 +213,7 @@ def grid_weight(weight: torch.Tensor, bits: int) -> Q4Weight | Q5Weight | None:
         levels.append(q.to(torch.uint8).view(-1, k))
         steps.append(step.view(-1, k // GROUP))
         lows.append(low.view(-1, k // GROUP))
-    return (Q4Weight if bits == 4 else Q5Weight)(torch.cat(levels), torch.cat(steps), torch.cat(lows))
+    return grid_packed(GridForm(torch.cat(levels), torch.cat(steps), torch.cat(lows), bits))
 
 
 def grid_packed(grid: GridForm) -> Q4Weight | Q5Weight:
