@@ -12,6 +12,7 @@ from typing import Any
 
 from app.bench import add_bench_args, run_bench
 from app.engine.api.engine_config import KV_CACHE_DTYPES, EngineConfig
+from app.engine.api.speculative_config import SpeculativeConfig
 from app.engine.api.errors import LocalbatchError
 
 ENGINE_FLAGS: dict[str, tuple[type, str]] = {
@@ -44,6 +45,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="KV cache storage (default auto: the compute dtype, but float16 for float32 "
                         "compute on a CPU with the C attention); int8 and fp8_e4m3 (CUDA) hold ~2x the "
                         "tokens of 16-bit, with a scale per token and KV head")
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding, as vLLM spells it: \'{"method": "ngram", "num_speculative_tokens": 4}\' '
+                        '(prompt lookup) or \'{"model": "qwen2.5-coder-0.5b-instruct", "num_speculative_tokens": 4}\' '
+                        "(a draft model with the same vocabulary)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -52,6 +57,10 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     check_model(args.model)  # an unknown or unpulled name fails here, before torch loads;
     # the engine resolves the name itself (catalog.resolve_model in LLMEngine._init_from_file)
     kw = {n: getattr(args, n) for n in EngineConfig.names() if getattr(args, n, None) is not None}
+    if kw.get("speculative_config") is not None:
+        kw["speculative_config"] = spec = SpeculativeConfig.parse(kw["speculative_config"])
+        if spec.model is not None:
+            check_model(spec.model)
     return {"model": args.model, "device": args.device or "auto", "dtype": args.dtype, **kw}
 
 

@@ -173,6 +173,9 @@ class RemoteEngine:
         if request_id in self._live:
             self._aborted.add(request_id)
 
+    def set_speculation(self, enabled: bool) -> bool:
+        return False  # the remote server's own setting
+
     def stats(self) -> EngineStats:
         self._ensure_metrics_task()
         now = time.monotonic()

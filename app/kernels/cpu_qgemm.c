@@ -237,12 +237,19 @@ ALWAYS_INLINE void tile(const gemm_args *a, int64_t t, int64_t r, const int R) {
         q8_tile(a, t, r, R);
 }
 
-/* Tile t against rows r .. end-1, eight at a time, then four, two, one. */
+/* Tile t against rows r .. end-1, eight at a time, then the rest in one pass: a tile's unpacking
+ * is paid once for them (a verify step's 1 + k rows are rarely a power of two). */
 static void tile_rows(const gemm_args *a, int64_t t, int64_t r, int64_t end) {
     for (; r + 8 <= end; r += 8) tile(a, t, r, 8);
-    if (r + 4 <= end) tile(a, t, r, 4), r += 4;
-    if (r + 2 <= end) tile(a, t, r, 2), r += 2;
-    if (r < end) tile(a, t, r, 1);
+    switch (end - r) {
+    case 7: tile(a, t, r, 7); break;
+    case 6: tile(a, t, r, 6); break;
+    case 5: tile(a, t, r, 5); break;
+    case 4: tile(a, t, r, 4); break;
+    case 3: tile(a, t, r, 3); break;
+    case 2: tile(a, t, r, 2); break;
+    case 1: tile(a, t, r, 1); break;
+    }
 }
 
 /* Quantize x, then every tile. Each thread owns a contiguous share of the weight tiles; x is

@@ -134,6 +134,14 @@ def _engine_lines(stats: EngineStats, labels: dict[str, str]) -> list[str]:
          stats.num_preemptions),
         ("localbatch:num_steps_total", "counter", "Engine steps run.", stats.num_steps),
     ]
+    if stats.speculative is not None:
+        spec = stats.speculative
+        series += [
+            ("localbatch:spec_decode_num_draft_tokens_total", "counter", "Speculative tokens drafted.",
+             spec.num_draft_tokens),
+            ("localbatch:spec_decode_num_accepted_tokens_total", "counter", "Drafted tokens the target kept.",
+             spec.num_accepted_tokens),
+        ]
     lines: list[str] = []
     for name, kind, help_text, value in series:
         lines += _header(name, kind, help_text)

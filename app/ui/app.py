@@ -16,6 +16,8 @@ from textual.screen import Screen
 
 from app import ASSETS_DIR
 from app.engine.api.engine_client import EngineClient
+from app.engine.api.errors import LocalbatchError
+from app.engine.core.outputs import SpecStats
 from app.engine.api.progress import ProgressFn
 from app.ui.endpoint import EmbeddedEndpoint, ServeFn
 from app.ui.keys import CHAT_ACTIONS, effective_keys
@@ -223,9 +225,29 @@ class LocalbatchApp(App):
         yield SystemCommand("Send", "Send the input to the current tab (enter)", screen.action_send)
         yield SystemCommand("JSON mode", "Constrain this tab's replies to JSON; a schema goes in its settings",
                             screen.action_toggle_json)
+        spec = self._speculative_stats()
+        if spec is not None:
+            yield SystemCommand(f"Speculative decoding: turn {'off' if spec.enabled else 'on'}",
+                                f"Now {'on' if spec.enabled else 'off'} ({spec.draft_model or spec.method}); "
+                                "greedy replies stay the same",
+                                partial(self.toggle_speculation, not spec.enabled))
         for action in CHAT_ACTIONS:
             keys = self.keys[action.id].replace(",", " / ")
             yield SystemCommand(action.title, f"{action.help} ({keys})", partial(screen.run_action, action.id))
+
+    def _speculative_stats(self) -> SpecStats | None:
+        if self.engine is None:
+            return None
+        try:
+            return self.engine.stats().speculative
+        except LocalbatchError:
+            return None
+
+    def toggle_speculation(self, enabled: bool) -> None:
+        if self.engine is not None and self.engine.set_speculation(enabled):
+            self.notify(f"Speculative decoding {'on' if enabled else 'off'}")
+        else:
+            self.notify("This engine was started without --speculative-config", severity="warning")
 
     # shutdown
 

@@ -196,8 +196,22 @@ def render_step_line(stats: EngineStats) -> str:
         f"batch {stats.last_batch_size} seq · {stats.last_num_tokens} tok/step\n"
         f"step {fmt_seconds(stats.last_step_time_s) if stats.num_steps else '–'}"
         f" · {stats.num_running} running · {stats.num_waiting} waiting"
+        + render_speculation(stats)
         + render_traffic(stats)
     )
+
+
+def render_speculation(stats: EngineStats) -> str:
+    """Speculative decoding's recent yield: the share of drafts kept, and the tokens a speculating
+    sequence gains per step. Empty when it is not configured."""
+    spec = stats.speculative
+    if spec is None:
+        return ""
+    if not spec.enabled:
+        return f"\nspec {spec.method}: off (ctrl+p to turn on)"
+    if not spec.num_draft_tokens:
+        return f"\nspec {spec.method}: no drafts yet"
+    return f"\nspec {spec.method}: {spec.acceptance_rate:.0%} kept · {spec.tokens_per_step:.1f} tok/step"
 
 
 def render_traffic(stats: EngineStats) -> str:

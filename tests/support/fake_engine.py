@@ -273,6 +273,7 @@ class FakeEngine:
         self.batch_sizes: list[int] = []
         self.max_concurrent = 0
         self.closed = False
+        self.speculation_enabled: bool | None = None  # the last set_speculation() call
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
         self._loop_task: asyncio.Task[None] | None = None
@@ -326,6 +327,10 @@ class FakeEngine:
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.get_running_loop().create_task(self._step_loop())
         return self._deltas(req)
+
+    def set_speculation(self, enabled: bool) -> bool:
+        self.speculation_enabled = enabled
+        return False
 
     def abort(self, request_id: str) -> None:
         req = self._find(request_id)

@@ -119,6 +119,13 @@ class AsyncEngine:
             raise EngineDeadError(self._dead)
         return self._stats
 
+    def set_speculation(self, enabled: bool) -> bool:
+        speculator = self.engine.speculator
+        if speculator is None:
+            return False
+        speculator.enabled = enabled  # one bool, read by the step thread once per decode
+        return True
+
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
         return self.engine.require_tokenizer().encode(text, add_bos=add_bos)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from app.engine.api.errors import LocalbatchError
+from app.engine.api.speculative_config import SpeculativeConfig
 
 # vLLM's names; "auto" stores K/V in the compute dtype. int8 and fp8_e4m3 keep a per-token,
 # per-KV-head scale beside the data (app/kernels/kv_quant.py); fp8_e4m3 is CUDA only.
@@ -31,6 +32,8 @@ class EngineConfig:
     # neighbour process costs its share of the CPU rather than stalling every barrier. The app and
     # `serve` turn it on; offline runs and benchmarks keep a fixed count.
     adaptive_threads: bool = False
+    # Speculative decoding (vLLM's spelling): prompt lookup or a draft model; None: off.
+    speculative_config: SpeculativeConfig | dict | str | None = None
 
     @classmethod
     def names(cls) -> list[str]:
@@ -51,5 +54,6 @@ class EngineConfig:
             raise LocalbatchError(
                 f"invalid kv_cache_dtype={self.kv_cache_dtype!r}: choose {', '.join(KV_CACHE_DTYPES)}"
             )
+        self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise LocalbatchError(f"invalid gpu_memory_utilization={self.gpu_memory_utilization!r}: must be in (0, 1]")

@@ -217,6 +217,17 @@ class BlockManager:
         seq.block_tables = []
         seq.block_hashes = []
         seq.num_computed_tokens = 0
+        seq.num_draft_computed = 0
+
+    def free_rejected_blocks(self, seq: Sequence) -> None:
+        """Give back the blocks reserved for drafts the verifier rejected: those past the block
+        holding the sequence's last token (they hold no hash, so nothing unverified is cached)."""
+        keep = self.blocks_needed(seq.num_tokens)
+        for table in seq.block_tables:
+            while len(table) > keep:
+                block_id = table.pop()
+                if block_id != NULL_BLOCK:
+                    self._release(block_id)
 
     def free_skipped_blocks(self, seq: Sequence) -> None:
         """Give back the sliding groups' blocks before the window of the next position computed:

@@ -23,6 +23,7 @@ from app.engine.core.output_processor import OutputProcessor
 from app.engine.core.outputs import EngineStats, StreamDelta
 from app.engine.core.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from app.engine.core.sequence import Sequence
+from app.engine.core.speculator import Speculator
 from app.engine.gguf.loader import load_gguf
 from app.engine.runtime.decoder import DecoderLM
 from app.engine.runtime.device import DeviceSetup, copy_bandwidth, kv_pool_blocks, resolve_device
@@ -107,8 +108,10 @@ class LLMEngine:
         max_needed = cfg.max_num_seqs * -(-self.max_model_len // cfg.block_size) * len(self.kv_spec.groups)
         num_blocks = kv_pool_blocks(cfg, self.setup, page_bytes_per_token, self._warmup, max_needed)
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, self.kv_spec)
+        self.speculator = self._build_speculator(num_blocks)
         self.scheduler = Scheduler(
-            SchedulerConfig(cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_waiting), self.block_manager
+            SchedulerConfig(cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_waiting), self.block_manager,
+            self.speculator.lookahead if self.speculator is not None else None,
         )
         self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, kv_dtype, self.kv_spec)
         self.metrics = EngineMetrics(self._kv_info(), self._memory_traffic(kv_dtype))
@@ -116,6 +119,34 @@ class LLMEngine:
         self.constraints = ConstraintCompiler(self.tokenizer, self.model_config.vocab_size)
         self.seqs: dict[str, Sequence] = {}
         self._ids = itertools.count()
+
+    def _build_speculator(self, num_blocks: int) -> Speculator | None:
+        config = self.config.speculative_config
+        if config is None:
+            return None
+        if config.model is None:
+            return Speculator(config, self.max_model_len)
+        from app.engine.runtime.draft_model import DraftModel
+
+        return Speculator(config, self.max_model_len, DraftModel(self._load_draft(config.model), num_blocks,
+                                                                 self.config.block_size, self.kv_dtype))
+
+    def _load_draft(self, name: str) -> DecoderLM:
+        """The draft model's weights; refused unless it shares the target's vocabulary (its token ids
+        are verified as the target's) and block tables (the target has no sliding-window groups)."""
+        from app.engine.gguf.catalog import resolve_model
+
+        if self.kv_spec.is_hybrid:
+            raise LocalbatchError(f"{self.model_name} has sliding-window layers: draft models need one block table; "
+                                  "use {\"method\": \"ngram\"}")
+        grids = takes_grids(self.setup.device, self.setup.dtype)
+        loaded = load_gguf(resolve_model(name, None), self.setup.device, self.setup.dtype, None, grids=grids)
+        if loaded.config.vocab_size != self.model_config.vocab_size:
+            raise LocalbatchError(f"draft model {name} has a vocabulary of {loaded.config.vocab_size} tokens, "
+                                  f"{self.model_name} {self.model_config.vocab_size}: they must share one")
+        if self.tokenizer is not None and list(loaded.metadata.get("tokenizer.ggml.tokens") or [])[:4096] != self.tokenizer.tokens[:4096]:
+            raise LocalbatchError(f"draft model {name} has another tokenizer than {self.model_name}")
+        return DecoderLM(loaded.config, loaded.weights, self.setup.device, loaded.grids if grids else None)
 
     def _kv_info(self) -> KVCacheInfo:
         full_layers = sum(len(g.layers) for g in self.kv_spec.groups if g.sliding_window is None)
@@ -246,10 +277,13 @@ class LLMEngine:
     def step(self) -> list[StreamDelta]:
         start = time.perf_counter()
         batch = self.scheduler.schedule()
+        propose_s = self.speculator.propose(batch) if self.speculator is not None else 0.0
         output = self._run(batch)
         deltas = self._postprocess(batch, output)
         elapsed = time.perf_counter() - start
-        self.metrics.record_step(batch, len(output.sampled), elapsed)
+        self.metrics.record_step(batch, output.sampled, elapsed)
+        if self.speculator is not None:
+            self.speculator.observe(batch, elapsed, propose_s)
         if self.thread_tuner is not None and batch.seqs and all(n == 1 for n in batch.num_tokens):
             self.thread_tuner.observe(len(batch.seqs), elapsed)  # decode steps only: comparable
         return deltas
@@ -289,25 +323,36 @@ class LLMEngine:
             if seq.is_finished:
                 deltas.append(self._finish(seq))
                 continue
-            seq.num_computed_tokens += n
-            self.block_manager.cache_full_blocks(seq)
-            self.block_manager.free_skipped_blocks(seq)
-            token = output.sampled.get(seq.request_id)
-            if token is None:
-                continue  # mid-prompt chunk
-            seq.append_token(token)
+            tokens = output.sampled.get(seq.request_id)
+            if tokens is None:  # mid-prompt chunk
+                seq.num_computed_tokens += n
+                self._commit_blocks(seq)
+                continue
+            drafts = len(seq.spec_token_ids)
+            seq.num_computed_tokens += n - drafts + len(tokens) - 1  # the kept drafts' KV is the real tokens'
             if seq.request_id in output.logprobs:
                 seq.logprobs.append(output.logprobs[seq.request_id])
-            delta = self.outputs.on_token(seq, token, self.max_model_len)
+            delta = self.outputs.on_tokens(seq, tokens, self.max_model_len)
+            seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens)  # a stop among the kept drafts
+            if drafts:
+                self.speculator.on_verified(seq, drafts, len(tokens) - 1)
+            if self.speculator is not None:  # slots reserved for drafts that were rejected or never drafted
+                self.block_manager.free_rejected_blocks(seq)
+            self._commit_blocks(seq)
             if seq.finish_reason is not None:
                 self.scheduler.finish(seq, seq.finish_reason)
                 self.seqs.pop(seq.request_id, None)
             deltas.append(delta)
         return deltas
 
+    def _commit_blocks(self, seq: Sequence) -> None:
+        self.block_manager.cache_full_blocks(seq)
+        self.block_manager.free_skipped_blocks(seq)
+
     def _finish(self, seq: Sequence) -> StreamDelta:
         self.seqs.pop(seq.request_id, None)
         return self.outputs.finish(seq)
 
     def stats(self) -> EngineStats:
-        return self.metrics.snapshot(self.scheduler, self.block_manager)
+        spec = self.speculator.stats() if self.speculator is not None else None
+        return self.metrics.snapshot(self.scheduler, self.block_manager, spec)

@@ -11,6 +11,7 @@ from app.engine.core.block_manager import BlockManager
 from app.engine.core.outputs import EngineStats, RequestStats
 from app.engine.core.scheduler import ScheduledBatch, Scheduler
 from app.engine.core.sequence import Sequence, SequenceStatus
+from app.engine.core.outputs import SpecStats
 from app.engine.core.timing import reply_timing
 
 WINDOW_S = 2.0  # tokens/s are averaged over the steps of the last two seconds
@@ -61,17 +62,24 @@ class EngineMetrics:
         self.total_output_tokens = 0
         self.last = StepRecord(0.0, 0.0, 0, 0, 0)
 
-    def record_step(self, batch: ScheduledBatch, num_sampled: int, duration: float) -> None:
+    def record_step(self, batch: ScheduledBatch, sampled: dict[str, list[int]], duration: float) -> None:
+        """After postprocess. A decode is a sequence that had output before this step: its positions
+        (1, or 1 + k verified drafts) are not prefill, and it gained the tokens it kept."""
         now = time.monotonic()
-        decode = sum(1 for s, n in zip(batch.seqs, batch.num_tokens) if n == 1 and s.num_output_tokens > 0)
+        decode_positions = decode = 0
+        for s, n in zip(batch.seqs, batch.num_tokens):
+            new = len(sampled.get(s.request_id, ()))
+            if new and s.num_output_tokens > new:
+                decode_positions += n
+                decode += new
         # After postprocess: a sequence's computed tokens already include this step's.
         kv_read = self.traffic.kv_bytes_read([s.num_computed_tokens for s in batch.seqs])
-        self.last = StepRecord(now, duration, len(batch), batch.total_tokens - decode, decode, kv_read)
+        self.last = StepRecord(now, duration, len(batch), batch.total_tokens - decode_positions, decode, kv_read)
         self.window.append(self.last)
         self._prune(now)
         self.num_steps += 1
         self.total_prompt_tokens += self.last.prefill_tokens
-        self.total_output_tokens += num_sampled
+        self.total_output_tokens += sum(len(t) for t in sampled.values())
 
     def _prune(self, now: float) -> None:
         while self.window and now - self.window[0].end > WINDOW_S:
@@ -88,7 +96,7 @@ class EngineMetrics:
         prefill = sum(step.prefill_tokens for step in self.window)
         return prefill / span, sum(step.decode_tokens for step in self.window) / span
 
-    def snapshot(self, sched: Scheduler, bm: BlockManager) -> EngineStats:
+    def snapshot(self, sched: Scheduler, bm: BlockManager, spec: SpecStats | None = None) -> EngineStats:
         prefill_rate, decode_rate = self.rates()
         seqs = list(sched.running) + list(sched.waiting)
         return EngineStats(
@@ -118,6 +126,7 @@ class EngineMetrics:
             kv_cache_tokens=bm.num_blocks * bm.block_size // bm.spec.num_groups,
             num_tokens_fit=tokens_fit(bm, sched.running),
             requests=tuple(request_stats(s, bm) for s in seqs),
+            speculative=spec,
         )
 
 

@@ -43,11 +43,20 @@ class OutputProcessor:
             holdback=max((len(s) for s in p.stop), default=1) - 1,
         )
 
-    def on_token(self, seq: Sequence, token: int, max_model_len: int) -> StreamDelta:
-        """Account for a newly sampled token; sets `seq.finish_reason` when the request is done."""
+    def on_tokens(self, seq: Sequence, tokens: list[int], max_model_len: int) -> StreamDelta:
+        """Append a step's new tokens (one, or a speculating sequence's kept drafts and one more) up
+        to the first that finishes the request; sets `seq.finish_reason` then. One delta for all."""
         st = self.states[seq.request_id]
+        for token in tokens:
+            seq.append_token(token)
+            self._account(seq, st, token, max_model_len)
+            if seq.finish_reason is not None:
+                break
+        return self._delta(seq, st)
+
+    def _account(self, seq: Sequence, st: _OutputState, token: int, max_model_len: int) -> None:
         if seq.grammar is not None and not seq.grammar.accept(token):
-            return self._reject(seq, st, token)
+            return self._reject(seq, token)
         if token in st.stop_ids:
             seq.finish_reason = "stop"
         elif st.detok is not None:
@@ -60,14 +69,13 @@ class OutputProcessor:
             seq.finish_reason = "length"
         if seq.finish_reason == "length" and st.detok is not None:
             st.text += st.detok.flush()  # an unfinished UTF-8 character shows as U+FFFD, as decode() would
-        return self._delta(seq, st)
 
-    def _reject(self, seq: Sequence, st: _OutputState, token: int) -> StreamDelta:
+    @staticmethod
+    def _reject(seq: Sequence, token: int) -> None:
         # The mask allows only tokens the grammar accepts, so this means a grammar no token of the
         # vocabulary can continue: end the request rather than stream output that breaks it.
         seq.error = f"structured output: no token of this vocabulary continues the grammar (sampled {token})"
         seq.finish_reason = "error"
-        return self._delta(seq, st)
 
     def finish(self, seq: Sequence) -> StreamDelta:
         """The final delta of a request ended from outside (abort, engine error)."""

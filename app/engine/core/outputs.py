@@ -52,6 +52,19 @@ class RequestStats:
 
 
 @dataclass(frozen=True)
+class SpecStats:
+    """Speculative decoding, as the panels and /metrics show it."""
+
+    method: str  # "ngram" or "draft"
+    draft_model: str  # the draft model's name; "" for ngram
+    enabled: bool  # the app's toggle
+    num_draft_tokens: int  # drafted since start
+    num_accepted_tokens: int  # of those, kept
+    acceptance_rate: float  # recent: kept / drafted
+    tokens_per_step: float  # recent: tokens a speculating sequence gains per step (1 + kept)
+
+
+@dataclass(frozen=True)
 class EngineStats:
     """Immutable snapshot of the engine, cheap to take (the UI polls it ~10x/s)."""
 
@@ -84,3 +97,4 @@ class EngineStats:
     kv_cache_tokens: int = 0  # tokens the pool holds if every sequence stays inside its windows; 0 unknown
     num_tokens_fit: int | None = None  # more tokens the free blocks hold at the running mix's cost; None unknown
     requests: tuple[RequestStats, ...] = field(default_factory=tuple)
+    speculative: SpecStats | None = None  # None: speculative decoding is not configured

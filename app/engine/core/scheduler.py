@@ -1,7 +1,8 @@
 """Which sequences run this step, and how many tokens each.
 
 Policy (Sarathi / vLLM V1): running decodes first, one token each; then running prefills, then
-newly admitted prompts, in chunks that fill what is left of `max_num_batched_tokens`. A waiting
+newly admitted prompts, in chunks that fill what is left of `max_num_batched_tokens`. A decode
+that speculates takes 1 + k tokens (its verify positions) when the blocks for them are free. A waiting
 request is admitted only when blocks for its next chunk are free (backpressure). A decode that
 needs a block when none is free preempts the most recently admitted sequence, which gives its
 blocks back and goes to the front of the waiting queue to be recomputed later. A prompt whose next
@@ -11,6 +12,7 @@ block another running sequence is still computing waits until it is cached, then
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from app.engine.api.errors import QueueFullError
@@ -43,10 +45,15 @@ class ScheduledBatch:
         self.num_tokens.append(n)
 
 
+# (decoding sequence, decodes this step) -> draft slots to reserve for it: the speculator's lookahead
+Lookahead = Callable[[Sequence, int], int]
+
+
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, lookahead: Lookahead | None = None) -> None:
         self.config = config
         self.bm = block_manager
+        self.lookahead = lookahead
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last one is preempted first
         self.num_preemptions = 0
@@ -73,12 +80,22 @@ class Scheduler:
                 continue
             n = min(seq.num_uncomputed_tokens, budget)
             if self._make_room(seq, n, batch):
+                n += self._draft_slots(seq, len(decodes), budget - n)
                 self.bm.allocate(seq, n)
                 batch.add(seq, n)
                 budget -= n
         if not batch.preempted:
             self._admit(batch, budget)
         return batch
+
+    def _draft_slots(self, seq: Sequence, num_decodes: int, budget: int) -> int:
+        """Slots for a decode's drafts: never at the cost of a preemption or another's budget share."""
+        if self.lookahead is None or not seq.is_decoding:
+            return 0
+        k = min(self.lookahead(seq, num_decodes), budget)
+        while k and not self.bm.can_allocate(seq, 1 + k):
+            k -= 1
+        return k
 
     def _make_room(self, seq: Sequence, n: int, batch: ScheduledBatch) -> bool:
         """Preempt from the back of the running list until `seq` fits; False if `seq` itself went."""

@@ -54,6 +54,10 @@ class Sequence:
         # Structured output: the grammar's state, advanced by each kept token; None when the output
         # is free, and again once the request has finished.
         self.grammar: SequenceGrammar | None = None
+        # Speculative decoding: this step's drafted tokens, verified after `token_ids` (not part of
+        # them until kept), and how many tokens have a draft model's KV in its pool.
+        self.spec_token_ids: list[int] = []
+        self.num_draft_computed = 0
 
     @property
     def block_table(self) -> list[int]:

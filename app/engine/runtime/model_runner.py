@@ -4,6 +4,8 @@ The step's tokens are packed back to back (no padding): prefill chunks of severa
 single decode tokens side by side, described by `cu_seqlens_q`, `seq_lens`, `block_table` and
 `slot_mapping`. Logits are computed only at `logits_indices`: the last row of each sequence whose
 step reaches the end of its tokens, plus every row of a chunk whose prompt logprobs were asked.
+A speculating sequence's drafts (`spec_token_ids`) follow its last token as a chunk would: all of
+its rows get logits, and the rejection sampler decides which drafts it keeps.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from app.engine.core.sequence import Sequence
 from app.engine.runtime.cuda_graphs import DecodeGraphs
 from app.engine.runtime.decoder import DecoderLM
 from app.engine.runtime.kv_pool import allocate_kv_caches
+from app.engine.runtime.rejection_sampler import verify
 from app.engine.runtime.sampler import Sampler, top_logprobs_rows
 from app.kernels import AttentionMetadata
 
@@ -38,7 +41,7 @@ class StepInputs:
     positions: torch.Tensor
     metas: list[AttentionMetadata]
     logits_indices: torch.Tensor
-    sample_rows: list[int]  # row in the logits of each sampling sequence
+    sample_rows: list[int]  # rows in the logits of the sampling sequences: one each, 1 + k if speculating
     sample_seqs: list[Sequence]
     prompt_rows: list[tuple[Sequence, int, int, int]]  # (seq, first logits row, first position, count)
 
@@ -50,7 +53,7 @@ class StepInputs:
     def is_decode_only(self) -> bool:
         """One token per sequence and every sequence samples: the shape CUDA graphs replay."""
         n = self.input_ids.shape[0]
-        return n == self.meta.num_seqs == len(self.sample_seqs) and not self.prompt_rows
+        return n == self.meta.num_seqs == len(self.sample_seqs) == len(self.sample_rows) and not self.prompt_rows
 
     def to(self, device: torch.device) -> "StepInputs":
         if device.type == "cpu":
@@ -70,7 +73,7 @@ class StepInputs:
 
 @dataclass
 class StepOutput:
-    sampled: dict[str, int]  # request_id -> new token
+    sampled: dict[str, list[int]]  # request_id -> new tokens: one, or a speculating sequence's kept drafts + 1
     logprobs: dict[str, TopLogprobs]
 
 
@@ -116,12 +119,31 @@ class ModelRunner:
         if not seqs:
             return StepOutput({}, {})
         # Without prompt-logprob rows the hidden rows are exactly the sampling rows, in order.
-        rows = hidden[inputs.sample_rows] if inputs.prompt_rows else hidden
-        tokens, logprobs = self.sampler(self.model.compute_logits(rows), seqs)
+        logits = self.model.compute_logits(hidden[inputs.sample_rows] if inputs.prompt_rows else hidden)
+        if len(inputs.sample_rows) > len(seqs):
+            return self._sample_speculative(logits, seqs)
+        tokens, logprobs = self.sampler(logits, seqs)
         return StepOutput(
-            sampled={s.request_id: t for s, t in zip(seqs, tokens)},
+            sampled={s.request_id: [t] for s, t in zip(seqs, tokens)},
             logprobs={s.request_id: lp for s, lp in zip(seqs, logprobs) if lp is not None},
         )
+
+    def _sample_speculative(self, logits: torch.Tensor, seqs: list[Sequence]) -> StepOutput:
+        """Plain rows through the sampler, each speculating sequence's 1 + k rows through `verify`."""
+        plain, spec, plain_rows, spec_rows, row = [], [], [], [], 0
+        for seq in seqs:
+            n = 1 + len(seq.spec_token_ids)
+            (spec if n > 1 else plain).append(seq)
+            (spec_rows if n > 1 else plain_rows).extend(range(row, row + n))
+            row += n
+        out = StepOutput({}, {})
+        if plain:
+            tokens, logprobs = self.sampler(logits[plain_rows], plain)
+            out.sampled.update((s.request_id, [t]) for s, t in zip(plain, tokens))
+            out.logprobs.update((s.request_id, lp) for s, lp in zip(plain, logprobs) if lp is not None)
+        kept = verify(logits[spec_rows], spec, [s.spec_token_ids for s in spec])
+        out.sampled.update((s.request_id, t) for s, t in zip(spec, kept))
+        return out
 
     def _hidden_states(self, inputs: StepInputs) -> torch.Tensor:
         """Final hidden states at `inputs.logits_indices`: a graph replay for decode-only steps that
@@ -144,7 +166,10 @@ class ModelRunner:
             start = seq.num_computed_tokens
             end = start + n
             row0 = len(ids)
+            drafts = seq.spec_token_ids
             ids.extend(seq.token_ids[start:end])
+            if drafts:
+                ids.extend(drafts)
             positions.extend(range(start, end))
             for group_slots, group_tables, table in zip(slots, tables, seq.block_tables):
                 if n == 1:  # decodes: most rows of most steps
@@ -158,10 +183,11 @@ class ModelRunner:
                 count = min(end, seq.num_prompt_tokens - 1) - start
                 prompt_rows.append((seq, len(logits_idx), start, count))
                 logits_idx.extend(range(row0, row0 + count))
-            if end == seq.num_tokens:
-                sample_rows.append(len(logits_idx))
+            if end == seq.num_tokens + len(drafts):
+                first = len(ids) - 1 - len(drafts)
+                sample_rows.extend(range(len(logits_idx), len(logits_idx) + 1 + len(drafts)))
                 sample_seqs.append(seq)
-                logits_idx.append(len(ids) - 1)
+                logits_idx.extend(range(first, len(ids)))
         cu_seqlens_q, lens = self._host(cu, torch.int32), self._host(seq_lens, torch.int32)
         metas = [
             AttentionMetadata(cu_seqlens_q, lens, self._block_table(tables[g]), self._host(slots[g], torch.int64))

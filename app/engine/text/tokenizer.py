@@ -180,6 +180,11 @@ class Tokenizer:
         self._init_special_matching()
         self._chat = ChatTemplate.for_model(metadata, self.architecture, self._id_of)
 
+    @property
+    def tokens(self) -> list[str]:
+        """Each token id's text, as the GGUF file lists them."""
+        return self._tokens
+
     @classmethod
     def from_gguf_metadata(cls, metadata: Mapping[str, Any], *,
                            cache_dir: Path | str | None | bool = True) -> Tokenizer:

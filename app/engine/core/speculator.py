@@ -1,0 +1,159 @@
+"""Speculative decoding's bookkeeping: which decodes speculate and how far, their drafts (prompt
+lookup or a draft model), and the acceptance counters the panels and /metrics show.
+
+A step with speculation: the scheduler reserves `lookahead()` extra slots for each eligible decode,
+`propose()` fills them with drafts (fewer when prompt lookup finds fewer), the runner verifies all
+1 + k positions in the same packed forward as everything else, and `on_verified()` records what was
+kept. Rejected drafts' blocks go back to the pool (`BlockManager.free_rejected_blocks`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from weakref import WeakKeyDictionary
+
+from app.engine.api.speculative_config import SpeculativeConfig
+from app.engine.core.ngram_proposer import NgramProposer
+from app.engine.core.outputs import SpecStats
+from app.engine.core.scheduler import ScheduledBatch
+from app.engine.core.sequence import Sequence
+from app.engine.runtime.draft_model import DraftModel, DraftRequest
+
+_EMA = 0.05  # weight of one step in the recent acceptance figures (about the last 20 steps)
+_COST_EMA = 0.2  # weight of one step in the measured step costs
+_DECAY = 0.9  # per step, a sequence's acceptance record fades: an old miss stops ruling out drafting
+# Until measured: a verify row costs this share of a one-sequence step (on 2 CPU cores a 1.5B
+# model's extra row is ~0.3 of a decode; a GPU's ~0.02); a draft model's round 0.35.
+_PRIOR_ROW_COST = 0.25
+_PRIOR_ROUND_COST = 0.35
+
+
+class _Acceptance:
+    """A sequence's recent drafts, as a per-token acceptance probability (kept tokens run until
+    the first rejection): (kept + 1) / (kept + rejections + 2), both counts fading each step."""
+
+    __slots__ = ("kept", "rejected")
+
+    def __init__(self) -> None:
+        self.kept = self.rejected = 0.0
+
+    def rate(self) -> float:
+        self.kept *= _DECAY
+        self.rejected *= _DECAY
+        return (self.kept + 1.0) / (self.kept + self.rejected + 2.0)
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, draft: DraftModel | None = None) -> None:
+        self.config = config
+        self.max_model_len = max_model_len
+        self.draft = draft
+        self.ngram = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max) if draft is None else None
+        self.enabled = True  # the app's toggle: read once per step by the step thread
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.num_spec_steps = 0  # sequence-steps that verified drafts
+        self.propose_s = 0.0  # time spent drafting (prompt lookup or the draft model's forwards)
+        self._acceptance = 0.0
+        self._tokens_per_step = 1.0
+        self._records: WeakKeyDictionary[Sequence, _Acceptance] = WeakKeyDictionary()
+        # Measured costs, seconds: a step without drafts by its sequence count, one verify row, one draft round.
+        self._base_step: dict[int, float] = {}
+        self._row_s: float | None = None
+        self._round_s: float | None = None
+
+    def lookahead(self, seq: Sequence, num_decodes: int) -> int:
+        """Draft slots to reserve for a decoding `seq` in a step with `num_decodes` decodes.
+
+        Draft i is kept with probability a^i (a: the sequence's acceptance rate) and saves a step's
+        share of a token, T/n; it costs a verify row and, with a draft model, a share of a round.
+        So the sequence drafts while a^i > (round + n * row) / T: long runs when its drafts have
+        been landing, none for a batch so big that rows cost more than they save. 0 also when
+        speculation is off, or the request needs what verification skips (a grammar, penalties
+        that depend on each token, logprobs)."""
+        if not self.enabled or num_decodes > self.config.disable_by_batch_size or not _eligible(seq):
+            return 0
+        room = min(seq.max_tokens - seq.num_output_tokens - 1, self.max_model_len - seq.num_tokens)
+        k = min(self.config.num_speculative_tokens, room)
+        record = self._records.get(seq)
+        if record is None:
+            record = self._records[seq] = _Acceptance()
+        rate, threshold = record.rate(), self._threshold(num_decodes)
+        if k <= 0 or rate <= threshold:
+            return 0
+        return k if rate >= 0.999 else max(0, min(k, int(math.log(threshold) / math.log(rate))))
+
+    def _threshold(self, n: int) -> float:
+        base = self._base_step.get(n) or self._base_step.get(1)
+        if base is None:
+            return min(0.99, n * _PRIOR_ROW_COST + (_PRIOR_ROUND_COST if self.draft is not None else 0.0))
+        row = self._row_s if self._row_s is not None else _PRIOR_ROW_COST * base
+        round_s = 0.0 if self.draft is None else (self._round_s if self._round_s is not None else _PRIOR_ROUND_COST * base)
+        return min(0.99, max(1e-3, (round_s + n * row) / base))
+
+    def observe(self, batch: ScheduledBatch, duration: float, propose_s: float) -> None:
+        """A finished step's time: the cost model's measurements (decode-only steps only)."""
+        if not batch.seqs or not all(s.num_output_tokens for s in batch.seqs):
+            return
+        n, rows = len(batch.seqs), batch.total_tokens
+        extra, rounds = rows - n, max(batch.num_tokens) - 1
+        if extra == 0:
+            self._base_step[n] = _ema(self._base_step.get(n), duration)
+            return
+        base = self._base_step.get(n)
+        if base is not None:
+            self._row_s = _ema(self._row_s, max(0.0, duration - propose_s - base) / extra)
+        if self.draft is not None and rounds:
+            self._round_s = _ema(self._round_s, propose_s / rounds)
+
+    def propose(self, batch: ScheduledBatch) -> float:
+        """Fill the reserved slots with drafts; a sequence drafted fewer gives its slots back to the
+        batch (its blocks go back after the step). Returns the seconds it took."""
+        chosen = [i for i, (s, n) in enumerate(zip(batch.seqs, batch.num_tokens)) if n > 1 and s.is_decoding]
+        if not chosen:
+            return 0.0
+        start = time.perf_counter()
+        seqs = [batch.seqs[i] for i in chosen]
+        wanted = [batch.num_tokens[i] - 1 for i in chosen]
+        if self.draft is not None:
+            requests = [DraftRequest(s.token_ids, s.num_draft_computed, s.block_table, k) for s, k in zip(seqs, wanted)]
+            drafts = self.draft.propose(requests)
+            for seq, draft in zip(seqs, drafts):
+                seq.num_draft_computed = seq.num_tokens + len(draft) - 1
+        else:
+            drafts = [self.ngram.propose(s, k) for s, k in zip(seqs, wanted)]
+        for i, seq, draft in zip(chosen, seqs, drafts):
+            seq.spec_token_ids = draft
+            batch.num_tokens[i] = 1 + len(draft)
+        elapsed = time.perf_counter() - start
+        self.propose_s += elapsed
+        return elapsed
+
+    def on_verified(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+        record = self._records.get(seq)
+        if record is not None:
+            record.kept += num_accepted
+            record.rejected += num_accepted < num_drafted
+        self.num_spec_steps += 1
+        self.num_draft_tokens += num_drafted
+        self.num_accepted_tokens += num_accepted
+        self._acceptance += _EMA * (num_accepted / num_drafted - self._acceptance)
+        self._tokens_per_step += _EMA * (1 + num_accepted - self._tokens_per_step)
+        seq.spec_token_ids = []
+        seq.num_draft_computed = min(seq.num_draft_computed, seq.num_computed_tokens)
+
+    def stats(self) -> SpecStats:
+        method, draft = ("draft", self.config.model) if self.draft is not None else ("ngram", "")
+        return SpecStats(method, draft or "", self.enabled, self.num_draft_tokens, self.num_accepted_tokens,
+                         self._acceptance, self._tokens_per_step)
+
+
+def _eligible(seq: Sequence) -> bool:
+    p = seq.params
+    penalties = p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+    return seq.grammar is None and p.logprobs is None and not penalties
+
+
+def _ema(old: float | None, value: float) -> float:
+    return value if old is None else old + _COST_EMA * (value - old)
