@@ -208,10 +208,10 @@ def render_speculation(stats: EngineStats) -> str:
     if spec is None:
         return ""
     if not spec.enabled:
-        return f"\nspec {spec.method}: off (ctrl+p to turn on)"
+        return f"\nspec {spec.method}: off (ctrl+p)"
     if not spec.num_draft_tokens:
         return f"\nspec {spec.method}: no drafts yet"
-    return f"\nspec {spec.method}: {spec.acceptance_rate:.0%} kept · {spec.tokens_per_step:.1f} tok/step"
+    return f"\nspec {spec.acceptance_rate:.0%} kept · {spec.tokens_per_step:.1f} tok/seq-step"
 
 
 def render_traffic(stats: EngineStats) -> str:

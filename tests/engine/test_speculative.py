@@ -123,19 +123,21 @@ def test_ngram_json_string_config_and_stop_inside_drafts(gemma, reference):
     assert engine.block_manager.num_used_blocks == 0
 
 
-@pytest.mark.parametrize("draft", ["self", "other"])
+@pytest.mark.parametrize("draft", ["self", "other", "lookup-first"])
 def test_draft_model_batched_equals_plain(qwen, qwen_draft, draft):
     reqs = prompts(6, seed=1)
     alone = [run_all(make_engine(qwen), [p])[0] for p in reqs]
-    model = str(qwen if draft == "self" else qwen_draft)
-    engine = make_engine(qwen, speculative_config={"model": model, "num_speculative_tokens": 3})
+    config = {"model": str(qwen if draft == "self" else qwen_draft), "num_speculative_tokens": 3}
+    if draft == "lookup-first":  # prompt lookup where it finds a match, the draft model elsewhere
+        config.update(prompt_lookup=True, prompt_lookup_min=1)
+    engine = make_engine(qwen, speculative_config=config)
     force_drafts(engine, 3)
     assert run_all(engine, reqs) == alone
     spec = engine.speculator
     assert spec.num_draft_tokens > 0
     if draft == "self":  # the target drafting for itself: every draft is kept
         assert spec.num_accepted_tokens == spec.num_draft_tokens
-    assert engine.stats().speculative.method == "draft"
+    assert engine.stats().speculative.method == ("ngram+draft" if draft == "lookup-first" else "draft")
 
 
 def test_draft_model_preempted_equals_plain(qwen, qwen_draft):
@@ -243,6 +245,7 @@ def test_sampled_tokens_match_plain_decoding_in_distribution(qwen):
     ({"prompt_lookup_min": 5, "prompt_lookup_max": 3}, "exceeds prompt_lookup_max"),
     ({"method": "draft_model"}, "needs \"model\""),
     ({"method": "ngram", "model": "x"}, "takes no \"model\""),
+    ({"model": "x", "prompt_lookup": "yes"}, "must be true or false"),
 ])
 def test_bad_configs_are_refused_in_one_line(value, message):
     with pytest.raises(LocalbatchError, match=message) as e:

@@ -15,13 +15,14 @@ NGRAM = SpecStats("ngram", "", True, 120, 90, 0.78, 4.1)
 
 def test_throughput_panel_shows_what_speculation_yields() -> None:
     assert "spec" not in render_step_line(EngineStats())
-    assert "spec ngram: 78% kept · 4.1 tok/step" in render_step_line(EngineStats(speculative=NGRAM))
-    off = SpecStats("draft", "qwen2.5-coder-0.5b-instruct", False, 0, 0, 0.0, 1.0)
-    assert "spec draft: off (ctrl+p to turn on)" in render_step_line(EngineStats(speculative=off))
+    assert "spec 78% kept · 4.1 tok/seq-step" in render_step_line(EngineStats(speculative=NGRAM))
+    off = SpecStats("ngram+draft", "qwen2.5-coder-0.5b-instruct", False, 0, 0, 0.0, 1.0)
+    assert "spec ngram+draft: off (ctrl+p)" in render_step_line(EngineStats(speculative=off))
     fresh = SpecStats("ngram", "", True, 0, 0, 0.0, 1.0)
     assert "no drafts yet" in render_step_line(EngineStats(speculative=fresh))
-    for line in render_step_line(EngineStats(speculative=NGRAM)).splitlines():
-        assert len(line) <= 36  # the panel's width
+    for stats in (NGRAM, off, fresh):
+        for line in render_step_line(EngineStats(speculative=stats)).splitlines():
+            assert len(line) <= 36  # the panel's width
 
 
 def test_metrics_count_drafted_and_kept_tokens() -> None:

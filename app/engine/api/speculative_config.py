@@ -16,9 +16,13 @@ METHODS = ("ngram", "draft_model")
 class SpeculativeConfig:
     method: str = "ngram"
     num_speculative_tokens: int = 4
-    prompt_lookup_max: int = 4  # ngram: the longest suffix looked up in the context
+    prompt_lookup_max: int = 8  # ngram: the longest suffix looked up in the context
     prompt_lookup_min: int = 2  # ngram: the shortest
     model: str | None = None  # draft_model: a catalog name or a GGUF path
+    # draft_model: try prompt lookup first, and run the draft model only for the sequences it finds
+    # nothing for (a reply that repeats its prompt drafts for free); prompt_lookup_min 4 or more keeps
+    # short chance matches from displacing the draft model's better guesses.
+    prompt_lookup: bool = False
     # Off for a step with more running decodes than this (vLLM's disable_by_batch_size). Below it,
     # each sequence drafts only as far as its acceptance rate pays for the measured verify cost.
     disable_by_batch_size: int = 8
@@ -60,5 +64,7 @@ class SpeculativeConfig:
             )
         if self.method == "draft_model" and not self.model:
             raise LocalbatchError("a draft_model speculative config needs \"model\": a catalog name or a GGUF path")
+        if not isinstance(self.prompt_lookup, bool):
+            raise LocalbatchError(f"invalid speculative prompt_lookup={self.prompt_lookup!r}: must be true or false")
         if self.method == "ngram" and self.model:
             raise LocalbatchError("the ngram method takes no \"model\"; drop it or drop \"method\"")

@@ -22,7 +22,10 @@ from app.engine.runtime.draft_model import DraftModel, DraftRequest
 
 _EMA = 0.05  # weight of one step in the recent acceptance figures (about the last 20 steps)
 _COST_EMA = 0.2  # weight of one step in the measured step costs
-_DECAY = 0.9  # per step, a sequence's acceptance record fades: an old miss stops ruling out drafting
+_DECAY = 0.95  # per step, a sequence's acceptance record fades: an old miss stops ruling out drafting
+# The record starts as if 1.5 drafts had been kept and 0.5 rejected (a rate of 0.75): every
+# sequence tries drafting, and one that stopped tries again once its misses have faded (~14 steps).
+_PRIOR_KEPT, _PRIOR_REJECTED = 1.5, 0.5
 # Until measured: a verify row costs this share of a one-sequence step (on 2 CPU cores a 1.5B
 # model's extra row is ~0.3 of a decode; a GPU's ~0.02); a draft model's round 0.35.
 _PRIOR_ROW_COST = 0.25
@@ -31,7 +34,7 @@ _PRIOR_ROUND_COST = 0.35
 
 class _Acceptance:
     """A sequence's recent drafts, as a per-token acceptance probability (kept tokens run until
-    the first rejection): (kept + 1) / (kept + rejections + 2), both counts fading each step."""
+    the first rejection), both counts fading each step toward the prior."""
 
     __slots__ = ("kept", "rejected")
 
@@ -41,7 +44,7 @@ class _Acceptance:
     def rate(self) -> float:
         self.kept *= _DECAY
         self.rejected *= _DECAY
-        return (self.kept + 1.0) / (self.kept + self.rejected + 2.0)
+        return (self.kept + _PRIOR_KEPT) / (self.kept + self.rejected + _PRIOR_KEPT + _PRIOR_REJECTED)
 
 
 class Speculator:
@@ -49,7 +52,8 @@ class Speculator:
         self.config = config
         self.max_model_len = max_model_len
         self.draft = draft
-        self.ngram = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max) if draft is None else None
+        lookup = draft is None or config.prompt_lookup
+        self.ngram = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max) if lookup else None
         self.enabled = True  # the app's toggle: read once per step by the step thread
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
@@ -97,15 +101,15 @@ class Speculator:
         if not batch.seqs or not all(s.num_output_tokens for s in batch.seqs):
             return
         n, rows = len(batch.seqs), batch.total_tokens
-        extra, rounds = rows - n, max(batch.num_tokens) - 1
+        extra = rows - n
         if extra == 0:
             self._base_step[n] = _ema(self._base_step.get(n), duration)
             return
         base = self._base_step.get(n)
         if base is not None:
             self._row_s = _ema(self._row_s, max(0.0, duration - propose_s - base) / extra)
-        if self.draft is not None and rounds:
-            self._round_s = _ema(self._round_s, propose_s / rounds)
+        if self.draft is not None and self.draft.last_round_s is not None:
+            self._round_s = _ema(self._round_s, self.draft.last_round_s)
 
     def propose(self, batch: ScheduledBatch) -> float:
         """Fill the reserved slots with drafts; a sequence drafted fewer gives its slots back to the
@@ -116,13 +120,16 @@ class Speculator:
         start = time.perf_counter()
         seqs = [batch.seqs[i] for i in chosen]
         wanted = [batch.num_tokens[i] - 1 for i in chosen]
+        drafts = [self.ngram.propose(s, k) for s, k in zip(seqs, wanted)] if self.ngram is not None else [[]] * len(seqs)
         if self.draft is not None:
-            requests = [DraftRequest(s.token_ids, s.num_draft_computed, s.block_table, k) for s, k in zip(seqs, wanted)]
-            drafts = self.draft.propose(requests)
-            for seq, draft in zip(seqs, drafts):
-                seq.num_draft_computed = seq.num_tokens + len(draft) - 1
-        else:
-            drafts = [self.ngram.propose(s, k) for s, k in zip(seqs, wanted)]
+            self.draft.last_round_s = None
+            # The draft model runs for the sequences prompt lookup found nothing for (all, without it).
+            todo = [j for j, d in enumerate(drafts) if not d]
+            requests = [DraftRequest(seqs[j].token_ids, seqs[j].num_draft_computed, seqs[j].block_table, wanted[j])
+                        for j in todo]
+            for j, draft in zip(todo, self.draft.propose(requests) if requests else []):
+                drafts[j] = draft
+                seqs[j].num_draft_computed = seqs[j].num_tokens + len(draft) - 1
         for i, seq, draft in zip(chosen, seqs, drafts):
             seq.spec_token_ids = draft
             batch.num_tokens[i] = 1 + len(draft)
@@ -145,6 +152,8 @@ class Speculator:
 
     def stats(self) -> SpecStats:
         method, draft = ("draft", self.config.model) if self.draft is not None else ("ngram", "")
+        if self.draft is not None and self.ngram is not None:
+            method = "ngram+draft"
         return SpecStats(method, draft or "", self.enabled, self.num_draft_tokens, self.num_accepted_tokens,
                          self._acceptance, self._tokens_per_step)
 

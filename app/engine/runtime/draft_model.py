@@ -8,6 +8,7 @@ draft writes (positions below the target's verify positions).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +31,7 @@ class DraftModel:
         self.model = model
         self.block_size = block_size
         self.kv_caches = allocate_kv_caches(model.cfg, num_blocks, block_size, kv_dtype, model.device)
+        self.last_round_s: float | None = None  # the last call's one-token-a-request forward, seconds
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> list[list[int]]:
@@ -38,8 +40,12 @@ class DraftModel:
         drafts: list[list[int]] = [[] for _ in requests]
         chunks = [(r.token_ids[r.num_computed :], r.num_computed) for r in requests]
         live = list(range(len(requests)))
+        self.last_round_s = None
         while live:
+            start = time.perf_counter()
             tokens = self._forward([chunks[i] for i in live], [requests[i].block_table for i in live])
+            if all(len(chunks[i][0]) == 1 for i in live):  # not a catch-up: what one more draft token costs
+                self.last_round_s = time.perf_counter() - start
             for i, token in zip(live, tokens):
                 drafts[i].append(token)
                 chunks[i] = ([token], chunks[i][1] + len(chunks[i][0]))
