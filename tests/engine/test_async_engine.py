@@ -148,3 +148,20 @@ def test_real_server_openai_client_and_disconnect(engine):
                     if i >= 3:
                         break  # close mid-way: the server must abort the request
         wait_idle(engine)
+
+
+async def test_speculation_streams_the_same_tokens_and_switches_off(engine, tiny_gguf_factory):
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    plain = [t for d in await collect(engine, "hello world hello world hello", params) for t in d.token_ids]
+    assert engine.set_speculation(True) is False  # started without a speculative config
+    spec = AsyncEngine(str(tiny_gguf_factory("llama", context_length=512)), device="cpu", dtype="float32",
+                       kv_cache_blocks=256, speculative_config={"method": "ngram", "prompt_lookup_min": 1})
+    try:
+        ids = [t for d in await collect(spec, "hello world hello world hello", params) for t in d.token_ids]
+        assert ids == plain
+        assert spec.set_speculation(False) is True
+        assert spec.stats().speculative.enabled is False  # shown at once, before the next step
+        ids = [t for d in await collect(spec, "hello world hello world hello", params) for t in d.token_ids]
+        assert ids == plain
+    finally:
+        await spec.aclose()

@@ -164,6 +164,16 @@ def test_requests_that_cannot_speculate_decode_normally_beside_those_that_do(gem
     assert all(len(s.logprobs) == 24 for s in seqs[1::2])
 
 
+def test_logit_bias_applies_to_verified_rows(gemma, reference):
+    reqs, _ = reference
+    bias = {7: 100.0, 9: 5.0}
+    plain = run_all(make_engine(gemma), reqs[:3], logit_bias=bias)
+    engine = make_engine(gemma, speculative_config=NGRAM)
+    force_drafts(engine)
+    assert run_all(engine, reqs[:3], logit_bias=bias) == plain
+    assert engine.speculator.num_draft_tokens > 0
+
+
 def test_big_batches_turn_speculation_off(gemma):
     engine = make_engine(gemma, speculative_config={**NGRAM, "disable_by_batch_size": 2})
     assert engine.speculator.lookahead(Sequence("x", [5] * 9, SamplingParams(), 8), 3) == 0

@@ -9,6 +9,7 @@ taken after the last step.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import queue
@@ -124,6 +125,9 @@ class AsyncEngine:
         if speculator is None:
             return False
         speculator.enabled = enabled  # one bool, read by the step thread once per decode
+        stats = self._stats  # an idle engine takes no new snapshot: show the switch at once
+        if stats.speculative is not None:
+            self._stats = dataclasses.replace(stats, speculative=dataclasses.replace(stats.speculative, enabled=enabled))
         return True
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:

@@ -25,7 +25,7 @@ class SpeculativeConfig:
     prompt_lookup: bool = False
     # Off for a step with more running decodes than this (vLLM's disable_by_batch_size). Below it,
     # each sequence drafts only as far as its acceptance rate pays for the measured verify cost.
-    disable_by_batch_size: int = 8
+    disable_by_batch_size: int = 4
 
     @classmethod
     def parse(cls, value: SpeculativeConfig | dict[str, Any] | str | None) -> SpeculativeConfig | None:

@@ -22,6 +22,7 @@ _ACCEPT_SALT = 0x5851F42D4C957F2D  # a seeded request's acceptance draws: anothe
 def verify(logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]]) -> list[list[int]]:
     """`logits` holds 1 + len(drafts[i]) rows per sequence, in order -> each sequence's new tokens:
     its accepted drafts and one token of the target's."""
+    logits = apply_logit_bias(logits, [s for s, d in zip(seqs, drafts) for _ in range(len(d) + 1)])
     argmax = cpu_ops.argmax(logits).tolist()
     out: list[list[int]] = []
     row = 0
@@ -44,7 +45,7 @@ def _verify_greedy(argmax: list[int], draft: list[int]) -> list[int]:
 
 def _verify_sampled(logits: torch.Tensor, seq: Sequence, draft: list[int]) -> list[int]:
     row_seqs = [seq] * logits.shape[0]
-    probs = sampling_probs(apply_logit_bias(logits, row_seqs), row_seqs).double()
+    probs = sampling_probs(logits, row_seqs).double()  # logit bias already added
     probs /= probs.sum(-1, keepdim=True)  # min-p leaves rows unnormalised
     gen = _generator(seq)
     uniform = torch.rand(len(draft) + 1, generator=gen, dtype=torch.float64).tolist()
