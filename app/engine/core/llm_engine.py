@@ -144,7 +144,8 @@ class LLMEngine:
         if loaded.config.vocab_size != self.model_config.vocab_size:
             raise LocalbatchError(f"draft model {name} has a vocabulary of {loaded.config.vocab_size} tokens, "
                                   f"{self.model_name} {self.model_config.vocab_size}: they must share one")
-        if self.tokenizer is not None and list(loaded.metadata.get("tokenizer.ggml.tokens") or [])[:4096] != self.tokenizer.tokens[:4096]:
+        draft_tokens = list(loaded.metadata.get("tokenizer.ggml.tokens") or [])
+        if self.tokenizer is not None and draft_tokens[:4096] != self.tokenizer.tokens[:4096]:
             raise LocalbatchError(f"draft model {name} has another tokenizer than {self.model_name}")
         return DecoderLM(loaded.config, loaded.weights, self.setup.device, loaded.grids if grids else None)
 

@@ -2,8 +2,8 @@
 
 Policy (Sarathi / vLLM V1): running decodes first, one token each; then running prefills, then
 newly admitted prompts, in chunks that fill what is left of `max_num_batched_tokens`. A decode
-that speculates takes 1 + k tokens (its verify positions) when the blocks for them are free. A waiting
-request is admitted only when blocks for its next chunk are free (backpressure). A decode that
+that speculates takes 1 + k tokens (its verify positions) when the blocks for them are free. A
+waiting request is admitted only when blocks for its next chunk are free (backpressure). A decode that
 needs a block when none is free preempts the most recently admitted sequence, which gives its
 blocks back and goes to the front of the waiting queue to be recomputed later. A prompt whose next
 block another running sequence is still computing waits until it is cached, then shares it.
