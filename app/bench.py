@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from app.engine.api.sampling_params import SamplingParams
+from app.engine.types.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from app.engine.core.llm_engine import LLMEngine
@@ -182,7 +182,7 @@ def run_bench(args: argparse.Namespace, engine_kwargs: dict[str, Any],
 
 def load_schema(path: str) -> dict:
     """The --json-schema file as a dict; a LocalbatchError saying what is wrong otherwise."""
-    from app.engine.api.errors import LocalbatchError
+    from app.engine.types.errors import LocalbatchError
 
     try:
         with open(path, encoding="utf-8") as f:

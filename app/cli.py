@@ -11,9 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from app.bench import add_bench_args, run_bench
-from app.engine.api.engine_config import KV_CACHE_DTYPES, EngineConfig
-from app.engine.api.speculative_config import SpeculativeConfig
-from app.engine.api.errors import LocalbatchError
+from app.engine.types.engine_config import KV_CACHE_DTYPES, EngineConfig
+from app.engine.types.errors import LocalbatchError
+from app.engine.types.speculative_config import SpeculativeConfig
 
 ENGINE_FLAGS: dict[str, tuple[type, str]] = {
     "max_num_batched_tokens": (int, "token budget of one step (default 512 on CPU, 8192 on CUDA)"),
@@ -83,8 +83,8 @@ def _clear_progress() -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from app.engine.api.sampling_params import SamplingParams
     from app.engine.core.llm_engine import LLMEngine
+    from app.engine.types.sampling_params import SamplingParams
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
                             top_p=args.top_p, top_k=args.top_k)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from app.engine.api.sampling_params import SamplingParams
+from app.engine.types.sampling_params import SamplingParams
 
 TERMINAL_SIZE = (160, 48)
 _PROMPT = "Write a long story about a lighthouse keeper who collects clocks. " * 4

@@ -24,9 +24,9 @@ import torch
 # Run from a checkout without installing it: the repository root holds the `app` package.
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from app.engine.api.sampling_params import SamplingParams  # noqa: E402
 from app.engine.core.llm_engine import LLMEngine  # noqa: E402
 from app.engine.runtime.device import copy_bandwidth, synchronize  # noqa: E402
+from app.engine.types.sampling_params import SamplingParams  # noqa: E402
 
 
 def kv_bytes(engine: LLMEngine, batch: int, context: int) -> int:

@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.llm_engine import LLMEngine
+from app.engine.types.sampling_params import SamplingParams
 
 
 def main() -> int:

@@ -28,9 +28,9 @@ import subprocess
 import time
 import urllib.request
 
-from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.llm_engine import LLMEngine
 from app.engine.core.sequence import Sequence
+from app.engine.types.sampling_params import SamplingParams
 
 EDIT_FUNCTION = '''def summarize_orders(orders, tax_rate=0.08, discount_codes=None):
     discount_codes = discount_codes or {}

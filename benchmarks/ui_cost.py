@@ -33,8 +33,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(1, str(ROOT))
 
-from app.engine.core.outputs import EngineStats, RequestStats, StreamDelta  # noqa: E402
 from tmux_tabs import cpu_ticks  # noqa: E402 - beside this script, which runs as one
+
+from app.engine.types.outputs import EngineStats, RequestStats, StreamDelta  # noqa: E402
 
 PARAGRAPH = ("The keeper climbed the hundred and twelve steps each evening, counting them aloud as his "
              "father had, and wound the great clock before he lit the lamp. ")

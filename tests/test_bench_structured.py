@@ -8,8 +8,8 @@ import json
 import pytest
 
 from app.bench import add_bench_args, load_schema, structured_sweep
-from app.engine.api.errors import LocalbatchError
 from app.engine.core.llm_engine import LLMEngine
+from app.engine.types.errors import LocalbatchError
 
 
 def test_structured_sweep_reports_both_rates(tiny_gguf_factory, tmp_path):

@@ -21,10 +21,10 @@ import httpx
 
 from app.clients.prometheus_text import parse_metrics
 from app.engine.api.engine_client import Prompt
-from app.engine.api.errors import LocalbatchError, QueueFullError, RequestError
-from app.engine.api.sampling_params import SamplingParams
-from app.engine.core.outputs import EngineStats, RequestStats, StreamDelta
-from app.engine.core.timing import ReplyClock
+from app.engine.types.errors import LocalbatchError, QueueFullError, RequestError
+from app.engine.types.outputs import EngineStats, RequestStats, StreamDelta
+from app.engine.types.sampling_params import SamplingParams
+from app.engine.types.timing import ReplyClock
 
 _TIMEOUT = httpx.Timeout(10.0, read=600.0)  # a queued request may wait long for its first token
 _RATE_WINDOW_S = 2.0

@@ -111,7 +111,7 @@ def unified_attention(
     `out`."""
     num_tokens, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
-    cu, lens, table = _int32_metadata(meta)
+    cu, lens, table = int32_metadata(meta)
     threads = torch.get_num_threads()
     # Fewer rows than threads: divide each row's query heads among them.
     splits = head_splits(num_tokens, heads, threads)
@@ -127,7 +127,7 @@ def unified_attention(
     return out
 
 
-def _int32_metadata(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def int32_metadata(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """cu_seqlens_q, seq_lens and block_table as contiguous int32, made once per step (every layer
     shares them)."""
     key = "cpu_attention_int32"

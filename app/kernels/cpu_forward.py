@@ -12,7 +12,7 @@ import functools
 import torch
 
 from app.kernels import cpu_build, cpu_ops
-from app.kernels.cpu_attention import _int32_metadata, head_splits, int64_slots
+from app.kernels.cpu_attention import head_splits, int32_metadata, int64_slots
 from app.kernels.cpu_qgemm import Q4Weight, Q8Weight
 from app.kernels.kv_cache import KVCacheLayer
 from app.kernels.metadata import AttentionMetadata
@@ -100,7 +100,7 @@ class OneCallLayers:
         for meta, group in zip(metas, self._groups):
             if group not in seen:
                 seen.add(group)
-                cu, lens, table = _int32_metadata(meta)
+                cu, lens, table = int32_metadata(meta)
                 slots = int64_slots(meta.slot_mapping)
                 keep.append(slots)
                 metas_c[group] = _Meta(table.data_ptr(), cu.data_ptr(), lens.data_ptr(), slots.data_ptr(),

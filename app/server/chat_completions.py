@@ -8,8 +8,8 @@ from typing import Any
 from fastapi import Request
 from starlette.responses import Response
 
-from app.engine.api.errors import RequestError
-from app.engine.core.outputs import StreamDelta, TopLogprobs
+from app.engine.types.errors import RequestError
+from app.engine.types.outputs import StreamDelta, TopLogprobs
 from app.server.logprobs import chat_logprobs
 from app.server.openai_schema import ChatCompletionRequest
 from app.server.output_schema import ToolChoice

@@ -8,7 +8,7 @@ from fastapi import Request
 from starlette.responses import Response
 
 from app.engine.api.engine_client import Prompt
-from app.engine.core.outputs import StreamDelta, TopLogprobs
+from app.engine.types.outputs import StreamDelta, TopLogprobs
 from app.server.logprobs import completion_logprobs
 from app.server.openai_schema import CompletionRequest
 from app.server.response_format import constrained_params, output_constraint

@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.engine.api.errors import (
+from app.engine.types.errors import (
     EngineDeadError,
     LocalbatchError,
     QueueFullError,

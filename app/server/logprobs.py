@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from app.engine.api.engine_client import EngineClient
-from app.engine.core.outputs import TopLogprobs
+from app.engine.types.outputs import TopLogprobs
 
 # JSON has no -Infinity; OpenAI-compatible servers report impossible tokens with this floor.
 LOGPROB_FLOOR = -9999.0

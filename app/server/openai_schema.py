@@ -22,8 +22,8 @@ from pydantic import (
     field_validator,
 )
 
-from app.engine.api.errors import RequestError
-from app.engine.api.sampling_params import SamplingParams
+from app.engine.types.errors import RequestError
+from app.engine.types.sampling_params import SamplingParams
 from app.server.output_schema import (
     ResponseFormat,
     SchemaLike,

@@ -11,7 +11,7 @@ import bisect
 import math
 from collections.abc import Sequence
 
-from app.engine.core.outputs import EngineStats
+from app.engine.types.outputs import EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -10,8 +10,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from app.engine.api.errors import RequestError
-from app.engine.api.sampling_params import SamplingParams
+from app.engine.types.errors import RequestError
+from app.engine.types.sampling_params import SamplingParams
 from app.server.openai_schema import SamplingRequest
 from app.server.output_schema import ResponseFormat, StructuredOutputs
 

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import Request
 from starlette.responses import Response
 
-from app.engine.api.errors import LocalbatchError
+from app.engine.types.errors import LocalbatchError
 from app.server.http_errors import ApiError
 from app.server.openai_schema import DetokenizeRequest, TokenizeRequest
 from app.server.prometheus import CONTENT_TYPE

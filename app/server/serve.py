@@ -18,7 +18,7 @@ from typing import Any
 import uvicorn
 
 from app.engine.api.engine_client import EngineClient
-from app.engine.api.errors import LocalbatchError
+from app.engine.types.errors import LocalbatchError
 from app.server.factory import CorsPolicy, create_app
 
 log = logging.getLogger(__name__)

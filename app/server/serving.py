@@ -18,9 +18,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from app.engine.api.engine_client import EngineClient, Prompt
-from app.engine.api.errors import LocalbatchError
-from app.engine.api.sampling_params import SamplingParams
-from app.engine.core.outputs import StreamDelta
+from app.engine.types.errors import LocalbatchError
+from app.engine.types.outputs import StreamDelta
+from app.engine.types.sampling_params import SamplingParams
 from app.server.http_errors import ApiError, engine_error, failed_request
 from app.server.logprobs import TokenTexts
 from app.server.openai_schema import SamplingRequest

@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 
 from app.engine.api.engine_client import EngineClient, Prompt
-from app.engine.api.sampling_params import SamplingParams
-from app.engine.core.outputs import StreamDelta, TopLogprobs
+from app.engine.types.outputs import StreamDelta, TopLogprobs
+from app.engine.types.sampling_params import SamplingParams
 from app.server.prometheus import ServerMetrics
 
 log = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from app.engine.api.engine_client import EngineClient, Prompt
-from app.engine.api.errors import LocalbatchError
+from app.engine.types.errors import LocalbatchError
 from app.server.openai_schema import ChatMessage, ToolCall
 from app.server.output_schema import ToolChoice, ToolDefinition
 from app.server.tool_grammar import CALL_CLOSE, CALL_OPEN

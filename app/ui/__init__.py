@@ -10,7 +10,7 @@ _EXPORTS = {
     "TuiOptions": "app.ui.app",
     "run_tui": "app.ui.app",
     "EngineFactory": "app.ui.loading",
-    "ProgressFn": "app.engine.api.progress",
+    "ProgressFn": "app.engine.types.progress",
     "default_engine_factory": "app.ui.loading",
     "RemoteEngine": "app.clients.remote",
     "Config": "app.ui.user_config",

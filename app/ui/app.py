@@ -16,18 +16,18 @@ from textual.screen import Screen
 
 from app import ASSETS_DIR
 from app.engine.api.engine_client import EngineClient
-from app.engine.api.errors import LocalbatchError
-from app.engine.core.outputs import SpecStats
-from app.engine.api.progress import ProgressFn
+from app.engine.types.errors import LocalbatchError
+from app.engine.types.outputs import SpecStats
+from app.engine.types.progress import ProgressFn
 from app.ui.endpoint import EmbeddedEndpoint, ServeFn
 from app.ui.keys import CHAT_ACTIONS, effective_keys
-from app.ui.pulling import PullState, start_pull
 from app.ui.loading import (
     EngineFactory,
     LoadingScreen,
     default_engine_factory,
     engine_info,
 )
+from app.ui.pulling import PullState, start_pull
 from app.ui.screen import ChatScreen
 from app.ui.store import ChatStore
 from app.ui.user_config import (
@@ -37,7 +37,6 @@ from app.ui.user_config import (
     default_data_dir,
     load_config,
 )
-
 
 MODEL_KEY = "model"  # meta key: the model last switched to, loaded at the next start
 _DEFAULT = object()  # a fallback that means "the default model" (None means "no fallback")

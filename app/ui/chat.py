@@ -23,9 +23,9 @@ from textual.widgets import TabPane
 from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
 from app.engine.api.engine_client import EngineClient, Prompt
-from app.engine.api.sampling_params import SamplingParams
-from app.engine.core.outputs import StreamDelta
-from app.engine.core.timing import ReplyClock
+from app.engine.types.outputs import StreamDelta
+from app.engine.types.sampling_params import SamplingParams
+from app.engine.types.timing import ReplyClock
 from app.ui.format import fmt_rate, fmt_seconds
 from app.ui.loading import first_line
 from app.ui.reply_stream import DELTA_MAX_DELAY_S, ReplyWriter

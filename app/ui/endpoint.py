@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from app.engine.api.engine_client import EngineClient
-from app.engine.api.errors import LocalbatchError
+from app.engine.types.errors import LocalbatchError
 
 # serve(engine, host=..., port=..., api_key=..., ready=asyncio.Event) runs until cancelled.
 ServeFn = Callable[..., Awaitable[Any]]

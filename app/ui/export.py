@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from types import MappingProxyType
 
-from app.engine.api.errors import LocalbatchError
+from app.engine.types.errors import LocalbatchError
 from app.ui.store import ChatRecord, MessageRecord
 
 _ROLE_TITLES = MappingProxyType({"user": "User", "assistant": "Assistant"})

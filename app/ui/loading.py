@@ -22,8 +22,8 @@ from textual.widgets import ProgressBar, Static
 from textual.worker import Worker, WorkerState
 
 from app.engine.api.engine_client import EngineClient
-from app.engine.api.errors import LocalbatchError
-from app.engine.api.progress import ProgressFn
+from app.engine.types.errors import LocalbatchError
+from app.engine.types.progress import ProgressFn
 from app.ui.format import fmt_bytes, fmt_int
 
 

@@ -13,7 +13,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Digits, Label, Sparkline, Static
 
-from app.engine.core.outputs import EngineStats
+from app.engine.types.outputs import EngineStats
 from app.ui.format import fmt_bytes, fmt_int, fmt_rate, fmt_seconds
 
 API_COLOR = "grey70"

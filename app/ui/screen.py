@@ -23,8 +23,8 @@ from textual.widgets import (
 )
 
 from app.engine.api.engine_client import EngineClient
-from app.engine.api.errors import LocalbatchError
-from app.engine.core.outputs import EngineStats, RequestStats
+from app.engine.types.errors import LocalbatchError
+from app.engine.types.outputs import EngineStats, RequestStats
 from app.ui.chat import ChatPane
 from app.ui.dialogs import ConfirmDialog, MessagePicker, ModelPicker, RenameDialog
 from app.ui.endpoint import EmbeddedEndpoint

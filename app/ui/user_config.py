@@ -35,8 +35,8 @@ from typing import Any
 
 import platformdirs
 
-from app.engine.api.errors import LocalbatchError, RequestError
-from app.engine.api.sampling_params import SamplingParams
+from app.engine.types.errors import LocalbatchError, RequestError
+from app.engine.types.sampling_params import SamplingParams
 
 APP_NAME = "localbatch"
 

@@ -12,7 +12,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Label, Markdown, Static, Switch, TextArea
 
-from app.engine.api.errors import RequestError
+from app.engine.types.errors import RequestError
 from app.ui.user_config import ChatSettings
 
 _NEWLINE_KEYS = ("shift+enter", "ctrl+j")

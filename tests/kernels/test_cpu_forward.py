@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.llm_engine import LLMEngine
+from app.engine.types.sampling_params import SamplingParams
 from app.kernels import cpu_forward
 
 pytestmark = pytest.mark.skipif(

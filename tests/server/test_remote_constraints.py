@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from app.clients.remote import RemoteEngine
-from app.engine.api.errors import RequestError
-from app.engine.api.sampling_params import SamplingParams
+from app.engine.types.errors import RequestError
+from app.engine.types.sampling_params import SamplingParams
 from tests.support.fake_engine import FakeEngine, ServerThread
 
 USER = [{"role": "user", "content": "hi"}]

@@ -563,7 +563,7 @@ def test_metrics(client: httpx.Client, engine: FakeEngine) -> None:
 
 
 def test_metric_labels_are_escaped() -> None:
-    from app.engine.core.outputs import EngineStats
+    from app.engine.types.outputs import EngineStats
     from app.server.prometheus import ServerMetrics
 
     name = 'we"ird\\name\nx'

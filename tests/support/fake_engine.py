@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Self
 
 from app.engine.api.engine_client import Prompt
-from app.engine.api.errors import EngineDeadError, QueueFullError, RequestError
-from app.engine.api.sampling_params import SamplingParams
-from app.engine.core.outputs import EngineStats, RequestStats, StreamDelta, TopLogprobs
+from app.engine.types.errors import EngineDeadError, QueueFullError, RequestError
+from app.engine.types.outputs import EngineStats, RequestStats, StreamDelta, TopLogprobs
+from app.engine.types.sampling_params import SamplingParams
 
 # A reply's pieces for a prompt, one token each (see `echo_reply`).
 Script = Callable[[Prompt], list[str]]

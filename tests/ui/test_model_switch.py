@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 from textual.widgets import Input, OptionList
 
-from app.engine.api.errors import LocalbatchError
+from app.engine.types.errors import LocalbatchError
 from app.ui.app import MODEL_KEY, LocalbatchApp, TuiOptions
 from app.ui.dialogs import ModelPicker
 from app.ui.screen import ChatScreen

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.engine.core.outputs import EngineStats, SpecStats
+from app.engine.types.outputs import EngineStats, SpecStats
 from app.server.prometheus import _engine_lines
 from app.ui.panels import render_step_line
 from tests.ui.test_tui import SIZE, chat_screen, make_app

@@ -4,8 +4,8 @@ backend, and a snapshot of the main screen."""
 
 from __future__ import annotations
 
-import dataclasses
 import asyncio
+import dataclasses
 import json
 import socket
 import sqlite3
@@ -21,9 +21,9 @@ from textual.widgets import Input, Markdown, Static, TabbedContent
 
 from app.clients.prometheus_text import parse_metrics
 from app.clients.remote import RemoteEngine, RemoteError
-from app.engine.api.errors import GGUFError, QueueFullError, RequestError
-from app.engine.api.sampling_params import SamplingParams
-from app.engine.core.outputs import EngineStats, RequestStats
+from app.engine.types.errors import GGUFError, QueueFullError, RequestError
+from app.engine.types.outputs import EngineStats, RequestStats
+from app.engine.types.sampling_params import SamplingParams
 from app.ui.app import LocalbatchApp, TuiOptions
 from app.ui.dialogs import ConfirmDialog, RenameDialog
 from app.ui.export import chat_to_markdown

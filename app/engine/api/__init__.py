@@ -1,2 +1,3 @@
-"""What callers use: `LLM` (offline), `AsyncEngine` (a step thread bridged to asyncio), the
-`EngineClient` protocol they implement, sampling params, engine settings and errors."""
+"""What callers use: `LLM` (offline), `AsyncEngine` (a step thread bridged to asyncio) and the
+`EngineClient` protocol they implement. Sampling params, settings, errors and outputs are in
+`app.engine.types`."""

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.engine.api.engine_client import Prompt
-from app.engine.api.errors import EngineDeadError
-from app.engine.api.progress import ProgressFn
-from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.llm_engine import LLMEngine
-from app.engine.core.outputs import EngineStats, StreamDelta
 from app.engine.core.sequence import Sequence
+from app.engine.types.errors import EngineDeadError
+from app.engine.types.outputs import EngineStats, StreamDelta
+from app.engine.types.progress import ProgressFn
+from app.engine.types.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -9,12 +9,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
-from app.engine.api.sampling_params import SamplingParams
-from app.engine.core.outputs import EngineStats, StreamDelta
-
-# A prompt: raw text (no chat template), token ids, or chat messages
-# ([{"role": "system"|"user"|"assistant", "content": str}, ...]; the chat template is applied).
-Prompt = str | list[int] | list[dict[str, Any]]
+from app.engine.types.outputs import EngineStats, StreamDelta
+from app.engine.types.prompt import Prompt
+from app.engine.types.sampling_params import SamplingParams
 
 
 @runtime_checkable

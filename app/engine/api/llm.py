@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.engine.api.progress import ProgressFn
-from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.llm_engine import LLMEngine
-from app.engine.core.outputs import RequestOutput
+from app.engine.types.outputs import RequestOutput
+from app.engine.types.progress import ProgressFn
+from app.engine.types.sampling_params import SamplingParams
 
 PromptInput = str | list[int]
 

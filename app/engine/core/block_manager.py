@@ -21,8 +21,8 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from app.engine.core.kv_cache_spec import NULL_BLOCK, KVCacheGroup, KVCacheSpec, live_blocks
 from app.engine.core.sequence import Sequence
+from app.engine.runtime.kv_cache_spec import NULL_BLOCK, KVCacheGroup, KVCacheSpec, live_blocks
 
 
 class Block:

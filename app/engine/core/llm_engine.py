@@ -11,28 +11,29 @@ from typing import Any
 
 import torch
 
-from app.engine.api.engine_client import Prompt
-from app.engine.api.engine_config import EngineConfig
-from app.engine.api.errors import LocalbatchError, RequestError
-from app.engine.api.progress import ProgressFn
-from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.block_manager import BlockManager
-from app.engine.core.kv_cache_spec import kv_cache_spec
 from app.engine.core.metrics import EngineMetrics, KVCacheInfo, MemoryTraffic
 from app.engine.core.output_processor import OutputProcessor
-from app.engine.core.outputs import EngineStats, StreamDelta
-from app.engine.core.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from app.engine.core.scheduler import Scheduler, SchedulerConfig
 from app.engine.core.sequence import Sequence
 from app.engine.core.speculator import Speculator
 from app.engine.gguf.loader import load_gguf
 from app.engine.runtime.decoder import DecoderLM
 from app.engine.runtime.device import DeviceSetup, copy_bandwidth, kv_pool_blocks, resolve_device
+from app.engine.runtime.kv_cache_spec import kv_cache_spec
 from app.engine.runtime.kv_pool import kv_sizes, resolve_kv_cache_dtype
 from app.engine.runtime.linear import takes_grids
-from app.engine.runtime.threads import ThreadTuner
 from app.engine.runtime.model_runner import ModelRunner, StepOutput
+from app.engine.runtime.threads import ThreadTuner
 from app.engine.structured.compiler import ConstraintCompiler
 from app.engine.text.tokenizer import Tokenizer
+from app.engine.types.batch import ScheduledBatch
+from app.engine.types.engine_config import EngineConfig
+from app.engine.types.errors import LocalbatchError, RequestError
+from app.engine.types.outputs import EngineStats, StreamDelta
+from app.engine.types.progress import ProgressFn
+from app.engine.types.prompt import Prompt
+from app.engine.types.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -316,6 +317,7 @@ class LLMEngine:
                 continue
             merged.sampled.update(out.sampled)
             merged.logprobs.update(out.logprobs)
+            merged.prompt_logprobs.update(out.prompt_logprobs)
         return merged
 
     def _postprocess(self, batch: ScheduledBatch, output: StepOutput) -> list[StreamDelta]:
@@ -324,6 +326,7 @@ class LLMEngine:
             if seq.is_finished:
                 deltas.append(self._finish(seq))
                 continue
+            seq.prompt_logprobs.extend(output.prompt_logprobs.get(seq.request_id, ()))
             tokens = output.sampled.get(seq.request_id)
             if tokens is None:  # mid-prompt chunk
                 seq.num_computed_tokens += n

@@ -8,11 +8,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from app.engine.core.block_manager import BlockManager
-from app.engine.core.outputs import EngineStats, RequestStats
-from app.engine.core.scheduler import ScheduledBatch, Scheduler
+from app.engine.core.scheduler import Scheduler
 from app.engine.core.sequence import Sequence, SequenceStatus
-from app.engine.core.outputs import SpecStats
-from app.engine.core.timing import reply_timing
+from app.engine.types.batch import ScheduledBatch
+from app.engine.types.outputs import EngineStats, RequestStats, SpecStats
+from app.engine.types.timing import reply_timing
 
 WINDOW_S = 2.0  # tokens/s are averaged over the steps of the last two seconds
 

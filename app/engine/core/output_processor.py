@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.engine.core.outputs import StreamDelta
 from app.engine.core.sequence import Sequence
 from app.engine.text.detokenizer import IncrementalDetokenizer
 from app.engine.text.tokenizer import Tokenizer
+from app.engine.types.outputs import StreamDelta
 
 
 @dataclass

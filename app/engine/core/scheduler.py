@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from app.engine.api.errors import QueueFullError
 from app.engine.core.block_manager import BlockManager
 from app.engine.core.sequence import Sequence, SequenceStatus
+from app.engine.types.batch import ScheduledBatch
+from app.engine.types.errors import QueueFullError
 
 
 @dataclass
@@ -25,24 +26,6 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
     max_waiting: int = 256
-
-
-@dataclass
-class ScheduledBatch:
-    seqs: list[Sequence] = field(default_factory=list)
-    num_tokens: list[int] = field(default_factory=list)  # tokens each sequence computes this step
-    preempted: list[Sequence] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.seqs)
-
-    @property
-    def total_tokens(self) -> int:
-        return sum(self.num_tokens)
-
-    def add(self, seq: Sequence, n: int) -> None:
-        self.seqs.append(seq)
-        self.num_tokens.append(n)
 
 
 # (decoding sequence, decodes this step) -> draft slots to reserve for it: the speculator's lookahead

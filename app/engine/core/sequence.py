@@ -6,9 +6,9 @@ import enum
 import time
 from typing import TYPE_CHECKING
 
-from app.engine.api.sampling_params import SamplingParams
-from app.engine.core.kv_cache_spec import live_blocks
-from app.engine.core.outputs import TopLogprobs
+from app.engine.runtime.kv_cache_spec import live_blocks
+from app.engine.types.outputs import TopLogprobs
+from app.engine.types.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from app.engine.structured.matcher import SequenceGrammar

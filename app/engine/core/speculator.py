@@ -13,12 +13,12 @@ import math
 import time
 from weakref import WeakKeyDictionary
 
-from app.engine.api.speculative_config import SpeculativeConfig
 from app.engine.core.ngram_proposer import NgramProposer
-from app.engine.core.outputs import SpecStats
-from app.engine.core.scheduler import ScheduledBatch
 from app.engine.core.sequence import Sequence
 from app.engine.runtime.draft_model import DraftModel, DraftRequest
+from app.engine.types.batch import ScheduledBatch
+from app.engine.types.outputs import SpecStats
+from app.engine.types.speculative_config import SpeculativeConfig
 
 _EMA = 0.05  # weight of one step in the recent acceptance figures (about the last 20 steps)
 _COST_EMA = 0.2  # weight of one step in the measured step costs

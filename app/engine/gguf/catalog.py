@@ -11,8 +11,8 @@ from pathlib import Path
 
 import platformdirs
 
-from app.engine.api.errors import LocalbatchError
-from app.engine.api.progress import ProgressFn
+from app.engine.types.errors import LocalbatchError
+from app.engine.types.progress import ProgressFn
 
 MODELS_DIR_ENV = "LOCALBATCH_MODELS_DIR"
 EMBEDDED = "gemma3-270m"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import platformdirs
 
-from app.engine.api.errors import LocalbatchError
-from app.engine.api.progress import ProgressFn
+from app.engine.types.errors import LocalbatchError
+from app.engine.types.progress import ProgressFn
 
 
 def default_model_path(cache_dir: str | os.PathLike | None = None, progress: ProgressFn | None = None) -> Path:

@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
-from app.engine.api.errors import GGUFError
-from app.engine.api.progress import ProgressFn
 from app.engine.gguf.model_config import ModelConfig
 from app.engine.gguf.quants import SUPPORTED_TYPES, GridForm, dequantize, grid_form
 from app.engine.gguf.reader import GGUFFile
+from app.engine.types.errors import GGUFError
+from app.engine.types.progress import ProgressFn
 
 
 @dataclass

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from app.engine.api.errors import GGUFError
+from app.engine.types.errors import GGUFError
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 

@@ -19,9 +19,17 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from app.engine.api.errors import LocalbatchError
-from app.engine.api.progress import ProgressFn
-from app.engine.gguf.catalog import EMBEDDED, CatalogEntry, WheelPart, get_entry, installed_path, staging_dir, target_path
+from app.engine.gguf.catalog import (
+    EMBEDDED,
+    CatalogEntry,
+    WheelPart,
+    get_entry,
+    installed_path,
+    staging_dir,
+    target_path,
+)
+from app.engine.types.errors import LocalbatchError
+from app.engine.types.progress import ProgressFn
 
 Runner = Callable[..., subprocess.CompletedProcess]
 BLOCK = 8 << 20

@@ -20,7 +20,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import IQ4_NL
 
-from app.engine.api.errors import GGUFError
+from app.engine.types.errors import GGUFError
 
 _T = GGMLQuantizationType
 

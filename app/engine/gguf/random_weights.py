@@ -7,9 +7,9 @@ import math
 
 import torch
 
-from app.engine.api.errors import LocalbatchError
 from app.engine.gguf.loader import expected_shapes
 from app.engine.gguf.model_config import ModelConfig
+from app.engine.types.errors import LocalbatchError
 
 # Hyper-parameters of the published checkpoints (their HF configs).
 PRESETS: dict[str, dict] = {

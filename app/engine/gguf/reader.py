@@ -24,7 +24,7 @@ from gguf import (
     GGUFValueType,
 )
 
-from app.engine.api.errors import GGUFError
+from app.engine.types.errors import GGUFError
 
 SUPPORTED_VERSIONS = (2, 3)
 MAX_DIMS = 4  # GGML_MAX_DIMS: llama.cpp rejects tensors with more dimensions

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from app.engine.api.engine_config import EngineConfig
-from app.engine.api.errors import LocalbatchError
+from app.engine.types.engine_config import EngineConfig
+from app.engine.types.errors import LocalbatchError
 from app.kernels import cpu_build, cpu_qgemm, triton_available
 
 log = logging.getLogger(__name__)

@@ -8,9 +8,9 @@ import mmap
 
 import torch
 
-from app.engine.api.errors import LocalbatchError
-from app.engine.core.kv_cache_spec import KVCacheSpec
 from app.engine.gguf.model_config import ModelConfig
+from app.engine.runtime.kv_cache_spec import KVCacheSpec
+from app.engine.types.errors import LocalbatchError
 from app.kernels import KVCacheLayer, cpu_attention
 from app.kernels.kv_quant import SCALE_DTYPE, is_quantized_kv, scale_bytes
 

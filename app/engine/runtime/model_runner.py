@@ -12,19 +12,18 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from app.engine.core.kv_cache_spec import KVCacheSpec, kv_cache_spec
-from app.engine.core.outputs import TopLogprobs
-from app.engine.core.scheduler import ScheduledBatch
-from app.engine.core.sequence import Sequence
 from app.engine.runtime.cuda_graphs import DecodeGraphs
 from app.engine.runtime.decoder import DecoderLM
+from app.engine.runtime.kv_cache_spec import KVCacheSpec, kv_cache_spec
 from app.engine.runtime.kv_pool import allocate_kv_caches
 from app.engine.runtime.rejection_sampler import verify
 from app.engine.runtime.sampler import Sampler, top_logprobs_rows
+from app.engine.types.batch import ScheduledBatch, ScheduledSequence
+from app.engine.types.outputs import TopLogprobs
 from app.kernels import AttentionMetadata
 
 log = logging.getLogger(__name__)
@@ -42,8 +41,8 @@ class StepInputs:
     metas: list[AttentionMetadata]
     logits_indices: torch.Tensor
     sample_rows: list[int]  # rows in the logits of the sampling sequences: one each, 1 + k if speculating
-    sample_seqs: list[Sequence]
-    prompt_rows: list[tuple[Sequence, int, int, int]]  # (seq, first logits row, first position, count)
+    sample_seqs: list[ScheduledSequence]
+    prompt_rows: list[tuple[ScheduledSequence, int, int, int]]  # (seq, first logits row, first position, count)
 
     @property
     def meta(self) -> AttentionMetadata:
@@ -75,6 +74,9 @@ class StepInputs:
 class StepOutput:
     sampled: dict[str, list[int]]  # request_id -> new tokens: one, or a speculating sequence's kept drafts + 1
     logprobs: dict[str, TopLogprobs]
+    # request_id -> prompt logprobs to append to what the sequence recorded (a None first, for
+    # the first prompt token, when it had recorded none)
+    prompt_logprobs: dict[str, list[TopLogprobs | None]] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -114,21 +116,24 @@ class ModelRunner:
     def run(self, batch: ScheduledBatch) -> StepOutput:
         inputs = self.prepare(batch)
         hidden = self._hidden_states(inputs)
-        self._record_prompt_logprobs(hidden, inputs)
+        prompt_logprobs = self._prompt_logprobs(hidden, inputs)
         seqs = inputs.sample_seqs
         if not seqs:
-            return StepOutput({}, {})
+            return StepOutput({}, {}, prompt_logprobs)
         # Without prompt-logprob rows the hidden rows are exactly the sampling rows, in order.
         logits = self.model.compute_logits(hidden[inputs.sample_rows] if inputs.prompt_rows else hidden)
         if len(inputs.sample_rows) > len(seqs):
-            return self._sample_speculative(logits, seqs)
+            out = self._sample_speculative(logits, seqs)
+            out.prompt_logprobs = prompt_logprobs
+            return out
         tokens, logprobs = self.sampler(logits, seqs)
         return StepOutput(
             sampled={s.request_id: [t] for s, t in zip(seqs, tokens)},
             logprobs={s.request_id: lp for s, lp in zip(seqs, logprobs) if lp is not None},
+            prompt_logprobs=prompt_logprobs,
         )
 
-    def _sample_speculative(self, logits: torch.Tensor, seqs: list[Sequence]) -> StepOutput:
+    def _sample_speculative(self, logits: torch.Tensor, seqs: list[ScheduledSequence]) -> StepOutput:
         """Plain rows through the sampler, each speculating sequence's 1 + k rows through `verify`."""
         plain, spec, plain_rows, spec_rows, row = [], [], [], [], 0
         for seq in seqs:
@@ -216,21 +221,25 @@ class ModelRunner:
         host = torch.tensor(values, dtype=dtype)
         return host.pin_memory() if self.device.type == "cuda" else host
 
-    def _record_prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs) -> None:
+    def _prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs) -> dict[str, list[TopLogprobs | None]]:
         """Row for position p is the distribution of prompt token p+1 (vLLM's prompt_logprobs).
 
         Logits are made `PROMPT_LOGPROB_ROWS` rows at a time: a whole 8192-token chunk of a
         262k-vocabulary model would need 8.6 GB of fp32 logits at once."""
+        out: dict[str, list[TopLogprobs | None]] = {}
         for seq, row0, pos0, count in inputs.prompt_rows:
-            if not seq.prompt_logprobs:
-                seq.prompt_logprobs.append(None)
+            new: list[TopLogprobs | None] = [] if seq.prompt_logprobs else [None]
+            recorded = len(seq.prompt_logprobs) + len(new)
             for first in range(0, count, PROMPT_LOGPROB_ROWS):
                 # Positions already recorded before a preemption are not recorded again.
                 targets = [t for t in range(pos0 + first + 1, pos0 + min(count, first + PROMPT_LOGPROB_ROWS) + 1)
-                           if t >= len(seq.prompt_logprobs)]
+                           if t >= recorded]
                 if not targets:
                     continue
                 rows = hidden[row0 + targets[0] - pos0 - 1 : row0 + targets[-1] - pos0]
                 lp = torch.log_softmax(self.model.compute_logits(rows), -1)
                 ids = [seq.token_ids[t] for t in targets]
-                seq.prompt_logprobs.extend(top_logprobs_rows(lp, seq.params.prompt_logprobs, ids))
+                new.extend(top_logprobs_rows(lp, seq.params.prompt_logprobs, ids))
+                recorded += len(targets)
+            out[seq.request_id] = new
+        return out

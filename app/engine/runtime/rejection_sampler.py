@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import torch
 
-from app.engine.core.sequence import Sequence
 from app.engine.runtime.sampler import _mix, apply_logit_bias, is_greedy, sampling_probs
+from app.engine.types.batch import ScheduledSequence
 from app.kernels import cpu_ops
 
 _ACCEPT_SALT = 0x5851F42D4C957F2D  # a seeded request's acceptance draws: another stream than its token draws
 
 
-def verify(logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]]) -> list[list[int]]:
+def verify(logits: torch.Tensor, seqs: list[ScheduledSequence], drafts: list[list[int]]) -> list[list[int]]:
     """`logits` holds 1 + len(drafts[i]) rows per sequence, in order -> each sequence's new tokens:
     its accepted drafts and one token of the target's."""
     logits = apply_logit_bias(logits, [s for s, d in zip(seqs, drafts) for _ in range(len(d) + 1)])
@@ -43,7 +43,7 @@ def _verify_greedy(argmax: list[int], draft: list[int]) -> list[int]:
     return draft[:kept] + [argmax[kept]]
 
 
-def _verify_sampled(logits: torch.Tensor, seq: Sequence, draft: list[int]) -> list[int]:
+def _verify_sampled(logits: torch.Tensor, seq: ScheduledSequence, draft: list[int]) -> list[int]:
     row_seqs = [seq] * logits.shape[0]
     probs = sampling_probs(logits, row_seqs).double()  # logit bias already added
     probs /= probs.sum(-1, keepdim=True)  # min-p leaves rows unnormalised
@@ -65,7 +65,7 @@ def _draw(probs: torch.Tensor, u: float) -> int:
     return min(index, probs.shape[0] - 1)
 
 
-def _generator(seq: Sequence) -> torch.Generator | None:
+def _generator(seq: ScheduledSequence) -> torch.Generator | None:
     if seq.params.seed is None:
         return None
     gen = torch.Generator()

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from app.engine.core.outputs import TopLogprobs
-from app.engine.core.sequence import Sequence
 from app.engine.structured.bitmask import GrammarBitmask
+from app.engine.types.batch import ScheduledSequence
+from app.engine.types.outputs import TopLogprobs
 from app.kernels import cpu_ops
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, position) pairs over the 63-bit seed space
@@ -33,7 +33,7 @@ class Sampler:
         self.grammar_mask = GrammarBitmask(vocab_size)
 
     @torch.inference_mode()
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[TopLogprobs | None]]:
+    def __call__(self, logits: torch.Tensor, seqs: list[ScheduledSequence]) -> tuple[list[int], list[TopLogprobs | None]]:
         """logits `[len(seqs), vocab]` (fp32) -> one token id per row, and its top-k logprobs if asked.
         Constrained rows of `logits` are masked in place."""
         self.grammar_mask.apply(logits, seqs)
@@ -49,7 +49,7 @@ class Sampler:
         token_list = tokens.tolist()
         return token_list, self._logprobs(raw, seqs, token_list)
 
-    def _logprobs(self, raw: torch.Tensor, seqs: list[Sequence], tokens: list[int]) -> list[TopLogprobs | None]:
+    def _logprobs(self, raw: torch.Tensor, seqs: list[ScheduledSequence], tokens: list[int]) -> list[TopLogprobs | None]:
         rows = [i for i, s in enumerate(seqs) if s.params.logprobs is not None]
         result: list[TopLogprobs | None] = [None] * len(seqs)
         if not rows:
@@ -60,12 +60,12 @@ class Sampler:
         return result
 
 
-def is_greedy(s: Sequence) -> bool:
+def is_greedy(s: ScheduledSequence) -> bool:
     """Argmax sampling: temperature 0, or too small to divide by."""
     return s.params.greedy
 
 
-def apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def apply_logit_bias(logits: torch.Tensor, seqs: list[ScheduledSequence]) -> torch.Tensor:
     """Add each row's `logit_bias` in one scatter over every biased row. Returns `logits` itself
     when no row has a bias (so the raw logits stay untouched for logprobs), else a biased copy."""
     rows: list[int] = []
@@ -84,7 +84,7 @@ def apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor
     return logits.index_put(index, torch.tensor(values, device=dev, dtype=logits.dtype), accumulate=True)
 
 
-def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def apply_penalties(logits: torch.Tensor, seqs: list[ScheduledSequence]) -> torch.Tensor:
     """vLLM's penalties: repetition over prompt + output tokens (divide positive logits, multiply
     negative ones), frequency (per occurrence) and presence (once) over output tokens only.
     Returns `logits` itself when no row has a penalty, else a penalised copy."""
@@ -106,7 +106,7 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     return logits
 
 
-def sampling_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def sampling_probs(logits: torch.Tensor, seqs: list[ScheduledSequence]) -> torch.Tensor:
     """The distribution each row draws from: (penalised) logits after temperature, top-k, top-p and
     min-p. Filtered-out tokens are exactly 0; rows are not renormalised after min-p (the draw does
     not need it). Greedy rows are computed at temperature 1 and ignored by the caller."""
@@ -152,7 +152,7 @@ def top_logprobs_rows(logprobs: torch.Tensor, k: int, token_ids: list[int]) -> l
     return out
 
 
-def _inverse_cdf(probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def _inverse_cdf(probs: torch.Tensor, seqs: list[ScheduledSequence]) -> torch.Tensor:
     """One uniform draw per row, located in the row's cumulative distribution: exact sampling from
     `probs` (unnormalised is fine) for the price of a cumsum, where drawing a noise value for every
     vocabulary entry cost ~4 ms a row on 262k tokens."""
@@ -169,7 +169,7 @@ def _inverse_cdf(probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp(max=probs.shape[-1] - 1)
 
 
-def _has_penalty(s: Sequence) -> bool:
+def _has_penalty(s: ScheduledSequence) -> bool:
     p = s.params
     return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
 
@@ -178,7 +178,7 @@ def _mix(seed: int, position: int) -> int:
     return ((seed * _SEED_MIX) ^ (position * 0xBF58476D1CE4E5B9)) & 0x7FFF_FFFF_FFFF_FFFF
 
 
-def _top_k_top_p(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def _top_k_top_p(logits: torch.Tensor, seqs: list[ScheduledSequence]) -> torch.Tensor:
     top_ks = [s.params.top_k for s in seqs]
     # top_p = 1 must keep everything: the fp32 cumsum of a large vocab reaches 1.0 before its tail.
     top_ps = [p if p < 1.0 else float("inf") for p in (s.params.top_p for s in seqs)]

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from app.engine.core.sequence import Sequence
+    from app.engine.types.batch import ScheduledSequence
 
 
 class GrammarBitmask:
@@ -23,7 +23,7 @@ class GrammarBitmask:
         self._words = -(-vocab_size // 32)  # one bit per token, 32 to an int32
         self._host: torch.Tensor | None = None  # reused across steps, grown to the largest batch
 
-    def apply(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    def apply(self, logits: torch.Tensor, seqs: list[ScheduledSequence]) -> None:
         rows = [i for i, s in enumerate(seqs) if s.grammar is not None]
         if not rows:
             return

@@ -13,13 +13,13 @@ import re
 import threading
 from typing import TYPE_CHECKING
 
-from app.engine.api.errors import RequestError
-from app.engine.api.sampling_params import SamplingParams
 from app.engine.structured.cache import LRUCache
 from app.engine.structured.constraint import Constraint, constraint_of
 from app.engine.structured.json_schema import JSON_MAX_WHITESPACE
 from app.engine.structured.matcher import SequenceGrammar
 from app.engine.structured.tokenizer_info import build_tokenizer_info
+from app.engine.types.errors import RequestError
+from app.engine.types.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     import xgrammar

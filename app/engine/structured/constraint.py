@@ -12,12 +12,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from app.engine.api.errors import RequestError
-from app.engine.api.sampling_params import SamplingParams
 from app.engine.structured.json_schema import (
     bounded_strings_as_patterns,
     cap_tag_whitespace,
 )
+from app.engine.types.errors import RequestError
+from app.engine.types.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

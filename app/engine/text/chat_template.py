@@ -13,8 +13,8 @@ import jinja2.ext
 import jinja2.sandbox
 
 from app import ASSETS_DIR
-from app.engine.api.errors import RequestError
 from app.engine.text.error_text import one_line
+from app.engine.types.errors import RequestError
 
 CHAT_TEMPLATE_DIR = ASSETS_DIR / "chat_templates"
 

@@ -26,11 +26,11 @@ import platformdirs
 from tokenizers import Regex, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from app.engine.api.errors import GGUFError, RequestError
 from app.engine.text.chat_template import ChatTemplate
 from app.engine.text.special_tokens import SpecialSplitter
 from app.engine.text.spm_merges import cache_file, merge_pairs
 from app.engine.text.vocab import TokenType, build_pieces, utf8
+from app.engine.types.errors import GGUFError, RequestError
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from app.engine.core.timing import reply_timing
+from app.engine.types.timing import reply_timing
 
 
 def test_no_token_yet_has_no_figures() -> None:

@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.engine.api.errors import RequestError
 from app.engine.gguf.reader import GGUFFile
 from app.engine.text.chat_template import CHAT_TEMPLATE_DIR
 from app.engine.text.tokenizer import Tokenizer
 from app.engine.text.vocab import TokenType
+from app.engine.types.errors import RequestError
 
-ORACLE = Path(__file__).resolve().parents[3] / "shared" / "oracle" / "gemma3_270m.json"
+ORACLE = Path(__file__).resolve().parents[4] / "shared" / "oracle" / "gemma3_270m.json"
 
 GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
 LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",

@@ -8,14 +8,14 @@ import json
 import pytest
 import torch
 
-from app.engine.api.errors import RequestError
-from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.sequence import Sequence
 from app.engine.structured.bitmask import GrammarBitmask
 from app.engine.structured.cache import LRUCache
 from app.engine.structured.compiler import ConstraintCompiler
 from app.engine.structured.constraint import Constraint, constraint_of
 from app.engine.structured.json_schema import JSON_MAX_WHITESPACE
+from app.engine.types.errors import RequestError
+from app.engine.types.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")

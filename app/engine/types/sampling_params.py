@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.engine.api.errors import RequestError
+from app.engine.types.errors import RequestError
 
 
 @dataclass

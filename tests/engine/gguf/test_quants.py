@@ -13,10 +13,10 @@ import torch
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as QT
 
-from app.engine.api.errors import GGUFError
 from app.engine.gguf import quants
 from app.engine.gguf.quants import SUPPORTED_TYPES, dequantize
 from app.engine.gguf.reader import GGUFFile
+from app.engine.types.errors import GGUFError
 
 # Byte offsets of the fp16 scale fields inside one block of each block-quantized type.
 F16_FIELDS = {

@@ -9,13 +9,13 @@ import json
 import pytest
 import torch
 
-from app.engine.api.engine_config import EngineConfig
-from app.engine.api.errors import LocalbatchError
 from app.engine.runtime.kernel_choice import KERNEL_ENV
 from app.engine.runtime.kv_pool import allocate_kv_caches, resolve_kv_cache_dtype
+from app.engine.types.engine_config import EngineConfig
+from app.engine.types.errors import LocalbatchError
 from app.kernels import cpu_attention
-from tests.engine.test_engine import PREEMPTING_POOL, make_engine, prompts, run_all, run_alone
-from tests.engine.test_model import BLOCK, PagedRun, _ids
+from tests.engine.core.test_engine import PREEMPTING_POOL, make_engine, prompts, run_all, run_alone
+from tests.engine.runtime.test_model import BLOCK, PagedRun, _ids
 from tests.support.reference_model import ReferenceModel
 from tests.test_cli import run_cli
 
@@ -130,8 +130,8 @@ def test_cpu_pool_is_sized_by_need_capped_by_the_budget(monkeypatch):
     of the available RAM; an explicit byte budget or block count is taken as given."""
     import torch
 
-    from app.engine.api.engine_config import EngineConfig
     from app.engine.runtime import device as dev
+    from app.engine.types.engine_config import EngineConfig
 
     monkeypatch.setattr(dev, "available_ram_bytes", lambda: 4 * 1000 * 4096)
     setup = dev.DeviceSetup(torch.device("cpu"), torch.float32)

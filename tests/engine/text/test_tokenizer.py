@@ -19,18 +19,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import app.engine.text.tokenizer as tokenizer_module
-from app.engine.api.errors import GGUFError, RequestError
 from app.engine.gguf.reader import GGUFFile
 from app.engine.text.detokenizer import IncrementalDetokenizer
 from app.engine.text.tokenizer import Tokenizer
 from app.engine.text.vocab import TokenType
+from app.engine.types.errors import GGUFError, RequestError
 
 try:  # \p{L}-style classes for the byte-level BPE reference pre-tokenizer
     import regex
 except ImportError:
     regex = None
 
-ORACLE = Path(__file__).resolve().parents[3] / "shared" / "oracle" / "gemma3_270m.json"
+ORACLE = Path(__file__).resolve().parents[4] / "shared" / "oracle" / "gemma3_270m.json"
 needs_regex = pytest.mark.skipif(regex is None, reason="the `regex` package runs the BPE reference pre-tokenizer")
 SPACE = "\u2581"
 

@@ -10,14 +10,15 @@ import random
 
 import pytest
 
-from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.block_manager import BlockManager
-from app.engine.core.kv_cache_spec import NULL_BLOCK, KVCacheGroup, KVCacheSpec, kv_cache_spec
 from app.engine.core.scheduler import Scheduler, SchedulerConfig
 from app.engine.core.sequence import Sequence
 from app.engine.gguf.model_config import ModelConfig
-from tests.engine.test_engine import GREEDY, GROUPS as GROUPS_TINY, make_engine, model_path, prompts, run_all, run_alone  # noqa: F401
-from tests.engine.test_scheduler import check_accounting, fake_step, make_seq
+from app.engine.runtime.kv_cache_spec import NULL_BLOCK, KVCacheGroup, KVCacheSpec, kv_cache_spec
+from app.engine.types.sampling_params import SamplingParams
+from tests.engine.core.test_engine import GREEDY, make_engine, model_path, prompts, run_all, run_alone  # noqa: F401
+from tests.engine.core.test_engine import GROUPS as GROUPS_TINY
+from tests.engine.core.test_scheduler import check_accounting, fake_step, make_seq
 
 GEMMA3_270M = ModelConfig(
     arch="gemma3", name="gemma3-270m", vocab_size=262144, hidden_size=640, num_layers=18, num_heads=4,

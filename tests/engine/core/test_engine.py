@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from app.engine.api.errors import QueueFullError, RequestError
-from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.llm_engine import LLMEngine
+from app.engine.types.errors import QueueFullError, RequestError
+from app.engine.types.sampling_params import SamplingParams
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 # The tiny Gemma 3 has 7 layers, one of them full attention: its KV cache has 7 groups of one layer,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from app.engine.api.errors import LocalbatchError
-from app.engine.api.speculative_config import SpeculativeConfig
+from app.engine.types.errors import LocalbatchError
+from app.engine.types.speculative_config import SpeculativeConfig
 
 # vLLM's names; "auto" stores K/V in the compute dtype. int8 and fp8_e4m3 keep a per-token,
 # per-KV-head scale beside the data (app/kernels/kv_quant.py); fp8_e4m3 is CUDA only.

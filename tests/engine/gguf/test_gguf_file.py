@@ -13,8 +13,8 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFValueType as VT
 
-from app.engine.api.errors import GGUFError, LocalbatchError
 from app.engine.gguf.reader import GGUFFile, TensorInfo
+from app.engine.types.errors import GGUFError, LocalbatchError
 
 # ---------------------------------------------------------------- files written by gguf.GGUFWriter
 

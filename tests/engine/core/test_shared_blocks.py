@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from app.engine.api.sampling_params import SamplingParams
-from tests.engine.test_engine import GREEDY, make_engine, model_path, prompts  # noqa: F401 - fixture
+from app.engine.types.sampling_params import SamplingParams
+from tests.engine.core.test_engine import GREEDY, make_engine, model_path, prompts  # noqa: F401 - fixture
 
 
 def test_stats_count_shared_prefix_blocks_once(model_path):  # noqa: F811 - the fixture

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any
 
-from app.engine.api.errors import LocalbatchError
+from app.engine.types.errors import LocalbatchError
 
 METHODS = ("ngram", "draft_model")
 

@@ -11,8 +11,8 @@ import pytest
 
 from app.engine.api.async_engine import AsyncEngine
 from app.engine.api.engine_client import EngineClient
-from app.engine.api.errors import RequestError
-from app.engine.api.sampling_params import SamplingParams
+from app.engine.types.errors import RequestError
+from app.engine.types.sampling_params import SamplingParams
 from tests.support.fake_engine import ServerThread
 
 

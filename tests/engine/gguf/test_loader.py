@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-from app.engine.api.errors import GGUFError
 from app.engine.gguf.loader import load_gguf
+from app.engine.types.errors import GGUFError
 from tests.support.tiny_gguf import write_bad_gguf
 
 EXPECTED = {

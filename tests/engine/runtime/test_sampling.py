@@ -8,8 +8,6 @@ import math
 import pytest
 import torch
 
-from app.engine.api.errors import RequestError
-from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.sequence import Sequence
 from app.engine.runtime.sampler import (
     Sampler,
@@ -18,6 +16,8 @@ from app.engine.runtime.sampler import (
     sampling_probs,
     top_logprobs,
 )
+from app.engine.types.errors import RequestError
+from app.engine.types.sampling_params import SamplingParams
 
 V = 50
 # Distinct, well-spread logits: no two candidates tie and no prefix mass sits near a tested top_p.

@@ -11,13 +11,13 @@ from collections import Counter
 import pytest
 import torch
 
-from app.engine.api.errors import LocalbatchError
-from app.engine.api.sampling_params import SamplingParams
-from app.engine.api.speculative_config import SpeculativeConfig
 from app.engine.core.llm_engine import LLMEngine
 from app.engine.core.ngram_proposer import NgramProposer
 from app.engine.core.sequence import Sequence
 from app.engine.runtime.rejection_sampler import verify
+from app.engine.types.errors import LocalbatchError
+from app.engine.types.sampling_params import SamplingParams
+from app.engine.types.speculative_config import SpeculativeConfig
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}

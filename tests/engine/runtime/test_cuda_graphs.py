@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from app.engine.api.sampling_params import SamplingParams
 from app.engine.runtime.cuda_graphs import DecodeGraphs, _Captured, graph_batch_sizes
+from app.engine.types.sampling_params import SamplingParams
 from app.kernels import AttentionMetadata
-from tests.engine.test_engine import GREEDY, make_engine, prompts, run_all
+from tests.engine.core.test_engine import GREEDY, make_engine, prompts, run_all
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -135,8 +135,8 @@ def test_padding_rows_write_no_kv(model_path):
 
 
 def test_enforce_eager_is_validated():
-    from app.engine.api.engine_config import EngineConfig
-    from app.engine.api.errors import LocalbatchError
+    from app.engine.types.engine_config import EngineConfig
+    from app.engine.types.errors import LocalbatchError
 
     with pytest.raises(LocalbatchError, match="enforce_eager"):
         EngineConfig(enforce_eager="yes").validate()

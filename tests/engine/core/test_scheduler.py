@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.engine.api.errors import QueueFullError
-from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.block_manager import BlockManager
 from app.engine.core.scheduler import Scheduler, SchedulerConfig
 from app.engine.core.sequence import Sequence, SequenceStatus
+from app.engine.types.errors import QueueFullError
+from app.engine.types.sampling_params import SamplingParams
 
 
 def make_seq(rid: str, n_prompt: int, max_tokens: int = 4, base: int = 0, **params) -> Sequence:

@@ -16,11 +16,11 @@ import jsonschema
 import pytest
 import torch
 
-from app.engine.api.errors import RequestError
-from app.engine.api.sampling_params import SamplingParams
 from app.engine.core.llm_engine import LLMEngine
 from app.engine.core.sequence import Sequence
-from tests.engine.test_engine import GROUPS
+from app.engine.types.errors import RequestError
+from app.engine.types.sampling_params import SamplingParams
+from tests.engine.core.test_engine import GROUPS
 
 SEEDS = range(4)
 PROMPT = "hello world"
@@ -290,7 +290,7 @@ def test_unconstrained_runs_do_not_import_xgrammar(gemma_path):
     code = (
         "import sys\n"
         "from app.engine.api.llm import LLM\n"
-        "from app.engine.api.sampling_params import SamplingParams\n"
+        "from app.engine.types.sampling_params import SamplingParams\n"
         f"LLM({str(gemma_path)!r}, device='cpu', kv_cache_blocks=64).generate('hi', SamplingParams(max_tokens=2))\n"
         "assert 'xgrammar' not in sys.modules, 'xgrammar was imported'\n"
     )
