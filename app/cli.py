@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -213,6 +214,49 @@ def cmd_rm(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """What this machine gives the engine, and what `--device auto` will run: the CPU's flags, the C
+    compiler, the C kernels (built now if they were not: nothing is left to build at first use),
+    CUDA, and the pulled models."""
+    import platform
+
+    import torch
+
+    from app.engine.gguf.catalog import CATALOG, installed_path
+    from app.engine.runtime.device import resolve_device
+    from app.kernels import cpu_build, triton_available
+
+    flags = cpu_build.cpu_flags()
+    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
+    cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), platform.machine())
+    kernels = cpu_build.library()
+    built = f"built in {kernels.build_s:.1f} s" if kernels.build_s else "built (cached)"
+    setup = resolve_device("auto", "auto")
+    rows = [
+        ("python / torch", f"{platform.python_version()} / {torch.__version__}"),
+        ("CPU", f"{cpu}, {os.cpu_count()} threads; {' '.join(f for f in wanted if f in flags) or 'no x86 flags'}"),
+        ("C compiler", kernels.compiler or "none found (install gcc or set CC)"),
+        ("C kernels", f"{built}: {kernels.path}" if kernels.lib is not None else f"off: {kernels.reason}"),
+        ("CUDA", torch.cuda.get_device_name(0) if triton_available() else "not available"),
+        ("--device auto", f"{setup.device.type} · {str(setup.dtype).removeprefix('torch.')} · {setup.backend}"),
+        ("models", ", ".join(name for name in CATALOG if installed_path(name)) or "none pulled"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    if kernels.lib is None and setup.device.type == "cpu":
+        print("warning: without the C kernels the CPU path runs torch's, about 3x slower", file=sys.stderr)
+    return 0
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return f.readlines()
+    except OSError:
+        return []
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="localbatch", description="Local LLM chat tabs on one continuous-batching engine.")
     p.add_argument("-v", "--verbose", action="store_true", help="log engine details to stderr (not in the TUI)")
@@ -266,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("rm", help="delete an installed catalog model")
     r.add_argument("name")
     r.set_defaults(func=cmd_rm)
+    d = sub.add_parser("doctor", help="what this machine gives the engine (CPU flags, compiler, C kernels, CUDA); "
+                                      "builds the C kernels ahead of first use")
+    d.set_defaults(func=cmd_doctor)
     return p
 
 

@@ -118,3 +118,27 @@ def test_invalid_engine_setting_is_one_line(tiny_gguf_factory):
     proc = run_cli("generate", "--model", model, "--prompt", "x", "--max-num-seqs", "0", "--device", "cpu")
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == ["localbatch: error: invalid max_num_seqs=0: must be a positive integer"]
+
+
+def test_doctor_says_what_the_engine_will_run(capsys):
+    from app.cli import main
+
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    for key in ("python / torch", "CPU", "C compiler", "C kernels", "CUDA", "--device auto", "models"):
+        assert key in out
+    assert "cpu · " in out or "cuda · " in out
+
+
+def test_the_backend_is_named_and_says_why_the_c_kernels_are_off(monkeypatch):
+    import torch
+
+    from app.engine.runtime.device import DeviceSetup
+    from app.kernels import cpu_build, cpu_qgemm
+
+    if cpu_qgemm.enabled():
+        assert DeviceSetup(torch.device("cpu"), torch.float32).backend == "C kernels (AVX2)"
+    monkeypatch.setattr(cpu_qgemm, "enabled", lambda: False)
+    monkeypatch.setattr(cpu_build, "library", lambda: cpu_build.KernelLibrary(None, "no C compiler found"))
+    assert DeviceSetup(torch.device("cpu"), torch.float32).backend == "torch kernels: no C compiler found"
+    assert DeviceSetup(torch.device("cuda"), torch.bfloat16).backend == "Triton kernels"

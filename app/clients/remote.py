@@ -60,6 +60,7 @@ class RemoteEngine:
     is_remote = True
     chat_template = True  # the server serves chat completions and applies its own template
     dtype = ""  # OpenAI-compatible servers do not say
+    backend = ""
 
     def __init__(
         self,

@@ -12,6 +12,7 @@
  * depends on its own row, position and cache contents only, never on the batch around it, how the
  * prompt was chunked, or how the work was split between threads.
  */
+#include "cpu_kernels.h"
 #include "cpu_simd.h"
 #include <immintrin.h>
 #include <math.h>

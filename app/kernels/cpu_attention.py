@@ -31,7 +31,7 @@ _MAX_HEADS = 128  # query heads the kernel's stack buffers hold
 @functools.lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL | None:
     i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
-    return cpu_build.load("cpu_attention.c", {
+    return cpu_build.load({
         "paged_attention": [ptr, ptr, i64, i32, i32, i32, ptr, ptr, i32, i32, ptr, i64, ptr, ptr, i32, f32, i64, f32,
                             i32, i32],
         "store_kv": [ptr, ptr, ptr, i64, i64, ptr, ptr, i32],

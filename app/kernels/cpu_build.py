@@ -1,10 +1,10 @@
-"""Builds the C kernels of the CPU path (`cpu_*.c` beside this file) once per machine into the
-user cache dir with the system C compiler, and loads them with ctypes.
+"""Builds the C kernels of the CPU path (every `cpu_*.c` beside this file) once per machine into
+one library in the user cache dir with the system C compiler, and loads it with ctypes.
 
-The sources ship in the package; a build takes about a second at the first start. Without a
-compiler, or on a CPU without AVX2/FMA/F16C, `load` returns None and the callers keep their torch
-paths. The libraries are built with -fopenmp: their runtime is the libgomp torch has already
-loaded, so their threads are torch's.
+The sources ship in the package; the build takes a few seconds at the first start, or ahead of it
+with `localbatch doctor`. Without a compiler, or on a CPU without AVX2/FMA/F16C, `load` returns None
+(with one warning) and the callers keep their torch paths. The library is built with -fopenmp: its
+runtime is the libgomp torch has already loaded, so its threads are torch's.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import logging
 import os
 import shutil
 import subprocess
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -26,39 +28,65 @@ FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-
 _CPU_FLAGS = ("avx2", "fma", "f16c")
 
 
-def load(source_name: str, signatures: dict[str, list], restypes: dict[str, type] | None = None
-         ) -> ctypes.CDLL | None:
-    """`source_name` (a C file beside this module) built and loaded, with each function in
-    `signatures` given its ctypes argument types and its return type from `restypes` (void if not
-    there); None if it cannot be built here."""
+@dataclass(frozen=True)
+class KernelLibrary:
+    """What became of the C kernels on this machine: `lib` None when they are off, and why."""
+
+    lib: ctypes.CDLL | None
+    reason: str  # "" when built; else one line naming what is missing
+    path: Path | None = None
+    compiler: str | None = None
+    build_s: float = 0.0  # 0 when the cache already held it
+
+
+@functools.lru_cache(maxsize=1)
+def library() -> KernelLibrary:
+    """Every `cpu_*.c` beside this module compiled into one shared library (cached per machine by
+    the sources', compiler's and flags' hash) and loaded; built once per process at first use."""
     if not cpu_supports():
-        return None
+        missing = [f for f in _CPU_FLAGS if f not in cpu_flags()]
+        return KernelLibrary(None, f"this CPU lacks {', '.join(missing) or 'x86 flags'} (the C kernels need AVX2, FMA, F16C)")
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        log.info("no C compiler found: the CPU C kernels (%s) are off", source_name)
-        return None
-    source = Path(__file__).with_name(source_name)
-    # What it may include: the shared header, and (cpu_forward.c) the other kernels' sources.
-    includes = b"".join(f.read_bytes() for f in sorted(source.parent.glob("cpu_*.[ch]")) if f != source)
-    digest = hashlib.sha256(source.read_bytes() + includes + " ".join([compiler, *FLAGS]).encode()).hexdigest()[:16]
-    path = _cache_dir() / f"{source.stem}-{digest}.so"
+        return KernelLibrary(None, "no C compiler found (install gcc or set CC)")
+    sources = sorted(Path(__file__).parent.glob("cpu_*.[ch]"))
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in sources) + " ".join([compiler, *FLAGS]).encode())
+    path = _cache_dir() / f"cpu_kernels-{digest.hexdigest()[:16]}.so"
+    start = time.perf_counter()
     try:
-        if not path.exists():
+        built = not path.exists()
+        if built:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            subprocess.run([compiler, *FLAGS, str(source), "-o", str(tmp), "-lm"], check=True, capture_output=True,
-                           timeout=120)
+            c_files = [str(f) for f in sources if f.suffix == ".c"]
+            subprocess.run([compiler, *FLAGS, *c_files, "-o", str(tmp), "-lm"], check=True, capture_output=True,
+                           timeout=300)
             os.replace(tmp, path)
         lib = ctypes.CDLL(str(path))
     except (OSError, subprocess.SubprocessError) as e:
-        detail = (getattr(e, "stderr", None) or b"").decode(errors="replace")[:500]
-        log.warning("could not build the CPU C kernels %s (%s %s); the torch path serves instead", source_name, e,
-                    detail)
+        lines = (getattr(e, "stderr", None) or b"").decode(errors="replace").strip().splitlines()
+        detail = next((line for line in lines if "error" in line), lines[0] if lines else str(e))
+        return KernelLibrary(None, f"{compiler} could not build them: {detail}", path, compiler)
+    return KernelLibrary(lib, "", path, compiler, time.perf_counter() - start if built else 0.0)
+
+
+def load(signatures: dict[str, list], restypes: dict[str, type] | None = None) -> ctypes.CDLL | None:
+    """The kernel library with each function in `signatures` given its ctypes argument types and
+    its return type from `restypes` (void if not there); None if it cannot be built here (logged
+    once as a warning: the torch paths serve, about 3x slower)."""
+    kernels = library()
+    if kernels.lib is None:
+        _warn_once(kernels.reason)
         return None
     for name, argtypes in signatures.items():
-        fn = getattr(lib, name)
+        fn = getattr(kernels.lib, name)
         fn.argtypes, fn.restype = argtypes, (restypes or {}).get(name)
-    return lib
+    return kernels.lib
+
+
+@functools.lru_cache(maxsize=1)
+def _warn_once(reason: str) -> None:
+    log.warning("the CPU C kernels are off: %s; the torch kernels serve instead (about 3x slower)", reason)
 
 
 def cpu_supports() -> bool:

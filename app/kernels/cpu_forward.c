@@ -1,7 +1,7 @@
 /* The fp32 CPU path's decoder layers in one call: the same C kernels the Python layer calls one at
- * a time (cpu_qgemm.c, cpu_attention.c, cpu_ops.c, compiled in here), in the same order on the
+ * a time (cpu_qgemm.c, cpu_attention.c, cpu_ops.c, in the same library), in the same order on the
  * same buffers, so the numbers are the same bit for bit; only the ~9 ctypes calls and the Python
- * around them per layer are gone (a small model's decode step made ~300 of them: ~3 ms of ~11).
+ * around them per layer are gone (a small model's decode step made ~300 of them).
  *
  * Layer i, with x the residual stream and h the previous layer's output (none before layer 0):
  *   x += h; normed = rms_norm(x, attn_norm)
@@ -11,9 +11,7 @@
  *   h = down @ glu(gate_up @ normed) (then rms_norm(h, post_ffw_norm) if given)
  * The caller adds the last h and applies the final norm.
  */
-#include "cpu_qgemm.c"
-#include "cpu_attention.c"
-#include "cpu_ops.c"
+#include "cpu_kernels.h"
 
 typedef struct {
     const int32_t *block_table, *cu_seqlens_q, *seq_lens;

@@ -41,7 +41,7 @@ class _Step(ctypes.Structure):
 
 @functools.lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL | None:
-    return cpu_build.load("cpu_forward.c", {"forward_layers": [_ptr, _i64, _ptr]},
+    return cpu_build.load({"forward_layers": [_ptr, _i64, _ptr]},
                           restypes={"forward_layers": ctypes.c_int})
 
 

@@ -17,7 +17,7 @@ from app.kernels import cpu_build
 @functools.lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL | None:
     i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-    return cpu_build.load("cpu_ops.c", {
+    return cpu_build.load({
         "rms_norm_f32": [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, f32],
         "glu_f32": [ptr, ptr, i64, i64, ctypes.c_int],
         "argmax_rows": [ptr, i64, i64, ptr],

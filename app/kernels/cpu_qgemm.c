@@ -19,9 +19,10 @@
  * whatever M is: batch-invariant by construction, so every batch size, prefill chunks included,
  * goes through these loops.
  *
- * Built at first use by app/kernels/cpu_qgemm.py with -fopenmp: its runtime is the libgomp that
- * torch has already loaded, so its threads are torch's.
+ * Built with the other cpu_*.c files into one library (cpu_build.py) with -fopenmp: its runtime is
+ * the libgomp that torch has already loaded, so its threads are torch's.
  */
+#include "cpu_kernels.h"
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
@@ -114,9 +115,8 @@ static inline __m256i bcast4(const int8_t *x) {
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* The weights stream from memory once a step (a decode step is bound by it): the cache lines 1 KiB
- * ahead of a group's `bytes` are asked for now. Interleaved against the hardware prefetcher alone:
- * Gemma 3's head at one row 8.4 -> 8.1 ms, its 72 layer GEMMs 4.1 -> 3.9 (512 or 2048 bytes ahead
- * did less). __builtin_prefetch: gcc 12 dropped _mm_prefetch's in this loop. */
+ * ahead of a group's `bytes` are asked for now, which beat the hardware prefetcher alone and 512 or
+ * 2048 bytes ahead. __builtin_prefetch: gcc 12 dropped _mm_prefetch's in this loop. */
 #define PREFETCH_DISTANCE 1024
 ALWAYS_INLINE void prefetch_ahead(const void *p, const int bytes) {
     const char *c = (const char *)p + PREFETCH_DISTANCE;
@@ -139,7 +139,7 @@ static inline __m256i fifth_bits(__m256i h, const int k) {
  * 4s .. 4s+3 in its low nibbles and 16+4s .. 16+4s+3 in its high ones. q5 adds a group's 32 bytes
  * of 5th bits (fifth_bits). A group's weights are unpacked into registers once; each row then loads
  * its 32 levels as two 16-byte halves and takes the four-level pieces out of them with in-lane
- * shuffles (against a broadcast load per piece: q4 at 16 rows, 0.52 -> 0.45 ms for 4096 x 640).
+ * shuffles (faster than a broadcast load per piece).
  * The int16 sums stay below 8 * 2 * 15 * 127 = 30480 (q4) and 4 * 2 * 31 * 127 = 31496 (q5,
  * widened after the second vector): exact. */
 ALWAYS_INLINE void q4_tile(const gemm_args *a, int64_t t, int64_t r, const int R, const int q5) {
@@ -275,14 +275,6 @@ static inline void run_gemm(const gemm_args *a, const float *x, int nthreads) {
     }
 }
 
-/* A weight as Q4Weight / Q5Weight / Q8Weight (cpu_qgemm.py) lay it out: built once per matrix, so a call
- * passes one pointer for it. */
-typedef struct {
-    int64_t K, N;
-    const void *qs;
-    const uint16_t *d, *m; /* m: NULL for q8 */
-    const uint8_t *qh;     /* q5 only */
-} qweight;
 
 /* The quantized activations of the calling thread's last call: their levels, then two fp32
  * tables (both in blocks of 8 rows, see x_at). Grown as needed, never shrunk (at most a prefill chunk's

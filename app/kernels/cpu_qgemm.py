@@ -54,7 +54,7 @@ def enabled() -> bool:
 @functools.lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL | None:
     ptr = ctypes.c_void_p
-    return cpu_build.load("cpu_qgemm.c", {"qgemm": [ptr, ptr, ctypes.c_int64, ptr, ctypes.c_int]},
+    return cpu_build.load({"qgemm": [ptr, ptr, ctypes.c_int64, ptr, ctypes.c_int]},
                           restypes={"qgemm": ctypes.c_int})
 
 
@@ -96,7 +96,7 @@ class _GroupWeight(abc.ABC):
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # A decode step makes ~120 of these calls: one ctypes call with five arguments (the C side
-        # keeps the quantized activations' scratch) costs ~5 us, a tenth of a small matrix's time.
+        # keeps the quantized activations' scratch), a small share of a small matrix's time.
         if x.dtype != torch.float32 or not x.is_contiguous():
             x = x.to(torch.float32).contiguous()
         y = torch.empty((x.shape[0], self.out_features), dtype=torch.float32)

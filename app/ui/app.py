@@ -166,6 +166,9 @@ class LocalbatchApp(App):
                                    "kept in memory until the app exits")
         if not engine.is_remote and not engine.chat_template:
             self._no_chat_model_hint()
+        if engine.backend.startswith("torch kernels") and engine.device == "cpu":
+            self.notify(f"The fast CPU kernels are off ({engine.backend.split(': ', 1)[-1]}): replies run about 3x "
+                        "slower. `localbatch doctor` says more.", severity="warning", timeout=30)
         if self.options.serve or self._serve_after_load:
             screen.call_after_refresh(screen.action_toggle_endpoint)
         self._serve_after_load = False

@@ -70,9 +70,10 @@ class EngineInfo:
     kv_tokens: int
     kv_bytes: int
     chat_template: bool = True  # False: a base model, whose tabs run in completion mode
+    backend: str = ""  # which kernels compute ("C kernels (AVX2)", "torch kernels: why"); "" unknown
 
     def headline(self) -> str:
-        return " · ".join(x for x in (self.model_name, self.device, self.dtype) if x)
+        return " · ".join(x for x in (self.model_name, self.device, self.dtype, self.backend.split(":")[0]) if x)
 
     def details(self) -> list[str]:
         """Context length and KV budget, one line each (what is known), and "base model: continues
@@ -98,6 +99,7 @@ def engine_info(engine: EngineClient) -> EngineInfo:
         kv_tokens=kv_tokens,
         kv_bytes=kv_tokens * stats.kv_bytes_per_token,
         chat_template=engine.chat_template,
+        backend=engine.backend,
     )
 
 

@@ -240,6 +240,7 @@ class FakeEngine:
     max_model_len: int
     device: str
     dtype: str
+    backend: str
     chat_template: bool
     is_remote = False
     stats_source = ""
@@ -254,6 +255,7 @@ class FakeEngine:
         self.max_model_len = max_model_len
         self.device = device
         self.dtype = dtype
+        self.backend = ""  # the header then shows device and dtype only, as the snapshots have them
         self.tokenizer = FakeTokenizer()
         self.step_delay = step_delay
         self.max_num_seqs = max_num_seqs

@@ -45,6 +45,7 @@ class AsyncEngine:
     max_model_len: int
     device: str
     dtype: str
+    backend: str
     chat_template: bool  # only a GGUF that carries `tokenizer.chat_template` (not a shipped fallback)
     is_remote = False
     stats_source = ""  # the engine's own figures: nothing to qualify them with
@@ -68,7 +69,7 @@ class AsyncEngine:
         )
         # The step thread releases the GIL inside every torch op and needs it back between ops; a
         # busy caller thread (the TUI rendering) kept it for the default 5 ms switch interval each
-        # time, which stretched a 50 ms step past 90 ms. 2 ms bounds that wait (0.5 ms starved the UI).
+        # time. A shorter interval bounds that wait without starving the UI.
         sys.setswitchinterval(_SWITCH_INTERVAL_S)
         self._thread.start()
         self._loaded.wait()
@@ -81,6 +82,7 @@ class AsyncEngine:
         self.max_model_len = self.engine.max_model_len
         self.device = str(self.engine.setup.device)
         self.dtype = str(self.engine.setup.dtype).removeprefix("torch.")
+        self.backend = self.engine.setup.backend
 
     # ---- EngineClient -------------------------------------------------------------------------
     async def stream(

@@ -20,6 +20,9 @@ class EngineClient(Protocol):
     max_model_len: int  # context length in tokens; 0 when a remote server does not say
     device: str  # where it runs, for people: "cuda:0", "cpu", "remote host:8000"
     dtype: str  # compute dtype without the "torch." prefix; "" when unknown (a remote server)
+    # Which kernels compute, for people: "C kernels (AVX2)", "torch kernels: <why not the C ones>",
+    # "Triton kernels"; "" when unknown (a remote server).
+    backend: str
     # True when the engine runs elsewhere: the TUI offers no embedded endpoint then (it would only
     # proxy that server), and one left unclosed after a crash holds only sockets that die with us.
     is_remote: bool

@@ -22,13 +22,9 @@ from app.kernels.cpu_qgemm import Q4Weight, Q5Weight, Q8Weight
 
 RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin at the step's positions
 
-# From this vocabulary size on, the CPU output projection is requantized to int4 (groups of 32):
-# it is then most of the bytes a decode step reads (Gemma 3's 262k x 640 head: 168 MB in int8),
-# and int4 reads half. Measured on Gemma 3 270M (AMD EPYC, 2 threads): the head takes 5.9 / 10.6 /
-# 19.0 ms at 1 / 4 / 8 rows against int8's 16.4 / 31.7 / 44.4; the llama.cpp oracle, bf16,
-# teacher-forced: 1093-1094/1096 top-1 agreement, mean |dlogprob| 0.018-0.019 nats (int8: 1096/1096,
-# 0.008).
-# A small head gains little and loses more: SmolLM2's 49k head measured 1095/1106 and 0.035 nats.
+# From this vocabulary size on, the bf16 CPU path's output projection is requantized to int4: it is
+# then most of the bytes a decode step reads, and a small head gains little and loses more accuracy
+# (figures: docs/benchmarks.md, "Figures behind constants").
 INT4_HEAD_MIN_VOCAB = 131072
 
 

@@ -27,6 +27,16 @@ class DeviceSetup:
     dtype: torch.dtype
     note: str | None = None  # said once to the user, e.g. a CPU fallback
 
+    @property
+    def backend(self) -> str:
+        """Which kernels compute, for people: chosen once with the device and dtype."""
+        if self.device.type == "cuda":
+            return "Triton kernels"
+        if self.dtype == torch.float32 and cpu_qgemm.enabled():
+            return "C kernels (AVX2)"
+        reason = cpu_build.library().reason or f"{cpu_qgemm.ENABLE_ENV}=0"
+        return f"torch kernels: {reason}"
+
 
 def resolve_device(device: str = "auto", dtype: str = "auto") -> DeviceSetup:
     note = None
@@ -50,10 +60,8 @@ def resolve_device(device: str = "auto", dtype: str = "auto") -> DeviceSetup:
 
 def cpu_auto_dtype() -> torch.dtype:
     """fp32 wherever the C kernels build (`cpu_qgemm`: AVX2, FMA, F16C and a C compiler): they keep
-    the GGUF's 4/5/8-bit groups and beat torch's bf16 path, whose int4/int8 kernels decoded at
-    0.59-0.69x llama.cpp's speed at one sequence on a 2-core EPYC with fast bf16, where the C path
-    runs at 1.4-1.9x on an AVX2-only one (the C path is not yet measured on a bf16 machine).
-    Otherwise bf16 where it measures faster than fp32."""
+    the GGUF's 4/5/8-bit groups and beat torch's bf16 int4/int8 path against llama.cpp
+    (docs/benchmarks.md). Otherwise bf16 where it measures faster than fp32."""
     if cpu_qgemm.enabled():
         return torch.float32
     return torch.bfloat16 if cpu_bf16_is_faster() else torch.float32

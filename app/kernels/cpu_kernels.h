@@ -1,0 +1,36 @@
+/* What the CPU C kernels' files call of each other, and the one weight descriptor they share. All
+ * cpu_*.c files are compiled together into one library (cpu_build.py); cpu_forward.c runs the other
+ * files' kernels through these declarations. */
+#ifndef LOCALBATCH_CPU_KERNELS_H
+#define LOCALBATCH_CPU_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* A weight as Q4Weight / Q5Weight / Q8Weight (cpu_qgemm.py) lay it out: built once per matrix, so a
+ * call passes one pointer for it. */
+typedef struct {
+    int64_t K, N;
+    const void *qs;
+    const uint16_t *d, *m; /* m: NULL for q8 */
+    const uint8_t *qh;     /* q5 only */
+} qweight;
+
+/* cpu_qgemm.c */
+int qgemm(const qweight *w, const float *x, int64_t M, float *y, int nthreads);
+
+/* cpu_attention.c */
+void paged_attention(const float *q, float *out, int64_t num_tokens, int heads, int kv_heads, int d,
+                     const void *k_cache, const void *v_cache, int f16, int block_size, const int32_t *block_table,
+                     int64_t max_blocks, const int32_t *cu_seqlens_q, const int32_t *seq_lens, int num_seqs,
+                     float scale, int64_t window, float softcap, int splits, int threads);
+void rope_store_kv(const float *qkv, int64_t num_tokens, int heads, int kv_heads, int d, const float *norm_w,
+                   float eps, const float *cos, const float *sin, int neox, float *q_out, const int64_t *slots,
+                   void *k_cache, void *v_cache, int f16);
+
+/* cpu_ops.c */
+void rms_norm_f32(const float *x, const float *residual, float *total, const float *w, float *out, int64_t rows,
+                  int64_t dim, int64_t w_rows, float eps);
+void glu_f32(const float *x, float *out, int64_t rows, int64_t f, int act);
+
+#endif
