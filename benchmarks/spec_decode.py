@@ -10,8 +10,8 @@ explanation with a short example. For each task and batch size the same requests
 speculation off and on (the engine's toggle, so both use the same weights and threads), and the
 script prints decode tok/s (first to last token of each request, summed over requests), the ratio,
 the acceptance rate, tokens per speculating step, the share of step time spent drafting, and
-whether the tokens were identical (greedy speculation must not change them). Off and on alternate
-`--rounds` times; the best rate of each is shown.
+whether the tokens were identical (greedy speculation must not change them). Off and on run back to
+back `--rounds` times; the rates are medians, the ratio the median of the pairs' ratios.
 
 `--llama-server` runs the same requests (one at a time) through llama.cpp's `llama-server -t 2`
 with each `--llama-spec` mode (`none`, `ngram-simple`, `ngram-map-k`, `ngram-mod`, `draft`:
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import time
 import urllib.request
@@ -165,7 +166,7 @@ def main() -> int:
     p.add_argument("--batches", default="1")
     p.add_argument("--tasks", default="edit,question")
     p.add_argument("--max-tokens", type=int, default=400)
-    p.add_argument("--rounds", type=int, default=2, help="off/on pairs per task and batch; the best of each is shown")
+    p.add_argument("--rounds", type=int, default=3, help="off/on pairs per task and batch (medians are shown)")
     p.add_argument("--llama-server", default=None, help="llama-server binary: also run its modes")
     p.add_argument("--llama-spec", default="none,ngram-simple,ngram-map-k,ngram-mod,draft")
     p.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct", help="draft model for llama-server's draft mode")
@@ -187,22 +188,23 @@ def main() -> int:
     run(engine, "Say hi.", 1, 4)  # warm up: first-call allocations and the thread pool
     for task in args.tasks.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
-            base_rate = rate = 0.0
+            base_rates, rates, ratios = [], [], []
             drafted0, accepted0, steps0 = spec.num_draft_tokens, spec.num_accepted_tokens, spec.num_spec_steps
             wall = draft_s = 0.0
-            for _ in range(args.rounds):  # alternating, best of each: a busy moment hurts one round, not the ratio
+            for _ in range(args.rounds):  # off then on, back to back: the VM's drift moves both of a pair
                 spec.enabled = False
-                base, r, _ = run(engine, TASKS[task], batch, args.max_tokens)
-                base_rate = max(base_rate, r)
+                base, r0, _ = run(engine, TASKS[task], batch, args.max_tokens)
                 spec.enabled = True
                 start = time.perf_counter()
-                seqs, r, d = run(engine, TASKS[task], batch, args.max_tokens)
-                wall, draft_s, rate = wall + time.perf_counter() - start, draft_s + d, max(rate, r)
+                seqs, r1, d = run(engine, TASKS[task], batch, args.max_tokens)
+                wall, draft_s = wall + time.perf_counter() - start, draft_s + d
+                base_rates.append(r0), rates.append(r1), ratios.append(r1 / r0)
+            base_rate, rate, ratio = statistics.median(base_rates), statistics.median(rates), statistics.median(ratios)
             drafted = spec.num_draft_tokens - drafted0
             accepted = spec.num_accepted_tokens - accepted0
             steps = spec.num_spec_steps - steps0
             same = all(a.output_token_ids == b.output_token_ids for a, b in zip(base, seqs))
-            print(f"{task:>9} {batch:>4} {base_rate:9.1f} {rate:9.1f} {rate / base_rate:6.2f} "
+            print(f"{task:>9} {batch:>4} {base_rate:9.1f} {rate:9.1f} {ratio:6.2f} "
                   f"{accepted / max(drafted, 1):7.1%} {(steps + accepted) / max(steps, 1):8.2f} "
                   f"{draft_s / wall:7.1%} {str(same):>11}")
     return 0
