@@ -86,6 +86,17 @@ def test_imports_only_go_down() -> None:
     assert violations() == []
 
 
+def test_no_module_imports_another_ones_private_names() -> None:
+    found = []
+    for path in sorted(APP.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("app."):
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                if private:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {', '.join(private)} from {node.module}")
+    assert found == []
+
+
 @pytest.mark.parametrize("module, rank", [
     ("app.engine.types.errors", 0), ("app.kernels.cpu_qgemm", 1), ("app.engine.gguf.loader", 2),
     ("app.engine.runtime.model_runner", 4), ("app.engine.core.scheduler", 5), ("app.ui.app", TOP),

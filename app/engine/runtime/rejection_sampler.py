@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from app.engine.runtime.sampler import _mix, apply_logit_bias, is_greedy, sampling_probs
+from app.engine.runtime.sampler import apply_logit_bias, is_greedy, mix_seed, sampling_probs
 from app.engine.types.batch import ScheduledSequence
 from app.kernels import cpu_ops
 
@@ -69,5 +69,5 @@ def _generator(seq: ScheduledSequence) -> torch.Generator | None:
     if seq.params.seed is None:
         return None
     gen = torch.Generator()
-    gen.manual_seed(_mix(seq.params.seed ^ _ACCEPT_SALT, seq.num_output_tokens))
+    gen.manual_seed(mix_seed(seq.params.seed ^ _ACCEPT_SALT, seq.num_output_tokens))
     return gen

@@ -161,7 +161,7 @@ def _inverse_cdf(probs: torch.Tensor, seqs: list[ScheduledSequence]) -> torch.Te
         gen = None
         if s.params.seed is not None:
             gen = torch.Generator()
-            gen.manual_seed(_mix(s.params.seed, s.num_output_tokens))
+            gen.manual_seed(mix_seed(s.params.seed, s.num_output_tokens))
         uniform[i] = torch.rand((), generator=gen, dtype=torch.float64)
     cdf = probs.double().cumsum(-1)
     target = (uniform.to(cdf.device) * cdf[:, -1]).unsqueeze(1)
@@ -174,7 +174,8 @@ def _has_penalty(s: ScheduledSequence) -> bool:
     return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
 
 
-def _mix(seed: int, position: int) -> int:
+def mix_seed(seed: int, position: int) -> int:
+    """A seeded request's generator seed at an output position: one stream per (seed, position)."""
     return ((seed * _SEED_MIX) ^ (position * 0xBF58476D1CE4E5B9)) & 0x7FFF_FFFF_FFFF_FFFF
 
 
