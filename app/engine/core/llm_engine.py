@@ -334,9 +334,7 @@ class LLMEngine:
                 continue
             drafts = len(seq.spec_token_ids)
             seq.num_computed_tokens += n - drafts + len(tokens) - 1  # the kept drafts' KV is the real tokens'
-            if seq.request_id in output.logprobs:
-                seq.logprobs.append(output.logprobs[seq.request_id])
-            delta = self.outputs.on_tokens(seq, tokens, self.max_model_len)
+            delta = self.outputs.on_tokens(seq, tokens, self.max_model_len, output.logprobs.get(seq.request_id))
             seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens)  # a stop among the kept drafts
             if drafts:
                 self.speculator.on_verified(seq, drafts, len(tokens) - 1)

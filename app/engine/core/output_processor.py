@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from app.engine.core.sequence import Sequence
 from app.engine.text.detokenizer import IncrementalDetokenizer
 from app.engine.text.tokenizer import Tokenizer
-from app.engine.types.outputs import StreamDelta
+from app.engine.types.outputs import StreamDelta, TopLogprobs
 
 
 @dataclass
@@ -43,12 +43,16 @@ class OutputProcessor:
             holdback=max((len(s) for s in p.stop), default=1) - 1,
         )
 
-    def on_tokens(self, seq: Sequence, tokens: list[int], max_model_len: int) -> StreamDelta:
-        """Append a step's new tokens (one, or a speculating sequence's kept drafts and one more) up
-        to the first that finishes the request; sets `seq.finish_reason` then. One delta for all."""
+    def on_tokens(self, seq: Sequence, tokens: list[int], max_model_len: int,
+                  logprobs: list[TopLogprobs] | None = None) -> StreamDelta:
+        """Append a step's new tokens (one, or a speculating sequence's kept drafts and one more),
+        with their logprobs if asked, up to the first that finishes the request; sets
+        `seq.finish_reason` then. One delta for all."""
         st = self.states[seq.request_id]
-        for token in tokens:
+        for i, token in enumerate(tokens):
             seq.append_token(token)
+            if logprobs is not None:
+                seq.logprobs.append(logprobs[i])
             self._account(seq, st, token, max_model_len)
             if seq.finish_reason is not None:
                 break

@@ -75,7 +75,7 @@ class Speculator:
         So the sequence drafts while a^i > (round + n * row) / T: long runs when its drafts have
         been landing, none for a batch so big that rows cost more than they save. 0 also when
         speculation is off, or the request needs what verification skips (a grammar, penalties
-        that depend on each token, logprobs)."""
+        that depend on each token)."""
         if not self.enabled or num_decodes > self.config.disable_by_batch_size or not _eligible(seq):
             return 0
         room = min(seq.max_tokens - seq.num_output_tokens - 1, self.max_model_len - seq.num_tokens)
@@ -161,7 +161,7 @@ class Speculator:
 def _eligible(seq: Sequence) -> bool:
     p = seq.params
     penalties = p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
-    return seq.grammar is None and p.logprobs is None and not penalties
+    return seq.grammar is None and not penalties
 
 
 def _ema(old: float | None, value: float) -> float:

@@ -73,7 +73,7 @@ class StepInputs:
 @dataclass
 class StepOutput:
     sampled: dict[str, list[int]]  # request_id -> new tokens: one, or a speculating sequence's kept drafts + 1
-    logprobs: dict[str, TopLogprobs]
+    logprobs: dict[str, list[TopLogprobs]]  # request_id -> one per new token, where logprobs were asked
     # request_id -> prompt logprobs to append to what the sequence recorded (a None first, for
     # the first prompt token, when it had recorded none)
     prompt_logprobs: dict[str, list[TopLogprobs | None]] = field(default_factory=dict)
@@ -129,7 +129,7 @@ class ModelRunner:
         tokens, logprobs = self.sampler(logits, seqs)
         return StepOutput(
             sampled={s.request_id: [t] for s, t in zip(seqs, tokens)},
-            logprobs={s.request_id: lp for s, lp in zip(seqs, logprobs) if lp is not None},
+            logprobs={s.request_id: [lp] for s, lp in zip(seqs, logprobs) if lp is not None},
             prompt_logprobs=prompt_logprobs,
         )
 
@@ -145,9 +145,16 @@ class ModelRunner:
         if plain:
             tokens, logprobs = self.sampler(logits[plain_rows], plain)
             out.sampled.update((s.request_id, [t]) for s, t in zip(plain, tokens))
-            out.logprobs.update((s.request_id, lp) for s, lp in zip(plain, logprobs) if lp is not None)
-        kept = verify(logits[spec_rows], spec, [s.spec_token_ids for s in spec])
+            out.logprobs.update((s.request_id, [lp]) for s, lp in zip(plain, logprobs) if lp is not None)
+        spec_logits = logits[spec_rows]
+        kept = verify(spec_logits, spec, [s.spec_token_ids for s in spec])
         out.sampled.update((s.request_id, t) for s, t in zip(spec, kept))
+        row = 0
+        for seq, tokens in zip(spec, kept):
+            if seq.params.logprobs is not None:  # of the raw logits, as the sampler's (bias not added)
+                lp = torch.log_softmax(spec_logits[row : row + len(tokens)], -1)
+                out.logprobs[seq.request_id] = top_logprobs_rows(lp, seq.params.logprobs, tokens)
+            row += 1 + len(seq.spec_token_ids)
         return out
 
     def _hidden_states(self, inputs: StepInputs) -> torch.Tensor:

@@ -154,14 +154,37 @@ def test_draft_model_preempted_equals_plain(qwen, qwen_draft):
 def test_requests_that_cannot_speculate_decode_normally_beside_those_that_do(gemma, reference):
     reqs, alone = reference
     engine = make_engine(gemma, enable_prefix_caching=False, speculative_config=NGRAM)
-    seqs = [engine.add_request(p, SamplingParams(max_tokens=24, **GREEDY, logprobs=2 if i % 2 else None))
+    seqs = [engine.add_request(p, SamplingParams(max_tokens=24, **GREEDY, repetition_penalty=1.0 + 0.5 * (i % 2)))
             for i, p in enumerate(reqs)]
+    assert not any(engine.speculator.lookahead(s, 1) for s in seqs[1::2])  # penalties depend on each token
     force_drafts(engine)
-    engine.scheduler.lookahead = lambda seq, n, f=engine.scheduler.lookahead: f(seq, n) if seq.params.logprobs is None else 0
+    engine.scheduler.lookahead = lambda seq, n, f=engine.scheduler.lookahead: 0 if seq.params.repetition_penalty != 1 else f(seq, n)
     while engine.has_unfinished():
         engine.step()
-    assert [s.output_token_ids for s in seqs] == alone
-    assert all(len(s.logprobs) == 24 for s in seqs[1::2])
+    assert [s.output_token_ids for s in seqs][::2] == alone[::2]
+
+
+def test_logprobs_of_verified_tokens_equal_plain_decoding(gemma, reference):
+    reqs, _ = reference
+    params = SamplingParams(max_tokens=24, **GREEDY, logprobs=3)
+    plain = make_engine(gemma)
+    want = []
+    for p in reqs[:4]:
+        seq = plain.add_request(p, params)
+        while plain.has_unfinished():
+            plain.step()
+        want.append((seq.output_token_ids, seq.logprobs))
+    engine = make_engine(gemma, speculative_config=NGRAM)
+    force_drafts(engine)
+    seqs = [engine.add_request(p, params) for p in reqs[:4]]
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.speculator.num_accepted_tokens > 0
+    for seq, (tokens, logprobs) in zip(seqs, want):
+        assert seq.output_token_ids == tokens and len(seq.logprobs) == len(tokens)
+        for got, ref in zip(seq.logprobs, logprobs):
+            assert got.keys() == ref.keys()
+            assert got == ref  # bit for bit: a row computes alike in a verify chunk and a decode
 
 
 def test_logit_bias_applies_to_verified_rows(gemma, reference):
