@@ -17,7 +17,7 @@ from app.engine.core.output_processor import OutputProcessor
 from app.engine.core.scheduler import Scheduler, SchedulerConfig
 from app.engine.core.sequence import Sequence
 from app.engine.core.speculator import Speculator
-from app.engine.gguf.loader import load_gguf
+from app.engine.gguf.loader import LoadedModel, load_gguf
 from app.engine.runtime.decoder import DecoderLM
 from app.engine.runtime.device import DeviceSetup, copy_bandwidth, kv_pool_blocks, resolve_device
 from app.engine.runtime.kv_cache_spec import kv_cache_spec
@@ -82,12 +82,21 @@ class LLMEngine:
             from app.engine.gguf.default_model import default_model_path
 
             path = default_model_path(progress=progress)
-        grids = takes_grids(self.setup.device, self.setup.dtype)
-        loaded = load_gguf(path, self.setup.device, self.setup.dtype, progress, grids=grids)
+        loaded = self._read(path, progress)
         self.model_config = loaded.config
         self.model_name = catalog_name(loaded.path) or str(loaded.metadata.get("general.name") or loaded.path.stem)
         self.tokenizer: Tokenizer | None = Tokenizer.from_gguf_metadata(loaded.metadata)
-        self.model = DecoderLM(loaded.config, loaded.weights, self.setup.device, loaded.grids if grids else None)
+        self.model = self._decoder(loaded)
+
+    def _read(self, path: str, progress: ProgressFn | None) -> LoadedModel:
+        """A GGUF's weights for this device and dtype (4/5-bit matrices as their blocks' groups where
+        the kernels take them)."""
+        grids = takes_grids(self.setup.device, self.setup.dtype)
+        return load_gguf(path, self.setup.device, self.setup.dtype, progress, grids=grids)
+
+    def _decoder(self, loaded: LoadedModel) -> DecoderLM:
+        grids = loaded.grids if takes_grids(self.setup.device, self.setup.dtype) else None
+        return DecoderLM(loaded.config, loaded.weights, self.setup.device, grids)
 
     def _init_random(self, spec: str) -> None:
         from app.engine.gguf.random_weights import random_model
@@ -140,15 +149,14 @@ class LLMEngine:
         if self.kv_spec.is_hybrid:
             raise LocalbatchError(f"{self.model_name} has sliding-window layers: draft models need one block table; "
                                   "use {\"method\": \"ngram\"}")
-        grids = takes_grids(self.setup.device, self.setup.dtype)
-        loaded = load_gguf(resolve_model(name, None), self.setup.device, self.setup.dtype, None, grids=grids)
+        loaded = self._read(resolve_model(name, None), None)
         if loaded.config.vocab_size != self.model_config.vocab_size:
             raise LocalbatchError(f"draft model {name} has a vocabulary of {loaded.config.vocab_size} tokens, "
                                   f"{self.model_name} {self.model_config.vocab_size}: they must share one")
         draft_tokens = list(loaded.metadata.get("tokenizer.ggml.tokens") or [])
         if self.tokenizer is not None and draft_tokens[:4096] != self.tokenizer.tokens[:4096]:
             raise LocalbatchError(f"draft model {name} has another tokenizer than {self.model_name}")
-        return DecoderLM(loaded.config, loaded.weights, self.setup.device, loaded.grids if grids else None)
+        return self._decoder(loaded)
 
     def _kv_info(self) -> KVCacheInfo:
         full_layers = sum(len(g.layers) for g in self.kv_spec.groups if g.sliding_window is None)

@@ -15,6 +15,7 @@ import torch
 
 from app.engine.runtime.decoder import DecoderLM
 from app.engine.runtime.kv_pool import allocate_kv_caches
+from app.engine.runtime.model_runner import padded, slots_of
 from app.kernels import AttentionMetadata, cpu_ops
 
 
@@ -63,15 +64,14 @@ class DraftModel:
             end = start + len(tokens)
             ids.extend(tokens)
             positions.extend(range(start, end))
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            slots.extend(slots_of(table, start, end, bs))
             cu.append(len(ids))
             seq_lens.append(end)
             last_rows.append(len(ids) - 1)
-        width = max(len(t) for t in tables)
         meta = AttentionMetadata(
             torch.tensor(cu, dtype=torch.int32),
             torch.tensor(seq_lens, dtype=torch.int32),
-            torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
+            torch.tensor(padded(tables), dtype=torch.int32),
             torch.tensor(slots, dtype=torch.int64),
         ).to(self.model.device)
         dev = self.model.device

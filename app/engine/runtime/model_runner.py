@@ -79,6 +79,17 @@ class StepOutput:
     prompt_logprobs: dict[str, list[TopLogprobs | None]] = field(default_factory=dict)
 
 
+def slots_of(table: list[int], start: int, end: int, block_size: int) -> list[int]:
+    """The cache slots of positions [start, end) of a sequence with block table `table`."""
+    return [table[p // block_size] * block_size + p % block_size for p in range(start, end)]
+
+
+def padded(tables: list[list[int]]) -> list[list[int]]:
+    """Block tables padded with block 0 to the widest (a tensor's rows)."""
+    width = max(len(t) for t in tables)
+    return [t + [0] * (width - len(t)) for t in tables]
+
+
 class ModelRunner:
     def __init__(
         self, model: DecoderLM, num_blocks: int, block_size: int, kv_dtype: torch.dtype, spec: KVCacheSpec | None = None
@@ -187,7 +198,7 @@ class ModelRunner:
                 if n == 1:  # decodes: most rows of most steps
                     group_slots.append(table[start // bs] * bs + start % bs)
                 else:
-                    group_slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+                    group_slots.extend(slots_of(table, start, end, bs))
                 group_tables.append(table)
             cu.append(len(ids))
             seq_lens.append(end)
@@ -218,8 +229,7 @@ class ModelRunner:
     def _block_table(self, tables: list[list[int]]) -> torch.Tensor:
         """Rows padded to the widest. Entries a sliding window left behind (NULL_BLOCK) read as
         block 0: no kernel visits them, and a valid id keeps any stray read in bounds."""
-        width = max(len(t) for t in tables)
-        host = self._host([t + [0] * (width - len(t)) for t in tables], torch.int32)
+        host = self._host(padded(tables), torch.int32)
         return host.clamp_(min=0) if self.spec.is_hybrid else host
 
     def _host(self, values: list, dtype: torch.dtype) -> torch.Tensor:
