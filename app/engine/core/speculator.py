@@ -120,7 +120,7 @@ class Speculator:
         start = time.perf_counter()
         seqs = [batch.seqs[i] for i in chosen]
         wanted = [batch.num_tokens[i] - 1 for i in chosen]
-        drafts = [self.ngram.propose(s, k) for s, k in zip(seqs, wanted)] if self.ngram is not None else [[]] * len(seqs)
+        drafts = [self.ngram.propose(s, k) for s, k in zip(seqs, wanted)] if self.ngram is not None else [[] for _ in seqs]
         if self.draft is not None:
             self.draft.last_round_s = None
             # The draft model runs for the sequences prompt lookup found nothing for (all, without it).
