@@ -18,6 +18,8 @@ from app.engine.types.speculative_config import SpeculativeConfig
 
 ENGINE_FLAGS: dict[str, tuple[type, str]] = {
     "max_num_batched_tokens": (int, "token budget of one step (default 512 on CPU, 8192 on CUDA)"),
+    "itl_target_ms": (float, ("while replies stream, size prompt chunks so a step takes about this long "
+                              "(default: 3 decode steps, at least 100 ms; 0: only --max-num-batched-tokens)")),
     "max_num_seqs": (int, "most sequences running at once (default 64)"),
     "block_size": (int, "tokens per KV block (default 16)"),
     "kv_cache_bytes": (int, "CPU KV pool size in bytes (default: what max-num-seqs sequences at the full context use, at most 25%% of available RAM)"),
@@ -25,6 +27,8 @@ ENGINE_FLAGS: dict[str, tuple[type, str]] = {
     "max_waiting": (int, "bound of the waiting queue (default 256)"),
     "gpu_memory_utilization": (float, "fraction of GPU memory to use (default 0.9)"),
     "max_model_len": (int, "context length cap (default: the model's)"),
+    "num_threads": (int, ("CPU threads for the kernels, fixed (default: all cores; the app and serve switch "
+                          "to one while another process keeps a core busy, when that is faster)")),
 }
 
 

@@ -11,6 +11,7 @@ are stopped before the next count. Run it on an otherwise quiet machine."""
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import subprocess
 import sys
@@ -46,7 +47,9 @@ def main() -> int:
     p.add_argument("--neighbours", default="0,1")
     p.add_argument("--concurrency", default="1,4")
     p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--json", action="store_true", help="print one JSON list of the results last")
     args = p.parse_args()
+    results = []
     threads = torch.get_num_threads()
     engines = {False: LLMEngine(args.model, device="cpu"), True: LLMEngine(args.model, device="cpu", adaptive_threads=True)}
     print(f"{'neighbours':>10} {'seqs':>5} {'fixed tok/s':>12} {'adaptive tok/s':>15} {'threads at end':>15}")
@@ -62,9 +65,13 @@ def main() -> int:
                 torch.set_num_threads(threads)
                 engines[True].thread_tuner.__init__(threads)
                 print(f"{n:>10} {c:>5} {fixed:>12.1f} {adaptive:>15.1f} {at_end:>15}", flush=True)
+                results.append({"neighbours": n, "seqs": c, "fixed": fixed, "adaptive": adaptive,
+                                "threads_at_end": at_end})
         finally:
             for proc in procs:
                 proc.kill()
+    if args.json:
+        print(json.dumps(results))
     return 0
 
 

@@ -235,20 +235,27 @@ def _response(choices: list[Choice], meta: ResponseMeta, endpoint: Endpoint) -> 
     return out
 
 
-def _chunk(meta: ResponseMeta, obj: str, entry: dict[str, Any]) -> dict[str, Any]:
-    out = meta.header(obj)
-    out["choices"] = [entry]
-    if meta.include_usage:
-        out["usage"] = None  # OpenAI sends an explicit null on every chunk but the last
-    return out
+def _chunk_writer(meta: ResponseMeta, obj: str) -> Callable[[dict[str, Any]], bytes]:
+    """The SSE event of one chunk carrying `entry`: the fields every chunk of the request repeats
+    are encoded once, not once per token."""
+    head = json.dumps(meta.header(obj), ensure_ascii=False, separators=(",", ":"))[:-1]
+    prefix = f'data: {head},"choices":['.encode()
+    # OpenAI sends an explicit null usage on every chunk but the last.
+    suffix = b'],"usage":null}\n\n' if meta.include_usage else b"]}\n\n"
+
+    def chunk(entry: dict[str, Any]) -> bytes:
+        return prefix + json.dumps(entry, ensure_ascii=False, separators=(",", ":")).encode() + suffix
+
+    return chunk
 
 
 async def _events(streams: MultiStream, meta: ResponseMeta, endpoint: Endpoint) -> AsyncIterator[bytes]:
     obj = endpoint.chunk_object
+    chunk = _chunk_writer(meta, obj)
     try:
         for choice in streams.choices:
             for entry in endpoint.opening(choice):
-                yield sse(_chunk(meta, obj, entry))
+                yield chunk(entry)
         async for choice, delta in streams.events():
             if choice.failed:
                 # The 200 has been sent: the error can only be one more event.
@@ -256,7 +263,7 @@ async def _events(streams: MultiStream, meta: ResponseMeta, endpoint: Endpoint) 
                 yield SSE_DONE
                 return
             for entry in endpoint.streamed(choice, delta):
-                yield sse(_chunk(meta, obj, entry))
+                yield chunk(entry)
         if meta.include_usage:
             yield sse({**meta.header(obj), "choices": [], "usage": usage(streams.choices)})
         yield SSE_DONE

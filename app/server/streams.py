@@ -95,11 +95,15 @@ class MultiStream:
         self._queue: asyncio.Queue[tuple[int, StreamDelta | Exception, float]] = asyncio.Queue()
         self._primed: deque[tuple[int, StreamDelta | Exception, float]] = deque()
         self._tasks: list[asyncio.Task[None]] = []
+        self._direct: AsyncIterator[StreamDelta] | None = None  # the one choice's engine stream, when n = 1
         self._closed = False
 
     async def start(self) -> None:
         """Raises what the engine raised for the first failing choice (after aborting the others)."""
         try:
+            if len(self._jobs) == 1:
+                await self._start_direct()
+                return
             for choice, job in zip(self.choices, self._jobs, strict=True):
                 iterator = self.engine.stream(job.prompt, job.params, choice.request_id)
                 self._tasks.append(asyncio.create_task(self._pump(choice.index, iterator)))
@@ -114,6 +118,25 @@ class MultiStream:
             self.close()
             raise
 
+    async def _start_direct(self) -> None:
+        """One choice (nearly every request) reads the engine's stream itself: no pump task, no
+        second queue, one task wake-up per delta fewer on the event loop."""
+        job, choice = self._jobs[0], self.choices[0]
+        self._direct = self.engine.stream(job.prompt, job.params, choice.request_id)
+        item = await self._next_direct()
+        self._primed.append(item)
+        if isinstance(item[1], Exception):
+            raise item[1]
+
+    async def _next_direct(self) -> tuple[int, StreamDelta | Exception, float]:
+        try:
+            item: StreamDelta | Exception = await anext(self._direct)
+        except StopAsyncIteration:
+            item = RuntimeError("the engine's stream ended without a finish reason")
+        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which reports it
+            item = exc
+        return 0, item, time.perf_counter()
+
     async def _pump(self, index: int, iterator: AsyncIterator[StreamDelta]) -> None:
         try:
             async for delta in iterator:
@@ -127,7 +150,12 @@ class MultiStream:
 
     async def events(self) -> AsyncIterator[tuple[Choice, StreamDelta]]:
         while not all(c.finished for c in self.choices):
-            index, item, arrived = self._primed.popleft() if self._primed else await self._queue.get()
+            if self._primed:
+                index, item, arrived = self._primed.popleft()
+            elif self._direct is not None:
+                index, item, arrived = await self._next_direct()
+            else:
+                index, item, arrived = await self._queue.get()
             choice = self.choices[index]
             if choice.finished:
                 continue
@@ -151,6 +179,8 @@ class MultiStream:
                 self.engine.abort(choice.request_id)
         for task in self._tasks:
             task.cancel()
+        if self._direct is not None:
+            self._tasks.append(asyncio.ensure_future(_close_quietly(self._direct)))
 
     @staticmethod
     def _as_error(choice: Choice, exc: Exception) -> StreamDelta:
@@ -170,6 +200,15 @@ class MultiStream:
         if delta.finish_reason is not None:
             self.metrics.e2e.observe(now - self.arrival)
             self.metrics.observe_finished(delta.finish_reason)
+
+
+async def _close_quietly(stream: AsyncIterator[StreamDelta]) -> None:
+    """Run the engine stream's cleanup now rather than at garbage collection; a stream still
+    being read (its reader is being cancelled) is closed by that cancellation instead."""
+    try:
+        await stream.aclose()  # type: ignore[attr-defined]
+    except RuntimeError:
+        pass
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:

@@ -17,6 +17,7 @@ from app.engine.core.output_processor import OutputProcessor
 from app.engine.core.scheduler import Scheduler, SchedulerConfig
 from app.engine.core.sequence import Sequence
 from app.engine.core.speculator import Speculator
+from app.engine.core.step_budget import PrefillBudget
 from app.engine.gguf.loader import LoadedModel, load_gguf
 from app.engine.runtime.decoder import DecoderLM
 from app.engine.runtime.device import DeviceSetup, copy_bandwidth, kv_pool_blocks, resolve_device
@@ -56,7 +57,9 @@ class LLMEngine:
         self.setup: DeviceSetup = resolve_device(device, dtype)
         # Before loading weights: an impossible kv_cache_dtype (fp8 on a CPU) fails at once.
         self.kv_dtype = resolve_kv_cache_dtype(self.config.kv_cache_dtype, self.setup.dtype, self.setup.device)
-        adaptive = self.config.adaptive_threads and self.setup.device.type == "cpu"
+        if self.config.num_threads is not None and self.setup.device.type == "cpu":
+            torch.set_num_threads(self.config.num_threads)  # the step thread's count: the engine is built there
+        adaptive = self.config.adaptive_threads and self.config.num_threads is None and self.setup.device.type == "cpu"
         self.thread_tuner: ThreadTuner | None = ThreadTuner() if adaptive else None
         if random_weights is not None:
             self._init_random(random_weights)
@@ -119,9 +122,11 @@ class LLMEngine:
         num_blocks = kv_pool_blocks(cfg, self.setup, page_bytes_per_token, self._warmup, max_needed)
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, self.kv_spec)
         self.speculator = self._build_speculator(num_blocks)
+        target = None if cfg.itl_target_ms is None else cfg.itl_target_ms / 1e3
+        self.prefill_budget = PrefillBudget(cfg.max_num_batched_tokens, target)
         self.scheduler = Scheduler(
             SchedulerConfig(cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_waiting), self.block_manager,
-            self.speculator.lookahead if self.speculator is not None else None,
+            self.speculator.lookahead if self.speculator is not None else None, self.prefill_budget.cap,
         )
         self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, kv_dtype, self.kv_spec)
         self.metrics = EngineMetrics(self._kv_info(), self._memory_traffic(kv_dtype))
@@ -292,6 +297,7 @@ class LLMEngine:
         deltas = self._postprocess(batch, output)
         elapsed = time.perf_counter() - start
         self.metrics.record_step(batch, output.sampled, elapsed)
+        self.prefill_budget.observe(batch.num_decode_tokens, batch.total_tokens - batch.num_decode_tokens, elapsed)
         if self.speculator is not None:
             self.speculator.observe(batch, elapsed, propose_s)
         if self.thread_tuner is not None and batch.seqs and all(n == 1 for n in batch.num_tokens):

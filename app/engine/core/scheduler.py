@@ -30,13 +30,17 @@ class SchedulerConfig:
 
 # (decoding sequence, decodes this step) -> draft slots to reserve for it: the speculator's lookahead
 Lookahead = Callable[[Sequence, int], int]
+# decodes this step -> prompt tokens the step may carry beside them (step_budget.PrefillBudget.cap)
+PrefillCap = Callable[[int], int]
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, lookahead: Lookahead | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, lookahead: Lookahead | None = None,
+                 prefill_cap: PrefillCap | None = None) -> None:
         self.config = config
         self.bm = block_manager
         self.lookahead = lookahead
+        self.prefill_cap = prefill_cap
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last one is preempted first
         self.num_preemptions = 0
@@ -56,20 +60,31 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         decodes = [s for s in self.running if s.is_decoding]
         prefills = [s for s in self.running if not s.is_decoding]
-        for seq in decodes + prefills:
+        budget = self._schedule_running(batch, decodes, budget, len(decodes))
+        prompt_budget = budget
+        if self.prefill_cap is not None and batch.seqs:  # replies are waiting on this step
+            prompt_budget = min(budget, self.prefill_cap(len(batch.seqs)))
+        prompt_budget = self._schedule_running(batch, prefills, prompt_budget, len(decodes))
+        if not batch.preempted:
+            self._admit(batch, prompt_budget)
+        # Counted at the end: a prompt's room can preempt a decode scheduled before it.
+        batch.num_decode_tokens = sum(n for s, n in zip(batch.seqs, batch.num_tokens, strict=True) if s.is_decoding)
+        return batch
+
+    def _schedule_running(self, batch: ScheduledBatch, seqs: list[Sequence], budget: int, num_decodes: int) -> int:
+        """Schedule running sequences in order while the budget lasts; returns what is left of it."""
+        for seq in seqs:
             if budget == 0:
                 break
-            if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
+            if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this step
                 continue
             n = min(seq.num_uncomputed_tokens, budget)
             if self._make_room(seq, n, batch):
-                n += self._draft_slots(seq, len(decodes), budget - n)
+                n += self._draft_slots(seq, num_decodes, budget - n)
                 self.bm.allocate(seq, n)
                 batch.add(seq, n)
                 budget -= n
-        if not batch.preempted:
-            self._admit(batch, budget)
-        return batch
+        return budget
 
     def _draft_slots(self, seq: Sequence, num_decodes: int, budget: int) -> int:
         """Slots for a decode's drafts: never at the cost of a preemption or another's budget share."""

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 PROBE_EVERY_S = 10.0  # how often the other count is tried (a probe costs a few slower steps at worst)
-PROBE_STEPS = 3
+PROBE_STEPS = 5  # steps per side of a comparison: the probe's first one, paying the switch, is not counted
 MIN_GAIN = 0.9  # switch when the other count's steps take at most this fraction of the current's
 
 
@@ -60,9 +60,9 @@ class ThreadTuner:
         times.append(seconds)
         if len(times) < PROBE_STEPS:
             return
-        # The first probe step pays for the switch (threads waking): judge by the best of them.
-        current = sorted(self._recent[key])[len(self._recent[key]) // 2]
-        self._end_probe(keep=min(times) <= MIN_GAIN * current)
+        # Medians on both sides (a best-of against a median favoured whichever count was probed,
+        # and a server's own per-token work made one thread look faster than it was).
+        self._end_probe(keep=_median(times[1:]) <= MIN_GAIN * _median(self._recent[key]))
 
     def _end_probe(self, keep: bool) -> None:
         other = self._probe[0]
@@ -79,3 +79,8 @@ class ThreadTuner:
         if self._applied != threads:
             self._set(threads)
             self._applied = threads
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    return (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2

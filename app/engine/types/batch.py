@@ -37,6 +37,7 @@ class ScheduledBatch:
     seqs: list[Any] = field(default_factory=list)  # ScheduledSequence; core's Sequence in the engine
     num_tokens: list[int] = field(default_factory=list)  # tokens each sequence computes this step
     preempted: list[Any] = field(default_factory=list)
+    num_decode_tokens: int = 0  # rows of decoding sequences (their verify positions included)
 
     def __len__(self) -> int:
         return len(self.seqs)

@@ -15,6 +15,9 @@ KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8_e4m3")
 @dataclass
 class EngineConfig:
     max_num_batched_tokens: int | None = None  # None: 512 on CPU, 8192 on CUDA
+    # While replies stream, prompt chunks are sized so that a step takes about this long
+    # (core/step_budget.py). None: 3 decode steps, at least 100 ms; 0: only max_num_batched_tokens.
+    itl_target_ms: float | None = None
     max_num_seqs: int = 64
     block_size: int = 16
     kv_cache_bytes: int | None = None  # CPU pool size; None: by need, at most 25% of available RAM
@@ -32,6 +35,8 @@ class EngineConfig:
     # neighbour process costs its share of the CPU rather than stalling every barrier. The app and
     # `serve` turn it on; offline runs and benchmarks keep a fixed count.
     adaptive_threads: bool = False
+    # CPU: a fixed thread count for the kernels (llama.cpp's -t); overrides adaptive_threads.
+    num_threads: int | None = None
     # Speculative decoding (vLLM's spelling): prompt lookup or a draft model; None: off.
     speculative_config: SpeculativeConfig | dict | str | None = None
 
@@ -41,13 +46,18 @@ class EngineConfig:
 
     def validate(self) -> None:
         positive = ["max_num_seqs", "block_size", "max_waiting"]
-        optional_positive = ["max_num_batched_tokens", "kv_cache_bytes", "kv_cache_blocks", "max_model_len"]
+        optional_positive = ["max_num_batched_tokens", "kv_cache_bytes", "kv_cache_blocks", "max_model_len",
+                             "num_threads"]
         for name in positive + optional_positive:
             value = getattr(self, name)
             if value is None and name in optional_positive:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise LocalbatchError(f"invalid {name}={value!r}: must be a positive integer")
+        if self.itl_target_ms is not None and (isinstance(self.itl_target_ms, bool)
+                                               or not isinstance(self.itl_target_ms, (int, float))
+                                               or not 0 <= self.itl_target_ms < float("inf")):
+            raise LocalbatchError(f"invalid itl_target_ms={self.itl_target_ms!r}: must be a number of milliseconds >= 0")
         if not isinstance(self.enforce_eager, bool):
             raise LocalbatchError(f"invalid enforce_eager={self.enforce_eager!r}: must be True or False")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:

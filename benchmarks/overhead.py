@@ -1,0 +1,216 @@
+"""What the app, the HTTP server and busy neighbours cost the engine, side by side in one run.
+
+    python benchmarks/overhead.py --model smollm2-135m-instruct [--sections bench,serve,app,contention]
+        [--llama-server PATH/llama-server] [--max-tokens 256] [--json FILE]
+
+Sections (each against the engine alone, `localbatch bench`, at the same concurrency, same run):
+- bench: `localbatch bench --concurrency 1,4,8,16`: output tok/s (prompt included) and decode tok/s.
+- serve: `localbatch serve`, streaming /v1/completions at 1 / 4 / 16 clients (serve_bench.py), then
+  again while /metrics is scraped at 1 Hz and at 20 Hz (scrape latency reported); ITL p50/p99; with
+  `--llama-server`, llama-server `-np 16 -t NCPU` on the same GGUF and the same 16-client load.
+- app: the app in tmux at 160x48 (tmux_tabs.py) with the embedded endpoint on and /metrics scraped
+  once a second: the replies' summed tok/s at 1 / 4 / 8 tabs against bench's decode tok/s.
+- contention: decode tok/s at 1 and 4 sequences with 0 and 2 `while True: pass` neighbours, fixed
+  thread count against the app's adaptive one (contention.py).
+
+The machine must be otherwise quiet (the load average is printed). Linux only (tmux, /proc)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import serve_bench
+import tmux_tabs
+
+MODEL_DIR = Path.home() / ".local/share/localbatch/models"
+
+
+def load() -> float:
+    return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def run_bench(model: str, levels: list[int], max_tokens: int, prompt_len: int) -> dict[int, dict]:
+    cmd = [sys.executable, "-m", "app.cli", "bench", "--model", model, "--device", "cpu", "--num-prompts", "4",
+           "--concurrency", ",".join(map(str, levels)), "--output-len", str(max_tokens),
+           "--input-len", str(prompt_len), "--json"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=HERE.parent).stdout
+    return {r["concurrency"]: r for r in json.loads(out.strip().splitlines()[-1])["sweep"]}
+
+
+class Scraper:
+    """GETs /metrics every `period` s on its own thread; keeps each scrape's latency."""
+
+    def __init__(self, url: str, period: float) -> None:
+        self.url, self.period, self.latencies = url, period, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Scraper":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=10) as client:
+            while not self._stop.is_set():
+                t0 = time.perf_counter()
+                client.get(f"{self.url}/metrics").raise_for_status()
+                self.latencies.append(time.perf_counter() - t0)
+                self._stop.wait(max(0.0, self.period - (time.perf_counter() - t0)))
+
+    def summary(self) -> str:
+        if not self.latencies:
+            return "no scrapes"
+        ms = sorted(1e3 * x for x in self.latencies)
+        return f"{len(ms)} scrapes, p50 {statistics.median(ms):.1f} ms, max {ms[-1]:.1f} ms"
+
+
+def start_server(cmd: list[str], url: str, timeout: float = 300) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=HERE.parent)
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}")
+        time.sleep(0.5)
+    proc.kill()
+    raise TimeoutError(f"{' '.join(cmd)} did not answer within {timeout:.0f} s")
+
+
+def stream_level(url: str, clients: int, args: argparse.Namespace) -> dict:
+    return asyncio.run(serve_bench.level(url, clients, 1, args.prompt_len, args.max_tokens, 30000, seed=clients))
+
+
+def section_serve(args: argparse.Namespace, bench: dict[int, dict], rows: list[dict]) -> None:
+    url = f"http://127.0.0.1:{args.port}"
+    proc = start_server([sys.executable, "-m", "app.cli", "serve", "--model", args.model, "--device", "cpu",
+                         "--port", str(args.port)], url)
+    try:
+        stream_level(url, 2, args)  # warm-up: the first requests pay one-time costs
+        for clients in args.serve_levels:
+            r = stream_level(url, clients, args)
+            base = bench[clients]["output_tok_s"]
+            rows.append({"where": f"serve, {clients} streams", "tok_s": r["output_tok_s"], "engine": base,
+                         "ratio": r["output_tok_s"] / base,
+                         "note": f"ITL p50 {r['itl_p50_ms']:.1f} / p99 {r['itl_p99_ms']:.1f} ms; load {load():.2f}"})
+        for hz in (1, 20):
+            clients = 1
+            with Scraper(url, 1 / hz) as scraper:
+                r = stream_level(url, clients, args)
+            base = bench[clients]["output_tok_s"]
+            rows.append({"where": f"serve, 1 stream, /metrics at {hz} Hz", "tok_s": r["output_tok_s"], "engine": base,
+                         "ratio": r["output_tok_s"] / base, "note": scraper.summary()})
+    finally:
+        proc.terminate()
+        proc.wait()
+    if args.llama_server:
+        section_llama_server(args, rows)
+
+
+def section_llama_server(args: argparse.Namespace, rows: list[dict]) -> None:
+    url = f"http://127.0.0.1:{args.port + 1}"
+    ctx = 16 * (args.prompt_len + args.max_tokens + 64)
+    proc = start_server([args.llama_server, "-m", str(MODEL_DIR / f"{args.model}.gguf"), "--port", str(args.port + 1),
+                         "-np", "16", "-t", str(os.cpu_count()), "-c", str(ctx), "--no-webui"], url)
+    try:
+        stream_level(url, 2, args)
+        r = stream_level(url, 16, args)
+        rows.append({"where": "llama-server -np 16, 16 streams", "tok_s": r["output_tok_s"], "engine": None,
+                     "ratio": None, "note": f"ITL p50 {r['itl_p50_ms']:.1f} / p99 {r['itl_p99_ms']:.1f} ms"})
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def section_app(args: argparse.Namespace, bench: dict[int, dict], rows: list[dict]) -> None:
+    port = args.port + 2
+    targs = SimpleNamespace(model=args.model, max_tokens=args.max_tokens, timeout=300, idle=0, idle_after=0,
+                            cwd=str(HERE.parent), pyspy=None, env=None, remote=None,
+                            extra=["--serve", "--port", str(port)])
+    for tabs in args.app_levels:
+        with Scraper(f"http://127.0.0.1:{port}", 1.0) as scraper:
+            run = tmux_tabs.run_tabs(targs, tabs)
+        total = sum(rate for _, rate in run.replies)
+        base = bench[tabs]["decode_tok_s"]
+        rows.append({"where": f"app in tmux, {tabs} tabs, endpoint on, /metrics 1 Hz", "tok_s": total, "engine": base,
+                     "ratio": total / base if base else None,
+                     "note": f"UI thread {run.ui_cpu:.0%}; {scraper.summary()}; load {run.load_after:.2f}"})
+
+
+def section_contention(args: argparse.Namespace, rows: list[dict]) -> None:
+    out = subprocess.run([sys.executable, str(HERE / "contention.py"), "--model", args.model, "--neighbours", "0,2",
+                          "--concurrency", "1,4", "--seconds", str(args.contention_s), "--json"],
+                         check=True, capture_output=True, text=True, cwd=HERE.parent).stdout
+    results = json.loads(out.strip().splitlines()[-1])
+    idle = {r["seqs"]: r["fixed"] for r in results if r["neighbours"] == 0}
+    for r in results:
+        base = idle[r["seqs"]]
+        rows.append({"where": f"decode, {r['seqs']} seqs, {r['neighbours']} neighbours, adaptive threads",
+                     "tok_s": r["adaptive"], "engine": base, "ratio": r["adaptive"] / base,
+                     "note": f"fixed threads {r['fixed']:.1f} tok/s ({r['fixed'] / base:.2f}x); "
+                             f"threads at end {r['threads_at_end']}"})
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--sections", default="bench,serve,app,contention")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--serve-levels", default="1,4,16")
+    p.add_argument("--app-levels", default="1,4,8")
+    p.add_argument("--contention-s", type=float, default=10.0)
+    p.add_argument("--port", type=int, default=8061)
+    p.add_argument("--llama-server", default=None, help="llama-server binary: its 16-stream ITL beside ours")
+    p.add_argument("--json", default=None, help="also write the rows to this file")
+    args = p.parse_args()
+    args.serve_levels = [int(x) for x in args.serve_levels.split(",")]
+    args.app_levels = [int(x) for x in args.app_levels.split(",")]
+    sections = set(args.sections.split(","))
+    print(f"{args.model}, {os.cpu_count()} CPUs, load {load():.2f}, {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
+    rows: list[dict] = []
+    bench = {}
+    if sections & {"bench", "serve", "app"}:
+        levels = sorted(set(args.serve_levels) | set(args.app_levels))
+        bench = run_bench(args.model, levels, args.max_tokens, args.prompt_len)
+        for c, r in bench.items():
+            rows.append({"where": f"bench, {c} seqs", "tok_s": r["output_tok_s"], "engine": r["output_tok_s"],
+                         "ratio": 1.0, "note": f"decode {r['decode_tok_s']:.1f} tok/s, TPOT p50 {r['tpot_ms_p50']:.1f} ms"})
+    for name, run in (("serve", section_serve), ("app", section_app)):
+        if name in sections:
+            run(args, bench, rows)
+    if "contention" in sections:
+        section_contention(args, rows)
+    print("\n| where | tok/s | engine alone | ratio | notes |\n|---|---|---|---|---|")
+    for r in rows:
+        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
+        engine = f"{r['engine']:.1f}" if r["engine"] is not None else "-"
+        print(f"| {r['where']} | {r['tok_s']:.1f} | {engine} | {ratio} | {r['note']} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

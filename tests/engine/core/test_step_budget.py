@@ -1,0 +1,60 @@
+"""The prompt-token budget beside running decodes: learned from step times, sized for the latency
+target, applied by the scheduler only while replies are waiting on the step."""
+
+from __future__ import annotations
+
+from app.engine.core import step_budget
+from app.engine.core.block_manager import BlockManager
+from app.engine.core.scheduler import Scheduler, SchedulerConfig
+from app.engine.core.step_budget import PrefillBudget
+from tests.engine.core.test_scheduler import fake_step, make_seq
+
+
+def trained(target_s: float | None = None) -> PrefillBudget:
+    budget = PrefillBudget(512, target_s)
+    for _ in range(20):
+        budget.observe(4, 0, 0.040)  # decode-only steps: 40 ms
+        budget.observe(4, 100, 0.140)  # 100 prompt tokens beside them: 1 ms each
+    return budget
+
+
+def test_unmeasured_or_without_decodes_the_whole_budget():
+    budget = PrefillBudget(512)
+    assert budget.cap(4) == 512
+    assert trained().cap(0) == 512  # nothing is waiting on the step: prefill as fast as it goes
+
+
+def test_default_target_is_three_decode_steps_and_a_chunk_floor():
+    assert abs(trained().cap(4) - 80) <= 1  # 3 x 40 ms = 120 ms, 40 for the decodes, 80 x 1 ms
+    assert abs(trained(0.3).cap(4) - 260) <= 1
+    assert trained(0.045).cap(4) == step_budget.MIN_CHUNK
+    assert trained(0).cap(4) == 512  # 0: no latency target
+    assert trained(10.0).cap(4) == 512
+
+
+def test_scheduler_caps_prompt_tokens_only_beside_decodes():
+    bm = BlockManager(64, 4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64), bm, prefill_cap=lambda num_decodes: 6)
+    a = make_seq("a", 3, max_tokens=50)
+    sched.add(a)
+    batch = sched.schedule()  # nothing decodes yet: the whole budget
+    assert batch.num_tokens == [3] and batch.num_decode_tokens == 0
+    a.num_computed_tokens = 3
+    a.append_token(1)
+    sched.add(make_seq("long", 40, base=100))
+    batch = sched.schedule()
+    assert batch.num_tokens == [1, 6] and batch.num_decode_tokens == 1
+
+
+def test_a_capped_prompt_still_finishes():
+    bm = BlockManager(64, 4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64), bm, prefill_cap=lambda num_decodes: 5)
+    a, long = make_seq("a", 3, max_tokens=30), make_seq("long", 40, max_tokens=2, base=100)
+    sched.add(a)
+    fake_step(sched)
+    sched.add(long)
+    steps = 0
+    while long.num_output_tokens == 0:
+        fake_step(sched)
+        steps += 1
+    assert steps == 8  # 40 tokens, 5 a step
