@@ -98,34 +98,58 @@ def start_server(cmd: list[str], url: str, timeout: float = 300) -> subprocess.P
     raise TimeoutError(f"{' '.join(cmd)} did not answer within {timeout:.0f} s")
 
 
-def stream_level(url: str, clients: int, args: argparse.Namespace) -> dict:
-    return asyncio.run(serve_bench.level(url, clients, 1, args.prompt_len, args.max_tokens, 30000, seed=clients))
+def stream_level(url: str, clients: int, args: argparse.Namespace, seed: int = 0) -> dict:
+    return asyncio.run(serve_bench.level(url, clients, 1, args.prompt_len, args.max_tokens, 30000, seed=seed))
 
 
-def section_serve(args: argparse.Namespace, bench: dict[int, dict], rows: list[dict]) -> None:
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def paired_rounds(args: argparse.Namespace, sections: set[str]) -> tuple[list[dict[int, dict]], dict[str, list]]:
+    """`--rounds` times: `localbatch bench`, then (with the serve section) each serve level right after,
+    so every serve figure has an engine-alone figure from the same minutes (this VM drifts by 20%)."""
+    bench_runs: list[dict[int, dict]] = []
+    serve_runs: dict[str, list] = {}
+    levels = sorted(set(args.serve_levels) | set(args.app_levels))
+    proc = None
     url = f"http://127.0.0.1:{args.port}"
-    proc = start_server([sys.executable, "-m", "app.cli", "serve", "--model", args.model, "--device", "cpu",
-                         "--port", str(args.port)], url)
+    if "serve" in sections:
+        proc = start_server([sys.executable, "-m", "app.cli", "serve", "--model", args.model, "--device", "cpu",
+                             "--port", str(args.port)], url)
+        stream_level(url, 2, args, seed=99)  # warm-up: the first requests pay one-time costs
     try:
-        stream_level(url, 2, args)  # warm-up: the first requests pay one-time costs
-        for clients in args.serve_levels:
-            r = stream_level(url, clients, args)
-            base = bench[clients]["output_tok_s"]
-            rows.append({"where": f"serve, {clients} streams", "tok_s": r["output_tok_s"], "engine": base,
-                         "ratio": r["output_tok_s"] / base,
-                         "note": f"ITL p50 {r['itl_p50_ms']:.1f} / p99 {r['itl_p99_ms']:.1f} ms; load {load():.2f}"})
-        for hz in (1, 20):
-            clients = 1
-            with Scraper(url, 1 / hz) as scraper:
-                r = stream_level(url, clients, args)
-            base = bench[clients]["output_tok_s"]
-            rows.append({"where": f"serve, 1 stream, /metrics at {hz} Hz", "tok_s": r["output_tok_s"], "engine": base,
-                         "ratio": r["output_tok_s"] / base, "note": scraper.summary()})
+        for i in range(args.rounds):
+            bench_runs.append(run_bench(args.model, levels, args.max_tokens, args.prompt_len))
+            if proc is None:
+                continue
+            for clients in args.serve_levels:
+                serve_runs.setdefault(f"{clients}", []).append((stream_level(url, clients, args, seed=100 * i + clients), None))
+            for hz in (1, 20):
+                with Scraper(url, 1 / hz) as scraper:
+                    r = stream_level(url, 1, args, seed=100 * i + 50 + hz)
+                serve_runs.setdefault(f"1@{hz}", []).append((r, scraper.latencies))
     finally:
-        proc.terminate()
-        proc.wait()
-    if args.llama_server:
-        section_llama_server(args, rows)
+        if proc is not None:
+            proc.terminate()
+            proc.wait()
+    return bench_runs, serve_runs
+
+
+def serve_rows(bench_runs: list[dict[int, dict]], serve_runs: dict[str, list], rows: list[dict]) -> None:
+    for key, runs in serve_runs.items():
+        clients = int(key.split("@")[0])
+        rates = [r["output_tok_s"] for r, _ in runs]
+        ratios = [r["output_tok_s"] / b[clients]["output_tok_s"] for (r, _), b in zip(runs, bench_runs, strict=True)]
+        where = f"serve, {clients} streams" if "@" not in key else f"serve, 1 stream, /metrics at {key.split('@')[1]} Hz"
+        if "@" in key:
+            ms = sorted(1e3 * x for _, lat in runs for x in lat)
+            note = f"{len(ms)} scrapes, p50 {median(ms):.1f} ms, p90 {ms[int(0.9 * len(ms))]:.1f}, max {ms[-1]:.1f} ms"
+        else:
+            note = (f"ITL p50 {median([r['itl_p50_ms'] for r, _ in runs]):.1f} / "
+                    f"p99 {median([r['itl_p99_ms'] for r, _ in runs]):.1f} ms")
+        rows.append({"where": where, "tok_s": median(rates), "engine": median([b[clients]["output_tok_s"] for b in bench_runs]),
+                     "ratio": median(ratios), "note": note + f"; ratios {', '.join(f'{x:.2f}' for x in ratios)}"})
 
 
 def section_llama_server(args: argparse.Namespace, rows: list[dict]) -> None:
@@ -134,8 +158,10 @@ def section_llama_server(args: argparse.Namespace, rows: list[dict]) -> None:
     proc = start_server([args.llama_server, "-m", str(MODEL_DIR / f"{args.model}.gguf"), "--port", str(args.port + 1),
                          "-np", "16", "-t", str(os.cpu_count()), "-c", str(ctx), "--no-webui"], url)
     try:
-        stream_level(url, 2, args)
-        r = stream_level(url, 16, args)
+        stream_level(url, 2, args, seed=99)
+        runs = sorted((stream_level(url, 16, args, seed=100 * i + 16) for i in range(args.rounds)),
+                      key=lambda r: r["itl_p99_ms"])
+        r = runs[len(runs) // 2]
         rows.append({"where": "llama-server -np 16, 16 streams", "tok_s": r["output_tok_s"], "engine": None,
                      "ratio": None, "note": f"ITL p50 {r['itl_p50_ms']:.1f} / p99 {r['itl_p99_ms']:.1f} ms"})
     finally:
@@ -143,7 +169,8 @@ def section_llama_server(args: argparse.Namespace, rows: list[dict]) -> None:
         proc.wait()
 
 
-def section_app(args: argparse.Namespace, bench: dict[int, dict], rows: list[dict]) -> None:
+def section_app(args: argparse.Namespace, bench: dict[int, float], rows: list[dict]) -> None:
+    """`bench`: the engine's decode tok/s per concurrency (medians of the rounds)."""
     port = args.port + 2
     targs = SimpleNamespace(model=args.model, max_tokens=args.max_tokens, timeout=300, idle=0, idle_after=0,
                             cwd=str(HERE.parent), pyspy=None, env=None, remote=None,
@@ -152,7 +179,7 @@ def section_app(args: argparse.Namespace, bench: dict[int, dict], rows: list[dic
         with Scraper(f"http://127.0.0.1:{port}", 1.0) as scraper:
             run = tmux_tabs.run_tabs(targs, tabs)
         total = sum(rate for _, rate in run.replies)
-        base = bench[tabs]["decode_tok_s"]
+        base = bench[tabs]
         rows.append({"where": f"app in tmux, {tabs} tabs, endpoint on, /metrics 1 Hz", "tok_s": total, "engine": base,
                      "ratio": total / base if base else None,
                      "note": f"UI thread {run.ui_cpu:.0%}; {scraper.summary()}; load {run.load_after:.2f}"})
@@ -180,6 +207,7 @@ def main() -> int:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--serve-levels", default="1,4,16")
     p.add_argument("--app-levels", default="1,4,8")
+    p.add_argument("--rounds", type=int, default=3, help="paired rounds of bench and serve (medians are reported)")
     p.add_argument("--contention-s", type=float, default=10.0)
     p.add_argument("--port", type=int, default=8061)
     p.add_argument("--llama-server", default=None, help="llama-server binary: its 16-stream ITL beside ours")
@@ -190,16 +218,18 @@ def main() -> int:
     sections = set(args.sections.split(","))
     print(f"{args.model}, {os.cpu_count()} CPUs, load {load():.2f}, {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
     rows: list[dict] = []
-    bench = {}
     if sections & {"bench", "serve", "app"}:
-        levels = sorted(set(args.serve_levels) | set(args.app_levels))
-        bench = run_bench(args.model, levels, args.max_tokens, args.prompt_len)
-        for c, r in bench.items():
-            rows.append({"where": f"bench, {c} seqs", "tok_s": r["output_tok_s"], "engine": r["output_tok_s"],
-                         "ratio": 1.0, "note": f"decode {r['decode_tok_s']:.1f} tok/s, TPOT p50 {r['tpot_ms_p50']:.1f} ms"})
-    for name, run in (("serve", section_serve), ("app", section_app)):
-        if name in sections:
-            run(args, bench, rows)
+        bench_runs, serve_runs = paired_rounds(args, sections)
+        for c in sorted(bench_runs[0]):
+            out = median([b[c]["output_tok_s"] for b in bench_runs])
+            dec = median([b[c]["decode_tok_s"] for b in bench_runs])
+            rows.append({"where": f"bench, {c} seqs", "tok_s": out, "engine": out, "ratio": 1.0,
+                         "note": f"decode {dec:.1f} tok/s, TPOT p50 {median([b[c]['tpot_ms_p50'] for b in bench_runs]):.1f} ms"})
+        serve_rows(bench_runs, serve_runs, rows)
+        if "serve" in sections and args.llama_server:
+            section_llama_server(args, rows)
+        if "app" in sections:
+            section_app(args, {c: median([b[c]["decode_tok_s"] for b in bench_runs]) for c in bench_runs[0]}, rows)
     if "contention" in sections:
         section_contention(args, rows)
     print("\n| where | tok/s | engine alone | ratio | notes |\n|---|---|---|---|---|")

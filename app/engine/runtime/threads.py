@@ -14,9 +14,14 @@ from collections.abc import Callable
 
 import torch
 
-PROBE_EVERY_S = 10.0  # how often the other count is tried (a probe costs a few slower steps at worst)
+PROBE_EVERY_S = 10.0  # how often the other count is tried after a probe that switched
+MAX_PROBE_EVERY_S = 60.0  # probes that keep losing back off to this interval
+FIRST_PROBE_S = 2.0  # the first probe comes soon: a neighbour may be busy from the start
 PROBE_STEPS = 5  # steps per side of a comparison: the probe's first one, paying the switch, is not counted
 MIN_GAIN = 0.9  # switch when the other count's steps take at most this fraction of the current's
+SLOWDOWN = 1.5  # steps this much slower than the best seen at this batch size: probe now, not later
+MIN_PROBE_GAP_S = 1.0  # a slowdown probe waits at least this long after the last probe
+ABORT = 2.0  # a probe step (past the first) this much slower than the current median ends the probe
 
 
 class ThreadTuner:
@@ -28,8 +33,11 @@ class ThreadTuner:
         self.max_threads = max_threads or torch.get_num_threads()
         self.current = self.max_threads
         self._clock, self._set = clock, set_threads
-        self._next_probe = clock() + PROBE_EVERY_S
+        self._interval = PROBE_EVERY_S
+        self._last_probe = clock()
+        self._next_probe = self._last_probe + FIRST_PROBE_S
         self._recent: dict[int, list[float]] = {}  # batch size -> the current count's last step times
+        self._best: dict[int, float] = {}  # batch size -> the lowest median of those seen at this count
         self._probe: tuple[int, int, list[float]] | None = None  # (count, batch size, step times)
         self.switches = 0
         self._applied = self.max_threads
@@ -47,7 +55,15 @@ class ThreadTuner:
         recent = self._recent.setdefault(key, [])
         recent.append(seconds)
         del recent[:-PROBE_STEPS]
-        if self._clock() >= self._next_probe and len(recent) == PROBE_STEPS:
+        if len(recent) < PROBE_STEPS:
+            return
+        now, typical = self._clock(), _median(recent)
+        best = self._best[key] = min(self._best.get(key, typical), typical)
+        # Only all cores slowing down calls for a probe now: a neighbour arrived. One thread slowing
+        # down is no sign that more would help; the periodic probe finds the neighbour gone.
+        slowed = (self.current == self.max_threads and typical > SLOWDOWN * best
+                  and now - self._last_probe >= MIN_PROBE_GAP_S)
+        if now >= self._next_probe or slowed:
             other = 1 if self.current > 1 else self.max_threads
             self._probe = (other, key, [])
             self._apply(other)
@@ -58,21 +74,33 @@ class ThreadTuner:
             self._end_probe(keep=False)
             return
         times.append(seconds)
+        current = _median(self._recent[key])
+        if len(times) > 1 and seconds > ABORT * current:  # clearly worse: stop paying for it
+            self._end_probe(keep=False)
+            return
         if len(times) < PROBE_STEPS:
             return
         # Medians on both sides (a best-of against a median favoured whichever count was probed,
         # and a server's own per-token work made one thread look faster than it was).
-        self._end_probe(keep=_median(times[1:]) <= MIN_GAIN * _median(self._recent[key]))
+        self._end_probe(keep=_median(times[1:]) <= MIN_GAIN * current)
 
     def _end_probe(self, keep: bool) -> None:
         other = self._probe[0]
         self._probe = None
-        self._next_probe = self._clock() + PROBE_EVERY_S
+        self._last_probe = self._clock()
+        # A lost probe doubles the wait for the next one (an idle machine stops paying for them).
+        self._interval = PROBE_EVERY_S if keep else min(2 * self._interval, MAX_PROBE_EVERY_S)
+        self._next_probe = self._last_probe + self._interval
         if keep:
             self.current = other
             self._recent.clear()
+            self._best.clear()
             self.switches += 1
         else:
+            # The steps before the probe say nothing about the machine now; a slowdown that the
+            # other count did not beat becomes the new baseline instead of a probe a second.
+            self._recent.clear()
+            self._best.clear()
             self._apply(self.current)
 
     def _apply(self, threads: int) -> None:

@@ -55,3 +55,29 @@ def test_one_core_never_probes():
     for _ in range(100):
         tuner.observe(1, 0.01)
     assert not tuner.enabled
+
+
+def test_a_neighbour_arriving_is_answered_within_seconds_not_at_the_next_period():
+    clock, applied = Clock(), []
+    tuner = ThreadTuner(2, clock=clock, set_threads=applied.append)
+    idle = {2: 0.004, 1: 0.008}
+    drive(tuner, clock, idle, 5_000)  # 20 s idle: probes lost, the interval backs off
+    assert tuner.current == 2
+    start = clock.now
+    busy = {2: 0.100, 1: 0.010}
+    while tuner.current == 2:
+        drive(tuner, clock, busy, 1)
+    assert clock.now - start < threads.MIN_PROBE_GAP_S + 10 * 0.1  # not the backed-off period
+
+
+def test_a_probe_that_is_clearly_worse_ends_after_two_steps():
+    clock, applied = Clock(), []
+    tuner = ThreadTuner(2, clock=clock, set_threads=applied.append)
+    drive(tuner, clock, {2: 0.01, 1: 0.01}, threads.PROBE_STEPS)
+    clock.now += threads.FIRST_PROBE_S
+    tuner.observe(1, 0.01)  # starts the probe with one thread
+    assert tuner_threads(tuner) == 1
+    tuner.observe(1, 0.05)  # the first probe step pays for the switch: not judged
+    assert tuner_threads(tuner) == 1
+    tuner.observe(1, 0.05)  # 5x the current median
+    assert tuner_threads(tuner) == 2 and tuner.current == 2
