@@ -71,8 +71,11 @@ class Scraper:
         with httpx.Client(timeout=10) as client:
             while not self._stop.is_set():
                 t0 = time.perf_counter()
-                client.get(f"{self.url}/metrics").raise_for_status()
-                self.latencies.append(time.perf_counter() - t0)
+                try:
+                    client.get(f"{self.url}/metrics").raise_for_status()
+                    self.latencies.append(time.perf_counter() - t0)
+                except httpx.HTTPError:  # the app is still starting
+                    pass
                 self._stop.wait(max(0.0, self.period - (time.perf_counter() - t0)))
 
     def summary(self) -> str:

@@ -3,12 +3,14 @@
 Re-parsing Markdown on every engine step held the UI thread (and so the GIL) long enough to halve
 the engine's speed inside the app. Here the deltas only land in a buffer; a flush, at most
 `FRAME_HZ` times a second and only while the tab is shown, moves finished Markdown blocks into the
-Markdown widget (each block parsed once) and shows the unfinished tail as plain text, which costs
-no parse. A hidden tab keeps buffering and paints once when it is shown again."""
+Markdown widget (each block parsed once; at most once a second, as each move costs a layout) and
+shows the rest as plain text, which costs no parse. A hidden tab keeps buffering and paints once when it is shown again."""
 
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable
 
 from textual.content import Content
 from textual.widgets import Markdown, Static
@@ -23,9 +25,14 @@ FRAME_HZ = 5
 # paint shows text at most that much staler, and the UI thread wakes ~10 times a second instead
 # of at every engine step (each wake-up holds the GIL the step thread needs between torch ops).
 DELTA_MAX_DELAY_S = 0.5 / FRAME_HZ
-# Blank lines a streaming reply's unfinished block keeps below its text, so that most lines it
-# gains need no layout pass (measured: a third of the UI thread's time at one tab was layouts).
-TAIL_SPARE_LINES = 3
+# Blank lines a streaming reply's plain-text tail keeps below its text, so that most lines it
+# gains need no layout pass (a third of the UI thread's time at one tab was layouts; with blocks
+# waiting up to BLOCK_MOVE_S in the tail, it grows by a paragraph or two between moves).
+TAIL_SPARE_LINES = 8
+# Finished blocks move into the Markdown widget at most this often: each move mounts block widgets,
+# which costs a layout of the whole screen (~30 ms for a long chat on a 2-core machine), and a fast
+# model finishes several paragraphs a second. Until then they stay in the plain-text tail.
+BLOCK_MOVE_S = 1.0
 _FENCE = re.compile(r"^ {0,3}(```|~~~)", re.MULTILINE)
 
 
@@ -45,9 +52,11 @@ def split_finished_blocks(text: str) -> tuple[str, str]:
 class ReplyWriter:
     """Buffers one reply's deltas for a Markdown body plus a plain-text tail (see the module doc)."""
 
-    def __init__(self, markdown: Markdown, tail: Static) -> None:
+    def __init__(self, markdown: Markdown, tail: Static, clock: Callable[[], float] = time.monotonic) -> None:
         self._markdown = markdown
         self._tail = tail
+        self._clock = clock
+        self._moved_at = float("-inf")
         self._parts: list[str] = []
         self._painted = 0  # characters of the reply already handed to the Markdown widget
         self._dirty = False
@@ -69,9 +78,13 @@ class ReplyWriter:
         text = self.text
         self._parts = [text]
         blocks, tail = split_finished_blocks(text[self._painted :])
-        if blocks:
+        now = self._clock()
+        if blocks and now - self._moved_at >= BLOCK_MOVE_S:
             self._painted += len(blocks)
+            self._moved_at = now
             await self._markdown.append(blocks)
+        else:
+            tail = blocks + tail
         self._show_tail(tail)
 
     async def close(self) -> None:
