@@ -178,6 +178,8 @@ def section_app(args: argparse.Namespace, bench: dict[int, float], rows: list[di
     targs = SimpleNamespace(model=args.model, max_tokens=args.max_tokens, timeout=300, idle=0, idle_after=0,
                             cwd=str(HERE.parent), pyspy=None, env=None, remote=None,
                             extra=["--serve", "--port", str(port)])
+    if args.app_prompt:
+        tmux_tabs.PROMPT = args.app_prompt
     for tabs in args.app_levels:
         with Scraper(f"http://127.0.0.1:{port}", 1.0) as scraper:
             run = tmux_tabs.run_tabs(targs, tabs)
@@ -185,7 +187,8 @@ def section_app(args: argparse.Namespace, bench: dict[int, float], rows: list[di
         base = bench[tabs]
         rows.append({"where": f"app in tmux, {tabs} tabs, endpoint on, /metrics 1 Hz", "tok_s": total, "engine": base,
                      "ratio": total / base if base else None,
-                     "note": f"UI thread {run.ui_cpu:.0%}; {scraper.summary()}; load {run.load_after:.2f}"})
+                     "note": f"replies of {min(n for n, _ in run.replies)}-{max(n for n, _ in run.replies)} tok; "
+                             f"UI thread {run.ui_cpu:.0%}; {scraper.summary()}; load {run.load_after:.2f}"})
 
 
 def section_contention(args: argparse.Namespace, rows: list[dict]) -> None:
@@ -210,6 +213,7 @@ def main() -> int:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--serve-levels", default="1,4,16")
     p.add_argument("--app-levels", default="1,4,8")
+    p.add_argument("--app-prompt", default=None, help="what the tabs are asked (default: tmux_tabs.py's long story)")
     p.add_argument("--rounds", type=int, default=3, help="paired rounds of bench and serve (medians are reported)")
     p.add_argument("--contention-s", type=float, default=10.0)
     p.add_argument("--port", type=int, default=8061)

@@ -3,9 +3,11 @@
 Every parallel region of a step ends at a barrier: while another process holds one of the cores,
 the step's threads wait for their descheduled partner at each of them, and a 2-thread step can
 take 5-20x longer than a 1-thread one. On an idle machine 2 threads are ~2x faster. No waiting
-policy serves both (docs/benchmarks.md), so the engine measures: now and then it runs a few
-decode steps with the other thread count, and keeps whichever made steps of that batch size
-faster. Results do not depend on the count (every kernel on the CPU path computes a row alone)."""
+policy serves both (docs/benchmarks.md), so the engine measures: it runs a few decode steps with
+the other thread count soon after start, then now and then (backing off while probes lose), and at
+once when all-core steps slow down; it keeps whichever count made steps of that batch size faster,
+and drops back to one thread at once if all-core steps turn slow again soon after a switch up.
+Results do not depend on the count (every kernel on the CPU path computes a row alone)."""
 
 from __future__ import annotations
 
@@ -19,9 +21,14 @@ MAX_PROBE_EVERY_S = 60.0  # probes that keep losing back off to this interval
 FIRST_PROBE_S = 2.0  # the first probe comes soon: a neighbour may be busy from the start
 PROBE_STEPS = 5  # steps per side of a comparison: the probe's first one, paying the switch, is not counted
 MIN_GAIN = 0.9  # switch when the other count's steps take at most this fraction of the current's
+# ... but to fewer threads only when clearly faster: on an idle machine one thread never is, and a
+# noisy stretch of all-core steps (this VM's 20% drift) must not pass for a neighbour.
+MIN_GAIN_FEWER = 0.7
 SLOWDOWN = 1.5  # steps this much slower than the best seen at this batch size: probe now, not later
+SLOW_STEP = 3.0  # ... or two steps in a row this much slower
 MIN_PROBE_GAP_S = 1.0  # a slowdown probe waits at least this long after the last probe
 ABORT = 2.0  # a probe step (past the first) this much slower than the current median ends the probe
+ABORT_FIRST = 10.0
 
 
 class ThreadTuner:
@@ -38,7 +45,11 @@ class ThreadTuner:
         self._next_probe = self._last_probe + FIRST_PROBE_S
         self._recent: dict[int, list[float]] = {}  # batch size -> the current count's last step times
         self._best: dict[int, float] = {}  # batch size -> the lowest median of those seen at this count
-        self._probe: tuple[int, int, list[float]] | None = None  # (count, batch size, step times)
+        # (count, batch size, its step times, the current count's step time to beat)
+        self._probe: tuple[int, int, list[float], float] | None = None
+        self._slow_run = 0  # consecutive steps far slower than the best
+        self._probation: tuple[float, float] | None = None  # (fewer threads' step time, until)
+        self._probe_reference = 0.0
         self.switches = 0
         self._applied = self.max_threads
 
@@ -52,46 +63,87 @@ class ThreadTuner:
         if self._probe is not None:
             self._observe_probe(key, seconds)
             return
+        if self._on_probation(seconds):
+            return
+        baseline = self._probe_due(key, seconds)
+        if baseline is not None:
+            other = 1 if self.current > 1 else self.max_threads
+            self._probe = (other, key, [], baseline)
+            self._apply(other)
+
+    def _probe_due(self, key: int, seconds: float) -> float | None:
+        """The step time a probe must beat, when one is due: periodically, or at once when all
+        cores slow down (a neighbour arrived)."""
         recent = self._recent.setdefault(key, [])
         recent.append(seconds)
         del recent[:-PROBE_STEPS]
-        if len(recent) < PROBE_STEPS:
-            return
         now, typical = self._clock(), _median(recent)
-        best = self._best[key] = min(self._best.get(key, typical), typical)
-        # Only all cores slowing down calls for a probe now: a neighbour arrived. One thread slowing
-        # down is no sign that more would help; the periodic probe finds the neighbour gone.
-        slowed = (self.current == self.max_threads and typical > SLOWDOWN * best
+        if len(recent) == PROBE_STEPS:
+            self._best[key] = min(self._best.get(key, typical), typical)
+        best = self._best.get(key)
+        # Two steps in a row far slower than the best (not one: a collection pause) say so at once:
+        # steps of a second or more cannot wait for five of them to move the median.
+        self._slow_run = self._slow_run + 1 if best is not None and seconds > SLOW_STEP * best else 0
+        # One thread slowing down is no sign that more would help; the periodic probe finds the
+        # neighbour gone.
+        slowed = (best is not None and self.current == self.max_threads
+                  and (typical > SLOWDOWN * best or self._slow_run >= 2)
                   and now - self._last_probe >= MIN_PROBE_GAP_S)
+        # The periodic probe needs one step to compare with, not five (see slowed).
         if now >= self._next_probe or slowed:
-            other = 1 if self.current > 1 else self.max_threads
-            self._probe = (other, key, [])
-            self._apply(other)
+            return typical if self._slow_run < 2 else _median(recent[-2:])
+        return None
+
+    def _on_probation(self, seconds: float) -> bool:
+        """After a switch to more threads, one step far slower than the fewer threads' steps
+        switches back at once: under busy neighbours all-core steps swing between fine and a
+        second or more, and a probe may have caught a fine stretch."""
+        if self._probation is None:
+            return False
+        reference, until = self._probation
+        if self._clock() > until:
+            self._probation = None
+            return False
+        if seconds <= ABORT * reference:
+            return False
+        self._probation = None
+        self.current = 1
+        self._apply(1)
+        self._recent.clear()
+        self._best.clear()
+        self._interval = min(2 * self._interval, MAX_PROBE_EVERY_S)
+        self._next_probe = self._clock() + self._interval
+        return True
 
     def _observe_probe(self, key: int, seconds: float) -> None:
-        other, probe_key, times = self._probe
+        other, probe_key, times, current = self._probe
         if key != probe_key:  # the batch changed under the probe: not comparable, try later
             self._end_probe(keep=False)
             return
         times.append(seconds)
-        current = _median(self._recent[key])
-        if len(times) > 1 and seconds > ABORT * current:  # clearly worse: stop paying for it
+        # Clearly worse: stop paying for it (the first step, which pays for the switch, only when
+        # it is far worse).
+        if seconds > (ABORT if len(times) > 1 else ABORT_FIRST) * current:
             self._end_probe(keep=False)
             return
         if len(times) < PROBE_STEPS:
             return
         # Medians on both sides (a best-of against a median favoured whichever count was probed,
         # and a server's own per-token work made one thread look faster than it was).
-        self._end_probe(keep=_median(times[1:]) <= MIN_GAIN * current)
+        gain = MIN_GAIN_FEWER if other < self.current else MIN_GAIN
+        self._end_probe(keep=_median(times[1:]) <= gain * current)
 
     def _end_probe(self, keep: bool) -> None:
-        other = self._probe[0]
+        other, self._probe_reference = self._probe[0], self._probe[3]
         self._probe = None
+        self._slow_run = 0
         self._last_probe = self._clock()
         # A lost probe doubles the wait for the next one (an idle machine stops paying for them).
         self._interval = PROBE_EVERY_S if keep else min(2 * self._interval, MAX_PROBE_EVERY_S)
         self._next_probe = self._last_probe + self._interval
         if keep:
+            if other > self.current:
+                self._probation = (self._probe_reference, self._last_probe + PROBE_EVERY_S)
             self.current = other
             self._recent.clear()
             self._best.clear()

@@ -81,3 +81,14 @@ def test_a_probe_that_is_clearly_worse_ends_after_two_steps():
     assert tuner_threads(tuner) == 1
     tuner.observe(1, 0.05)  # 5x the current median
     assert tuner_threads(tuner) == 2 and tuner.current == 2
+
+
+def test_back_to_one_thread_at_once_when_all_cores_turn_slow_after_a_switch():
+    clock, applied = Clock(), []
+    tuner = ThreadTuner(2, clock=clock, set_threads=applied.append)
+    drive(tuner, clock, {2: 0.100, 1: 0.010}, 2_000)  # a neighbour: one thread wins
+    assert tuner.current == 1
+    while tuner.current == 1:  # a fine stretch: the next probe goes back to two
+        drive(tuner, clock, {2: 0.005, 1: 0.010}, 1)
+    tuner.observe(1, 1.5)  # all-core steps turn pathological again (each barrier waits a slice)
+    assert tuner.current == 1 and tuner_threads(tuner) == 1
