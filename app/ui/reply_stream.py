@@ -4,7 +4,8 @@ Re-parsing Markdown on every engine step held the UI thread (and so the GIL) lon
 the engine's speed inside the app. Here the deltas only land in a buffer; a flush, at most
 `FRAME_HZ` times a second and only while the tab is shown, moves finished Markdown blocks into the
 Markdown widget (each block parsed once; at most once a second, as each move costs a layout) and
-shows the rest as plain text, which costs no parse. A hidden tab keeps buffering and paints once when it is shown again."""
+shows the rest as plain text, which costs no parse. A hidden tab keeps buffering and paints once
+when it is shown again."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ DELTA_MAX_DELAY_S = 0.5 / FRAME_HZ
 # waiting up to BLOCK_MOVE_S in the tail, it grows by a paragraph or two between moves).
 TAIL_SPARE_LINES = 8
 # Finished blocks move into the Markdown widget at most this often: each move mounts block widgets,
-# which costs a layout of the whole screen (~30 ms for a long chat on a 2-core machine), and a fast
-# model finishes several paragraphs a second. Until then they stay in the plain-text tail.
+# which costs a layout of the whole screen (docs/benchmarks.md), and a fast model finishes several
+# paragraphs a second. Until then they stay in the plain-text tail.
 BLOCK_MOVE_S = 1.0
 _FENCE = re.compile(r"^ {0,3}(```|~~~)", re.MULTILINE)
 

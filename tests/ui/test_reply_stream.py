@@ -12,7 +12,12 @@ from textual.containers import VerticalScroll
 from textual.content import Content
 
 from app import ASSETS_DIR
-from app.ui.reply_stream import TAIL_SPARE_LINES, ReplyWriter, split_finished_blocks
+from app.ui.reply_stream import (
+    BLOCK_MOVE_S,
+    TAIL_SPARE_LINES,
+    ReplyWriter,
+    split_finished_blocks,
+)
 from app.ui.widgets import MessageView
 
 REPLY = """Here is a plan:
@@ -173,3 +178,28 @@ async def test_a_growing_tail_asks_for_a_layout_once_per_few_lines(monkeypatch: 
             assert lines <= tail.content_region.height <= lines + TAIL_SPARE_LINES
         # 20 lines at one per ~4 flushes: without spare lines ~20 flushes would ask, here ~5.
         assert 0 < len(set(layouts)) <= 20 / TAIL_SPARE_LINES + 1, (layouts, flushes)
+
+
+async def test_finished_blocks_move_at_most_once_per_block_move_period() -> None:
+    """Each move into the Markdown widget mounts widgets (a layout of the screen): blocks that
+    finish sooner wait in the plain-text tail, and nothing is lost or shown twice meanwhile."""
+    app = OneMessage()
+    async with app.run_test(size=SIZE) as pilot:
+        now = [100.0]
+        writer = ReplyWriter(app.view.markdown, app.view.tail, clock=lambda: now[0])
+        writer.write("One.\n\nTwo")
+        await writer.flush()
+        await pilot.pause()
+        assert app.view.markdown.source == "One.\n\n"
+        writer.write(".\n\nThree")
+        now[0] += BLOCK_MOVE_S / 2
+        await writer.flush()
+        await pilot.pause()
+        assert app.view.markdown.source == "One.\n\n"  # too soon: "Two." waits in the tail
+        assert "Two.\n\nThree" in str(app.view.tail.render())
+        now[0] += BLOCK_MOVE_S
+        writer.write(" more")
+        await writer.flush()
+        await pilot.pause()
+        assert app.view.markdown.source == "One.\n\nTwo.\n\n"
+        assert "Two." not in str(app.view.tail.render()) and "Three more" in str(app.view.tail.render())
