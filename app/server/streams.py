@@ -4,6 +4,7 @@ them, their deltas merged in arrival order, aborted together when the client goe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -205,10 +206,8 @@ class MultiStream:
 async def _close_quietly(stream: AsyncIterator[StreamDelta]) -> None:
     """Run the engine stream's cleanup now rather than at garbage collection; a stream still
     being read (its reader is being cancelled) is closed by that cancellation instead."""
-    try:
+    with contextlib.suppress(RuntimeError):
         await stream.aclose()  # type: ignore[attr-defined]
-    except RuntimeError:
-        pass
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:

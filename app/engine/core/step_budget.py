@@ -40,12 +40,6 @@ class PrefillBudget:
         tokens = int((target - self.decode_s) / self.token_s) if self.token_s > 0 else self.max_tokens
         return max(MIN_CHUNK, min(tokens, self.max_tokens))
 
-    def describe(self) -> str:
-        if self.token_s is None or self.decode_s is None:
-            return "prefill budget: not measured yet"
-        return f"prefill budget: {self.cap(1)} tokens beside decodes (decode {1e3 * self.decode_s:.1f} ms, " \
-               f"prompt token {1e3 * self.token_s:.2f} ms)"
-
 
 def _ema(old: float | None, new: float) -> float:
     return new if old is None else old + EMA * (new - old)

@@ -49,7 +49,6 @@ class ThreadTuner:
         self._probe: tuple[int, int, list[float], float] | None = None
         self._slow_run = 0  # consecutive steps far slower than the best
         self._probation: tuple[float, float] | None = None  # (fewer threads' step time, until)
-        self._probe_reference = 0.0
         self.switches = 0
         self._applied = self.max_threads
 
@@ -107,12 +106,7 @@ class ThreadTuner:
         if seconds <= ABORT * reference:
             return False
         self._probation = None
-        self.current = 1
-        self._apply(1)
-        self._recent.clear()
-        self._best.clear()
-        self._interval = min(2 * self._interval, MAX_PROBE_EVERY_S)
-        self._next_probe = self._clock() + self._interval
+        self._settle(1, won=False)
         return True
 
     def _observe_probe(self, key: int, seconds: float) -> None:
@@ -134,26 +128,27 @@ class ThreadTuner:
         self._end_probe(keep=_median(times[1:]) <= gain * current)
 
     def _end_probe(self, keep: bool) -> None:
-        other, self._probe_reference = self._probe[0], self._probe[3]
+        other, reference = self._probe[0], self._probe[3]
         self._probe = None
-        self._slow_run = 0
-        self._last_probe = self._clock()
-        # A lost probe doubles the wait for the next one (an idle machine stops paying for them).
-        self._interval = PROBE_EVERY_S if keep else min(2 * self._interval, MAX_PROBE_EVERY_S)
-        self._next_probe = self._last_probe + self._interval
         if keep:
             if other > self.current:
-                self._probation = (self._probe_reference, self._last_probe + PROBE_EVERY_S)
-            self.current = other
-            self._recent.clear()
-            self._best.clear()
+                self._probation = (reference, self._clock() + PROBE_EVERY_S)
             self.switches += 1
-        else:
-            # The steps before the probe say nothing about the machine now; a slowdown that the
-            # other count did not beat becomes the new baseline instead of a probe a second.
-            self._recent.clear()
-            self._best.clear()
-            self._apply(self.current)
+        self._settle(other if keep else self.current, won=keep)
+
+    def _settle(self, count: int, won: bool) -> None:
+        """Run at `count` from now on. Step times measured before say nothing about the machine
+        now (a slowdown the other count did not beat becomes the new baseline instead of a probe
+        a second); a lost probe doubles the wait for the next one, so an idle machine stops
+        paying for them."""
+        self.current = count
+        self._apply(count)
+        self._recent.clear()
+        self._best.clear()
+        self._slow_run = 0
+        self._last_probe = self._clock()
+        self._interval = PROBE_EVERY_S if won else min(2 * self._interval, MAX_PROBE_EVERY_S)
+        self._next_probe = self._last_probe + self._interval
 
     def _apply(self, threads: int) -> None:
         if self._applied != threads:

@@ -25,6 +25,17 @@ def tuner_threads(tuner: ThreadTuner) -> int:
     return tuner._applied
 
 
+def probing(one_thread_s: float, wait_s: float) -> ThreadTuner:
+    """A tuner that has seen 10 ms all-core steps and, `wait_s` later, started a one-thread probe."""
+    clock = Clock()
+    tuner = ThreadTuner(2, clock=clock, set_threads=lambda n: None)
+    drive(tuner, clock, {2: 0.01, 1: one_thread_s}, threads.PROBE_STEPS)
+    clock.now += wait_s
+    tuner.observe(1, 0.01)  # starts the probe with one thread
+    assert tuner_threads(tuner) == 1
+    return tuner
+
+
 def test_keeps_two_threads_on_an_idle_machine_and_drops_to_one_under_contention():
     clock, applied = Clock(), []
     tuner = ThreadTuner(2, clock=clock, set_threads=applied.append)
@@ -40,12 +51,7 @@ def test_keeps_two_threads_on_an_idle_machine_and_drops_to_one_under_contention(
 
 
 def test_a_probe_interrupted_by_another_batch_size_keeps_the_count():
-    clock, applied = Clock(), []
-    tuner = ThreadTuner(2, clock=clock, set_threads=applied.append)
-    drive(tuner, clock, {2: 0.01, 1: 0.001}, threads.PROBE_STEPS)
-    clock.now += threads.PROBE_EVERY_S
-    tuner.observe(1, 0.01)  # starts a probe with one thread
-    assert tuner_threads(tuner) == 1
+    tuner = probing(0.001, threads.PROBE_EVERY_S)
     tuner.observe(4, 0.001)  # another batch size: not comparable
     assert tuner.current == 2 and tuner_threads(tuner) == 2
 
@@ -71,12 +77,7 @@ def test_a_neighbour_arriving_is_answered_within_seconds_not_at_the_next_period(
 
 
 def test_a_probe_that_is_clearly_worse_ends_after_two_steps():
-    clock, applied = Clock(), []
-    tuner = ThreadTuner(2, clock=clock, set_threads=applied.append)
-    drive(tuner, clock, {2: 0.01, 1: 0.01}, threads.PROBE_STEPS)
-    clock.now += threads.FIRST_PROBE_S
-    tuner.observe(1, 0.01)  # starts the probe with one thread
-    assert tuner_threads(tuner) == 1
+    tuner = probing(0.01, threads.FIRST_PROBE_S)
     tuner.observe(1, 0.05)  # the first probe step pays for the switch: not judged
     assert tuner_threads(tuner) == 1
     tuner.observe(1, 0.05)  # 5x the current median
