@@ -1,12 +1,16 @@
-"""Attention kernels: Triton for CUDA, with torch references beside them (the CPU path).
+"""Attention kernels: Triton for CUDA, C for the fp32 CPU path, and the torch references beside
+them (the specification, and what runs where neither applies).
 
-Importing this package never imports CUDA or compiles anything; Triton kernels load lazily, the
-first time a dispatcher sees CUDA tensors.
+The engine picks its kernels once per model (`runtime/kernel_plan.py`, through `attention_kernels`);
+`unified_attention` and `store_kv` here choose per call, for callers without a plan (tests,
+benchmarks). Importing this package never imports CUDA or compiles anything; Triton kernels load
+lazily, the first time they are asked for.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -17,8 +21,8 @@ from app.kernels.metadata import AttentionMetadata
 from app.kernels.reference import store_kv_ref, unified_attention_ref
 
 __all__ = [
-    "AttentionMetadata", "KVCacheLayer", "is_quantized_kv", "store_kv", "store_kv_ref", "triton_available",
-    "unified_attention", "unified_attention_ref",
+    "AttentionMetadata", "KVCacheLayer", "attention_kernels", "is_quantized_kv", "store_kv", "store_kv_ref",
+    "triton_available", "unified_attention", "unified_attention_ref",
 ]
 
 
@@ -32,6 +36,25 @@ def triton_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def attention_kernels(backend: str) -> tuple[Callable, Callable]:
+    """`(unified_attention, store_kv)` of the "triton" or "torch" backend, with this module's
+    signatures (the C kernels have fused calls of their own: `cpu_attention`)."""
+    if backend == "triton":
+        from app.kernels.triton_attention import triton_unified_attention
+        from app.kernels.triton_store_kv import triton_store_kv
+
+        return triton_unified_attention, triton_store_kv
+    if backend != "torch":
+        raise ValueError(f"no attention kernels named {backend!r} (triton or torch)")
+    return unified_attention_ref, store_kv_ref
+
+
+def _backend(t: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor | None) -> str:
+    if t.is_cuda and triton_available():
+        return "triton"
+    return "c" if cpu_attention.handles(t, k_cache, k_scale) else "torch"
 
 
 def unified_attention(
@@ -49,12 +72,10 @@ def unified_attention(
     """
     _check_attention_args(q, k_cache, v_cache, out, meta, sliding_window, softcap)
     check_kv_cache(k_cache, v_cache, k_scale, v_scale)
-    if q.is_cuda and triton_available():
-        from app.kernels.triton_attention import triton_unified_attention as attention
-    elif cpu_attention.handles(q, k_cache, k_scale):
+    backend = _backend(q, k_cache, k_scale)
+    if backend == "c":
         return cpu_attention.unified_attention(q, k_cache, v_cache, out, meta, scale, sliding_window, softcap)
-    else:
-        attention = unified_attention_ref
+    attention = attention_kernels(backend)[0]
     return attention(q, k_cache, v_cache, out, meta, scale, sliding_window, softcap, k_scale=k_scale, v_scale=v_scale)
 
 
@@ -67,13 +88,11 @@ def store_kv(
     row into an int8/fp8 cache and its scale. Triton on CUDA, C for an fp32/fp16 CPU cache, else torch."""
     _check_store_args(k, v, k_cache, v_cache, slot_mapping)
     check_kv_cache(k_cache, v_cache, k_scale, v_scale)
-    store = store_kv_ref
-    if k_cache.is_cuda and triton_available():
-        from app.kernels.triton_store_kv import triton_store_kv as store
-    elif cpu_attention.handles(k, k_cache, k_scale):
+    backend = _backend(k, k_cache, k_scale)
+    if backend == "c":
         cpu_attention.store_kv(k, v, k_cache, v_cache, slot_mapping)
         return
-    store(k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
+    attention_kernels(backend)[1](k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
 
 
 def _check_attention_args(

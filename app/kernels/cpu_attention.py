@@ -20,7 +20,6 @@ import os
 import torch
 
 from app.kernels import cpu_build
-from app.kernels.kv_cache import KVCacheLayer
 from app.kernels.metadata import AttentionMetadata
 
 BACKEND_ENV = "LOCALBATCH_CPU_ATTENTION"  # "torch": the reference instead of the C kernel
@@ -53,12 +52,11 @@ def handles(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor | None
     )
 
 
-def handles_layer(x: torch.Tensor, kv: KVCacheLayer, heads: int, head_dim: int) -> bool:
-    """Whether a decoder layer's whole attention block runs here (`rope_store_kv`, then
-    `unified_attention`): fp32 CPU activations, an fp32 or fp16 cache, a head size the kernels'
-    buffers hold (a multiple of 16, at most 512). Asked once per step for every layer: the layers
-    then call the kernels without checking each call."""
-    return (x.is_cpu and x.dtype == torch.float32 and kv.k.dtype in _CACHE_DTYPES and kv.k_scale is None
+def takes(device: torch.device, dtype: torch.dtype, cache_dtype: torch.dtype, heads: int, head_dim: int) -> bool:
+    """Whether a model's whole attention block runs here (`rope_store_kv`, then `unified_attention`),
+    asked once per model: fp32 CPU compute, an fp32 or fp16 cache, a head size the kernels' buffers
+    hold (a multiple of 16, at most 512), the library built and not turned off."""
+    return (device.type == "cpu" and dtype == torch.float32 and cache_dtype in _CACHE_DTYPES
             and head_dim % 16 == 0 and head_dim <= 512 and heads <= _MAX_HEADS and available())
 
 
@@ -79,7 +77,7 @@ def rope_store_kv(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, n
     """The qkv projection's rows `[tokens, (heads + 2 * kv_heads) * head_dim]` in one C pass: q and k
     heads RMS-normed by `norm_w` (`[heads + kv_heads, head_dim]`, if given) and rotated by the
     step's cos / signed-sin `tables` (`[tokens, 1, head_dim]` fp32 each), k and v stored in their
-    cache slots. Returns q `[tokens, heads, head_dim]` (`handles_layer` said yes)."""
+    cache slots. Returns q `[tokens, heads, head_dim]` (`takes` said yes for the model)."""
     qkv = qkv.contiguous()
     cos, sin = (t.contiguous() for t in tables)
     slots = int64_slots(slot_mapping)

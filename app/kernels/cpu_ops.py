@@ -27,16 +27,16 @@ def _library() -> ctypes.CDLL | None:
 GLU_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # the C kernel's `act` codes
 
 
-def handles(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """fp32 CPU rows whose size the vector loops cover, weights of one row (or one per head, the
-    last two dims of x), and the library built here."""
-    return (x.dtype == torch.float32 and weight.dtype == torch.float32 and x.is_cpu
-            and x.shape[-1] % 8 == 0 and weight.shape == x.shape[x.dim() - weight.dim():]
-            and _library() is not None)
+def takes(device: torch.device, dtype: torch.dtype, widths: list[int], act: str) -> bool:
+    """Whether a model's row ops can run here, asked once per model: fp32 CPU compute, every row
+    width (hidden size, MLP width, head size under a q/k norm) one the vector loops cover, an
+    activation the kernel has, and the library built."""
+    return (device.type == "cpu" and dtype == torch.float32 and all(w % 8 == 0 for w in widths)
+            and act in GLU_ACTIVATIONS and _library() is not None)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`x / sqrt(mean(x^2) + eps) * weight` over the last dim (`handles` said yes)."""
+    """`x / sqrt(mean(x^2) + eps) * weight` over the last dim (`takes` said yes for the model)."""
     x = x.contiguous()
     out = torch.empty_like(x)
     _call(x, None, None, weight, out, eps)
@@ -45,8 +45,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(x + residual, rms_norm(x + residual))` in one pass (`handles` said yes for x; residual
-    of x's shape and dtype)."""
+    """`(x + residual, rms_norm(x + residual))` in one pass (`takes` said yes for the model;
+    residual of x's shape and dtype)."""
     x = x.contiguous()
     total, out = torch.empty_like(x), torch.empty_like(x)
     _call(x, residual.contiguous(), total, weight, out, eps)
@@ -62,14 +62,8 @@ def _call(x: torch.Tensor, residual: torch.Tensor | None, total: torch.Tensor | 
                      x.numel() // dim, dim, weight.numel() // dim, eps)
 
 
-def handles_glu(x: torch.Tensor, act: str) -> bool:
-    """fp32 CPU rows `[M, 2F]` (F a multiple of 8), an activation the kernel has, the library built."""
-    return (x.dtype == torch.float32 and x.is_cpu and x.dim() == 2 and x.shape[1] % 16 == 0
-            and act in GLU_ACTIVATIONS and _library() is not None)
-
-
 def glu(x: torch.Tensor, act: str) -> torch.Tensor:
-    """`act(gate) * up` for `gate, up = x.chunk(2, -1)`, `[M, F]` (`handles_glu` said yes)."""
+    """`act(gate) * up` for `gate, up = x.chunk(2, -1)`, `[M, F]` (`takes` said yes for the model)."""
     x = x.contiguous()
     f = x.shape[1] // 2
     out = torch.empty((x.shape[0], f), dtype=torch.float32)

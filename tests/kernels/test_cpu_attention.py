@@ -12,6 +12,7 @@ import torch
 
 from app import kernels
 from app.engine.runtime.decoder import DecoderLayer, RotaryEmbedding
+from app.engine.runtime.kernel_plan import KernelPlan
 from app.kernels import KVCacheLayer, cpu_attention
 from tests.kernels.test_kernels import (
     ATTN_CASES, SENTINEL, STORE_CASES, attention_error, attention_metadata, make_attention_inputs, store_error,
@@ -113,18 +114,19 @@ def test_rope_store_matches_the_torch_ops(cache_dtype, style: str, qk_norm: bool
     layer = SimpleNamespace(
         cfg=SimpleNamespace(num_heads=heads, num_kv_heads=kv_heads, head_dim=d, rms_norm_eps=1e-6),
         qk_norm=torch.randn(heads + kv_heads, d) if qk_norm else None, rope=rope, q_size=heads * d,
-        kv_size=kv_heads * d,
+        kv_size=kv_heads * d, c_rows=True,  # the C norm either way: the two paths differ only in RoPE and store
     )
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d) * 2
     tables = rope.tables(torch.tensor([0, 3, 17, 40, 63]))
     meta = kernels.AttentionMetadata(torch.tensor([0, tokens], dtype=torch.int32), torch.tensor([tokens], dtype=torch.int32),
                                      torch.zeros(1, 4, dtype=torch.int32), torch.tensor([9, 0, 31, -1, 16]))
     outs = []
-    for c_attention in (True, False):
+    assert cpu_attention.takes(torch.device("cpu"), torch.float32, cache_dtype, heads, d)
+    for plan in (KernelPlan("torch", "c"), KernelPlan("torch", "torch", kernels=kernels.attention_kernels("torch"))):
+        layer.plan = plan
         kv = KVCacheLayer(torch.full((2, 16, kv_heads, d), 7.0, dtype=cache_dtype),
                           torch.full((2, 16, kv_heads, d), 7.0, dtype=cache_dtype))
-        assert cpu_attention.handles_layer(qkv, kv, heads, d)
-        outs.append((DecoderLayer.rope_store(layer, qkv, tables, kv, meta, c_attention), kv.k, kv.v))
+        outs.append((DecoderLayer.rope_store(layer, qkv, tables, kv, meta), kv.k, kv.v))
     for c, ref in zip(*outs):
         assert torch.equal(c, ref)
     assert (outs[0][1].view(-1, kv_heads, d)[[1, 2, 3, 4, 5, 6, 7, 8]] == 7.0).all()  # untouched slots
@@ -133,8 +135,7 @@ def test_rope_store_matches_the_torch_ops(cache_dtype, style: str, qk_norm: bool
 def test_the_torch_backend_can_be_chosen(monkeypatch) -> None:
     monkeypatch.setenv(cpu_attention.BACKEND_ENV, "torch")
     assert not cpu_attention.handles(torch.zeros(1, 4, 32), torch.zeros(1, 16, 1, 32), None)
-    kv = KVCacheLayer(torch.zeros(1, 16, 1, 32), torch.zeros(1, 16, 1, 32))
-    assert not cpu_attention.handles_layer(torch.zeros(1, 128), kv, 4, 32)
+    assert not cpu_attention.takes(torch.device("cpu"), torch.float32, torch.float32, 4, 32)
 
 
 @pytest.mark.parametrize("q_dtype,cache_dtype,head_dim", [

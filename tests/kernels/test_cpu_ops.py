@@ -37,8 +37,8 @@ def test_per_head_weights_on_a_strided_view() -> None:
     qkv = torch.randn(3, 7, 32)
     qk, w = qkv[:, :5], torch.randn(5, 32)
     ref = F.rms_norm(qk, (32,), None, 1e-6) * w
-    assert cpu_ops.handles(qk, w)
-    assert torch.allclose(decoder.rms_norm(qk, w, 1e-6), ref, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(decoder.rms_norm(qk, w, 1e-6, c=True), ref, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(decoder.rms_norm(qk, w, 1e-6), ref, rtol=1e-5, atol=1e-5)  # torch's
 
 
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh"])
@@ -53,21 +53,22 @@ def test_glu_matches_float64_and_rows_are_batch_invariant(act: str) -> None:
     ref = gate * torch.sigmoid(z) * up
     assert torch.allclose(F.gelu(gate, approximate="tanh") if act == "gelu_tanh" else F.silu(gate),
                           gate * torch.sigmoid(z), atol=1e-15)  # the same function
-    assert cpu_ops.handles_glu(x, act)
     out = cpu_ops.glu(x, act)
     assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-30)
     assert torch.equal(out[3:4], cpu_ops.glu(x[3:4], act))
-    assert torch.equal(decoder.glu(x, act), out)
-    assert not cpu_ops.handles_glu(x.bfloat16(), act) and not cpu_ops.handles_glu(x, "relu")
+    assert torch.equal(decoder.glu(x, act, c=True), out)
 
 
-@pytest.mark.parametrize("x,w", [
-    (torch.randn(2, 12), torch.randn(12)),  # not a multiple of 8
-    (torch.randn(2, 16, dtype=torch.bfloat16), torch.randn(16, dtype=torch.bfloat16)),
-    (torch.randn(2, 16), torch.randn(8)),
-])
-def test_what_the_kernel_does_not_take_goes_to_torch(x, w) -> None:
-    assert not cpu_ops.handles(x, w)
+CPU = torch.device("cpu")
+
+
+def test_a_model_takes_the_row_kernels_only_where_they_cover_every_row() -> None:
+    assert cpu_ops.takes(CPU, torch.float32, [576, 1536, 64], "silu")
+    assert cpu_ops.takes(CPU, torch.float32, [640, 2048], "gelu_tanh")
+    assert not cpu_ops.takes(CPU, torch.bfloat16, [576, 1536], "silu")
+    assert not cpu_ops.takes(CPU, torch.float32, [576, 1536], "relu")
+    assert not cpu_ops.takes(CPU, torch.float32, [576, 12], "silu")  # not a multiple of 8
+    assert not cpu_ops.takes(torch.device("meta"), torch.float32, [576, 1536], "silu")
 
 
 def test_argmax_is_torchs_first_maximum_nan_and_all() -> None:

@@ -82,7 +82,7 @@ class AsyncEngine:
         self.max_model_len = self.engine.max_model_len
         self.device = str(self.engine.setup.device)
         self.dtype = str(self.engine.setup.dtype).removeprefix("torch.")
-        self.backend = self.engine.setup.backend
+        self.backend = self.engine.backend
 
     # ---- EngineClient -------------------------------------------------------------------------
     async def stream(

@@ -99,7 +99,7 @@ class LLMEngine:
 
     def _decoder(self, loaded: LoadedModel) -> DecoderLM:
         grids = loaded.grids if takes_grids(self.setup.device, self.setup.dtype) else None
-        return DecoderLM(loaded.config, loaded.weights, self.setup.device, grids)
+        return DecoderLM(loaded.config, loaded.weights, self.setup.device, grids, self.kv_dtype)
 
     def _init_random(self, spec: str) -> None:
         from app.engine.gguf.random_weights import random_model
@@ -108,7 +108,7 @@ class LLMEngine:
         self.model_config = cfg
         self.model_name = cfg.name
         self.tokenizer = None  # token-id prompts only
-        self.model = DecoderLM(cfg, weights, self.setup.device)
+        self.model = DecoderLM(cfg, weights, self.setup.device, kv_dtype=self.kv_dtype)
 
     def _build_pool(self) -> None:
         cfg = self.config
@@ -128,7 +128,7 @@ class LLMEngine:
             SchedulerConfig(cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_waiting), self.block_manager,
             self.speculator.lookahead if self.speculator is not None else None, self.prefill_budget.cap,
         )
-        self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, kv_dtype, self.kv_spec)
+        self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, self.kv_spec)
         self.metrics = EngineMetrics(self._kv_info(), self._memory_traffic(kv_dtype))
         self.outputs = OutputProcessor(self.tokenizer)
         self.constraints = ConstraintCompiler(self.tokenizer, self.model_config.vocab_size)
@@ -144,7 +144,7 @@ class LLMEngine:
         from app.engine.runtime.draft_model import DraftModel
 
         return Speculator(config, self.max_model_len, DraftModel(self._load_draft(config.model), num_blocks,
-                                                                 self.config.block_size, self.kv_dtype))
+                                                                 self.config.block_size))
 
     def _load_draft(self, name: str) -> DecoderLM:
         """The draft model's weights; refused unless it shares the target's vocabulary (its token ids
@@ -162,6 +162,11 @@ class LLMEngine:
         if self.tokenizer is not None and draft_tokens[:4096] != self.tokenizer.tokens[:4096]:
             raise LocalbatchError(f"draft model {name} has another tokenizer than {self.model_name}")
         return self._decoder(loaded)
+
+    @property
+    def backend(self) -> str:
+        """Which kernels compute, for people: the device's choice and what this model's plan left to torch."""
+        return self.model.plan.describe(self.setup.backend)
 
     def _kv_info(self) -> KVCacheInfo:
         full_layers = sum(len(g.layers) for g in self.kv_spec.groups if g.sliding_window is None)
@@ -193,7 +198,7 @@ class LLMEngine:
                 seq.block_tables.append(list(range(next_block, next_block + -(-length // bs))))
                 next_block += len(seq.block_tables[-1])
             batch.add(seq, length)
-        runner = ModelRunner(self.model, next_block, bs, self.kv_dtype, self.kv_spec)
+        runner = ModelRunner(self.model, next_block, bs, self.kv_spec)
         runner.run(batch)
         del runner
 

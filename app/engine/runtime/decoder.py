@@ -8,14 +8,15 @@ layer makes three matmuls instead of six.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import torch
 import torch.nn.functional as F
 
 from app.engine.gguf.model_config import ModelConfig
-from app import kernels
 from app.engine.gguf.quants import GridForm
+from app.engine.runtime.kernel_plan import KernelPlan, plan_kernels
 from app.engine.runtime.linear import Linear, grid_packed, nbytes, storage_key
 from app.kernels import AttentionMetadata, KVCacheLayer, cpu_attention, cpu_forward, cpu_ops, cpu_qgemm
 from app.kernels.cpu_qgemm import Q4Weight, Q5Weight, Q8Weight
@@ -28,8 +29,9 @@ RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin at the step's 
 INT4_HEAD_MIN_VOCAB = 131072
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if cpu_ops.handles(x, weight):
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, c: bool = False) -> torch.Tensor:
+    """RMS norm over the last dim; `c`: the model's plan runs its rows in C (`KernelPlan.rows`)."""
+    if c:
         return cpu_ops.rms_norm(x, weight, eps)
     # Normalise in fp32 whatever the compute dtype: bf16 mean-of-squares loses too much. One
     # F.rms_norm call instead of six elementwise ops: the same fp32 numbers (bit-identical here),
@@ -41,18 +43,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (F.rms_norm(xf, (xf.shape[-1],), None, eps) * weight.float()).to(x.dtype)
 
 
-def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float
+def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, c: bool = False
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`x + h` and its RMS norm: one C pass on the fp32 CPU path."""
-    if cpu_ops.handles(x, weight) and h.dtype == x.dtype:
+    """`x + h` and its RMS norm: one C pass with `c`."""
+    if c:
         return cpu_ops.add_rms_norm(x, h, weight, eps)
     x = x + h
     return x, rms_norm(x, weight, eps)
 
 
-def glu(x: torch.Tensor, act: str) -> torch.Tensor:
+def glu(x: torch.Tensor, act: str, c: bool = False) -> torch.Tensor:
     """The gated MLP's activation: `act(gate) * up` for `gate, up = x.chunk(2, -1)`."""
-    if cpu_ops.handles_glu(x, act):
+    if c:
         return cpu_ops.glu(x, act)
     gate, up = x.chunk(2, dim=-1)
     return (F.gelu(gate, approximate="tanh") if act == "gelu_tanh" else F.silu(gate)) * up
@@ -92,7 +94,7 @@ class RotaryEmbedding:
 
 class DecoderLayer:
     def __init__(self, cfg: ModelConfig, idx: int, w: dict[str, torch.Tensor], rope: RotaryEmbedding,
-                 grids: dict[str, GridForm] | None = None) -> None:
+                 plan: KernelPlan, grids: dict[str, GridForm] | None = None) -> None:
         p = f"blk.{idx}."
 
         def fused(*names: str, bias: torch.Tensor | None = None) -> Linear:
@@ -101,6 +103,8 @@ class DecoderLayer:
             return Linear(weight, bias, grid=grid, fit_grid=grids is None)
 
         self.cfg = cfg
+        self.plan = plan
+        self.c_rows = plan.rows == "c"
         self.window = cfg.layer_window(idx)
         self.rope = rope
         self.attn_norm = w[p + "attn_norm.weight"]
@@ -122,38 +126,39 @@ class DecoderLayer:
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
 
     def __call__(self, x: torch.Tensor, h: torch.Tensor | None, rope: RopeTables, kv: KVCacheLayer,
-                 meta: AttentionMetadata, c_attention: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                 meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual stream `x` and the previous layer's output `h` (None before the first
-        layer) -> this layer's pair: each output is added in the pass of the norm that follows it.
-        `c_attention`: `cpu_attention.handles_layer` said yes for this step."""
-        eps = self.cfg.rms_norm_eps
-        x, normed = add_rms_norm(x, h, self.attn_norm, eps) if h is not None else (x, rms_norm(x, self.attn_norm, eps))
-        h = self.attention(normed, rope, kv, meta, c_attention)
+        layer) -> this layer's pair: each output is added in the pass of the norm that follows it."""
+        eps, c = self.cfg.rms_norm_eps, self.c_rows
+        if h is None:
+            normed = rms_norm(x, self.attn_norm, eps, c)
+        else:
+            x, normed = add_rms_norm(x, h, self.attn_norm, eps, c)
+        h = self.attention(normed, rope, kv, meta)
         if self.post_attn_norm is not None:
-            h = rms_norm(h, self.post_attn_norm, eps)
-        x, normed = add_rms_norm(x, h, self.ffn_norm, eps)
-        h = self.down(glu(self.gate_up(normed), self.cfg.hidden_act))
+            h = rms_norm(h, self.post_attn_norm, eps, c)
+        x, normed = add_rms_norm(x, h, self.ffn_norm, eps, c)
+        h = self.down(glu(self.gate_up(normed), self.cfg.hidden_act, c))
         if self.post_ffw_norm is not None:
-            h = rms_norm(h, self.post_ffw_norm, eps)
+            h = rms_norm(h, self.post_ffw_norm, eps, c)
         return x, h
 
-    def attention(self, x: torch.Tensor, rope: RopeTables, kv: KVCacheLayer, meta: AttentionMetadata,
-                  c_attention: bool = False) -> torch.Tensor:
+    def attention(self, x: torch.Tensor, rope: RopeTables, kv: KVCacheLayer, meta: AttentionMetadata) -> torch.Tensor:
         cfg = self.cfg
-        q = self.rope_store(self.qkv(x), rope, kv, meta, c_attention)
+        q = self.rope_store(self.qkv(x), rope, kv, meta)
         out = torch.empty_like(q)
-        if c_attention:  # checked once for the step (the dispatcher's checks cost ~20 us a call)
+        if self.plan.attention == "c":
             cpu_attention.unified_attention(q, kv.k, kv.v, out, meta, cfg.attn_scale, self.window)
         else:
-            kernels.unified_attention(q, kv.k, kv.v, out, meta, cfg.attn_scale, self.window, **kv.scales)
+            self.plan.kernels[0](q, kv.k, kv.v, out, meta, cfg.attn_scale, self.window, **kv.scales)
         return self.o_proj(out.view(x.shape[0], self.q_size))
 
-    def rope_store(self, qkv: torch.Tensor, rope: RopeTables, kv: KVCacheLayer, meta: AttentionMetadata,
-                   c_attention: bool = False) -> torch.Tensor:
+    def rope_store(self, qkv: torch.Tensor, rope: RopeTables, kv: KVCacheLayer, meta: AttentionMetadata
+                   ) -> torch.Tensor:
         """q `[tokens, heads, head_dim]` from the qkv projection, normed and rotated; k and v (k
-        normed and rotated) stored in the paged cache: one C pass with `c_attention`."""
+        normed and rotated) stored in the paged cache: one C pass with the C attention."""
         cfg = self.cfg
-        if c_attention:
+        if self.plan.attention == "c":
             return cpu_attention.rope_store_kv(
                 qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.qk_norm, cfg.rms_norm_eps, rope,
                 self.rope.style == "neox", kv.k, kv.v, meta.slot_mapping)
@@ -161,9 +166,9 @@ class DecoderLayer:
         qk = qkv[:, : self.q_size + self.kv_size].reshape(n, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
         v = qkv[:, self.q_size + self.kv_size :].reshape(n, cfg.num_kv_heads, cfg.head_dim)
         if self.qk_norm is not None:
-            qk = rms_norm(qk, self.qk_norm, cfg.rms_norm_eps)
+            qk = rms_norm(qk, self.qk_norm, cfg.rms_norm_eps, self.c_rows)
         q, k = self.rope(qk, rope).split([cfg.num_heads, cfg.num_kv_heads], dim=1)
-        kernels.store_kv(k.contiguous(), v.contiguous(), kv.k, kv.v, meta.slot_mapping, **kv.scales)
+        self.plan.kernels[1](k.contiguous(), v.contiguous(), kv.k, kv.v, meta.slot_mapping, **kv.scales)
         return q.contiguous()
 
     def linears(self) -> list[Linear]:
@@ -179,9 +184,11 @@ class DecoderLM:
     states `[len(idx), hidden_size]`; `compute_logits` of those -> logits `[len(idx), vocab]`."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device,
-                 grids: dict[str, GridForm] | None = None) -> None:
+                 grids: dict[str, GridForm] | None = None, kv_dtype: torch.dtype | None = None) -> None:
         """`grids`: the 4/5-bit matrices as their GGUF blocks hold them (`load_gguf(grids=True)`); a
-        matrix missing there has none. None: look for grids in the values (random weights)."""
+        matrix missing there has none. None: look for grids in the values (random weights).
+        `kv_dtype`: the KV cache's storage dtype (default the compute dtype): its pools must be
+        allocated with it, since the kernels are chosen for it here."""
         self.cfg = cfg
         self.device = device
         self.embed = weights["token_embd.weight"]
@@ -212,14 +219,17 @@ class DecoderLM:
         if cfg.rope_theta_local is not None:
             rope_local = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta_local, cfg.rope_style, 1.0, device)
         self.ropes = list({rope_global: None, rope_local: None})
+        self.kv_dtype = kv_dtype or self.dtype
+        plan = plan_kernels(cfg, self.dtype, device, self.kv_dtype)
         self.layers = [
-            DecoderLayer(cfg, i, weights, rope_local if cfg.is_sliding(i) else rope_global, grids)
+            DecoderLayer(cfg, i, weights, rope_local if cfg.is_sliding(i) else rope_global, plan, grids)
             for i in range(cfg.num_layers)
         ]
         linears = [lin for layer in self.layers for lin in layer.linears()] + [self.head]
         cpu_qgemm.consolidate([lin.packed for lin in linears if isinstance(lin.packed, (Q4Weight, Q8Weight))])
-        # All layers in one C call where the model allows it (and the step: `handles_layer`).
-        self.c_layers = cpu_forward.OneCallLayers(self.layers) if cpu_forward.takes_layers(self.layers) else None
+        one_call = plan.rows == plan.attention == "c" and cpu_forward.takes_layers(self.layers)
+        self.plan = dataclasses.replace(plan, one_call=one_call)
+        self.c_layers = cpu_forward.OneCallLayers(self.layers) if one_call else None
 
     def weight_bytes_per_step(self, rows: int = 1) -> int:
         """Bytes a forward of `rows` logits rows reads from the weights whatever its batch: every
@@ -251,22 +261,23 @@ class DecoderLM:
 
         `meta` is one step's metadata, or one per layer: with a hybrid KV cache each KV cache group
         (full-attention layers, sliding-window layers) has its own block tables and slots."""
+        if kv_caches[0].k.dtype != self.kv_dtype:  # the kernels were chosen for kv_dtype: fail, not crash
+            raise ValueError(f"a {kv_caches[0].k.dtype} KV cache given to a model built for {self.kv_dtype}")
         x = self.embed[input_ids].to(self.dtype) if self.embed_rows is None else self.embed_rows.rows(input_ids)
         if self.cfg.embed_scale is not None:
             x = (x.float() * self.cfg.embed_scale).to(self.dtype)
         # Gathered inside the forward (so a CUDA graph captures the gather), once per RoPE base.
         tables = {rope: rope.tables(positions) for rope in self.ropes}
         metas = meta if isinstance(meta, list) else itertools.repeat(meta)
-        c_attention = cpu_attention.handles_layer(x, kv_caches[0], self.cfg.num_heads, self.cfg.head_dim)
-        if c_attention and self.c_layers is not None:
+        if self.c_layers is not None:
             x, h = self.c_layers.run(x, tables, kv_caches, list(itertools.islice(metas, len(self.layers))))
         else:
             h = None
             for layer, kv, layer_meta in zip(self.layers, kv_caches, metas):
-                x, h = layer(x, h, tables[layer.rope], kv, layer_meta, c_attention)
+                x, h = layer(x, h, tables[layer.rope], kv, layer_meta)
         if logits_indices is not None:
             x, h = x[logits_indices], h[logits_indices]
-        return add_rms_norm(x, h, self.final_norm, self.cfg.rms_norm_eps)[1]
+        return add_rms_norm(x, h, self.final_norm, self.cfg.rms_norm_eps, self.plan.rows == "c")[1]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

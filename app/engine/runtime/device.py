@@ -32,7 +32,9 @@ class DeviceSetup:
         """Which kernels compute, for people: chosen once with the device and dtype."""
         if self.device.type == "cuda":
             return "Triton kernels"
-        if self.dtype == torch.float32 and cpu_qgemm.enabled():
+        if self.dtype != torch.float32:
+            return f"torch kernels: {str(self.dtype).removeprefix('torch.')} compute"
+        if cpu_qgemm.enabled():
             return "C kernels (AVX2)"
         reason = cpu_build.library().reason or f"{cpu_qgemm.ENABLE_ENV}=0"
         return f"torch kernels: {reason}"

@@ -28,10 +28,10 @@ class DraftRequest:
 
 
 class DraftModel:
-    def __init__(self, model: DecoderLM, num_blocks: int, block_size: int, kv_dtype: torch.dtype) -> None:
+    def __init__(self, model: DecoderLM, num_blocks: int, block_size: int) -> None:
         self.model = model
         self.block_size = block_size
-        self.kv_caches = allocate_kv_caches(model.cfg, num_blocks, block_size, kv_dtype, model.device)
+        self.kv_caches = allocate_kv_caches(model.cfg, num_blocks, block_size, model.kv_dtype, model.device)
         self.last_round_s: float | None = None  # the last call's one-token-a-request forward, seconds
 
     @torch.inference_mode()

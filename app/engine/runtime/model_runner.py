@@ -92,7 +92,7 @@ def padded(tables: list[list[int]]) -> list[list[int]]:
 
 class ModelRunner:
     def __init__(
-        self, model: DecoderLM, num_blocks: int, block_size: int, kv_dtype: torch.dtype, spec: KVCacheSpec | None = None
+        self, model: DecoderLM, num_blocks: int, block_size: int, spec: KVCacheSpec | None = None
     ) -> None:
         cfg = model.cfg
         self.model = model
@@ -100,8 +100,9 @@ class ModelRunner:
         self.block_size = block_size
         self.spec = spec or kv_cache_spec(cfg, block_size, hybrid=False)
         self.layer_groups = [s.group for s in self.spec.layer_slots()]
-        # kv_dtype int8 / float8_e4m3fn: each layer's pool comes with its scales (KVCacheLayer).
-        self.kv_caches = allocate_kv_caches(cfg, num_blocks, block_size, kv_dtype, self.device, self.spec)
+        # In the dtype the model's kernels were chosen for; int8 / float8_e4m3fn pools come with their
+        # scales (KVCacheLayer).
+        self.kv_caches = allocate_kv_caches(cfg, num_blocks, block_size, model.kv_dtype, self.device, self.spec)
         self.sampler = Sampler(cfg.vocab_size)
         self.graphs: DecodeGraphs | None = None
 

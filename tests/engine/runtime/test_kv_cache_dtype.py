@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from app.engine.runtime.kernel_choice import KERNEL_ENV
-from app.engine.runtime.kv_pool import allocate_kv_caches, resolve_kv_cache_dtype
+from app.engine.runtime.kv_pool import resolve_kv_cache_dtype
 from app.engine.types.engine_config import EngineConfig
 from app.engine.types.errors import LocalbatchError
 from app.kernels import cpu_attention
 from tests.engine.core.test_engine import PREEMPTING_POOL, make_engine, prompts, run_all, run_alone
-from tests.engine.runtime.test_model import BLOCK, PagedRun, _ids
+from tests.engine.runtime.test_model import PagedRun, _ids
 from tests.support.reference_model import ReferenceModel
 from tests.test_cli import run_cli
 
@@ -29,8 +29,7 @@ def test_int8_kv_forward_stays_close_to_reference(arch, tiny_gguf_factory, monke
     monkeypatch.setenv(KERNEL_ENV, "dense")
     path = tiny_gguf_factory(arch)
     ref = ReferenceModel(path)
-    run = PagedRun(path)
-    run.kv = allocate_kv_caches(run.model.cfg, 64, BLOCK, torch.int8, torch.device("cpu"))
+    run = PagedRun(path, kv_dtype=torch.int8)
     a = {"ids": _ids(23, run.model.cfg.vocab_size, 1), "done": 0, "table": []}
     b = {"ids": _ids(17, run.model.cfg.vocab_size, 2), "done": 0, "table": []}
     outs = [run.step([a, b], [9, 4]), run.step([a, b], [6, 13])]

@@ -30,10 +30,10 @@ def exact_weights(monkeypatch: pytest.MonkeyPatch) -> None:
 class PagedRun:
     """Drives DecoderLM by hand: a shuffled paged pool, prompts fed in chunks, logits everywhere."""
 
-    def __init__(self, path, num_blocks: int = 64) -> None:
+    def __init__(self, path, num_blocks: int = 64, kv_dtype: torch.dtype = torch.float32) -> None:
         loaded = load_gguf(path, "cpu", torch.float32)
-        self.model = DecoderLM(loaded.config, loaded.weights, torch.device("cpu"))
-        self.kv = allocate_kv_caches(loaded.config, num_blocks, BLOCK, torch.float32, torch.device("cpu"))
+        self.model = DecoderLM(loaded.config, loaded.weights, torch.device("cpu"), kv_dtype=kv_dtype)
+        self.kv = allocate_kv_caches(loaded.config, num_blocks, BLOCK, kv_dtype, torch.device("cpu"))
         self.free = list(range(num_blocks))
         random.Random(0).shuffle(self.free)  # block tables in shuffled order
 
