@@ -289,14 +289,22 @@ class ThroughputPanel(Vertical):
         self.border_title = "Throughput"
 
     def show(self, stats: EngineStats, rows: list[TabRate], history: ThroughputHistory | None) -> None:
-        _show_digits(self.query_one("#tp-decode", Digits), fmt_rate(stats.decode_tokens_per_s))
-        _show_digits(self.query_one("#tp-prefill", Digits), fmt_rate(stats.prefill_tokens_per_s))
+        _show_digits(self.query_one("#tp-decode", Digits), _digits_rate(stats.decode_tokens_per_s))
+        _show_digits(self.query_one("#tp-prefill", Digits), _digits_rate(stats.prefill_tokens_per_s))
         if history is not None:
             sparkline = self.query_one("#tp-history", Sparkline)
             if list(sparkline.data or ()) != list(history.samples):
                 sparkline.data = list(history.samples)
         self.query_one("#tp-steps", PanelText).show(render_step_line(stats))
         self.query_one("#tp-rates", PanelText).show(render_rates(rows, self.RATES_WIDTH))
+
+
+def _digits_rate(x: float | None) -> str:
+    """tokens/s for the big digits: from 10 on four glyphs wide (blank-padded), so a rate moving
+    between 98 and 123 keeps the widget's width; a change of width costs a layout of the screen."""
+    if x is not None and 10 <= x < 10_000:
+        return f"{x:4.0f}"
+    return fmt_rate(x)
 
 
 def _show_digits(digits: Digits, value: str) -> None:

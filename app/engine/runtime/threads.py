@@ -6,7 +6,10 @@ take 5-20x longer than a 1-thread one. On an idle machine 2 threads are ~2x fast
 policy serves both (docs/benchmarks.md), so the engine measures: it runs a few decode steps with
 the other thread count soon after start, then now and then (backing off while probes lose), and at
 once when all-core steps slow down; it keeps whichever count made steps of that batch size faster,
-and drops back to one thread at once if all-core steps turn slow again soon after a switch up.
+and drops back to one thread at once if all-core steps turn slow again soon after a switch up. A
+probe that finds fewer threads faster is confirmed against fresh all-core steps before the switch:
+the app's own UI thread slows a step or two now and then (a screen layout holds the GIL and a
+core), which must not pass for a neighbour that takes a core all the time.
 Results do not depend on the count (every kernel on the CPU path computes a row alone)."""
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ class ThreadTuner:
         self._probe: tuple[int, int, list[float], float] | None = None
         self._slow_run = 0  # consecutive steps far slower than the best
         self._probation: tuple[float, float] | None = None  # (fewer threads' step time, until)
+        self._probation_slow = 0  # consecutive all-core steps far slower than that, on probation
+        # (fewer count, batch size, all-core step times again, the fewer count's median step time)
+        self._confirm: tuple[int, int, list[float], float] | None = None
         self.switches = 0
         self._applied = self.max_threads
 
@@ -61,6 +67,9 @@ class ThreadTuner:
             return
         if self._probe is not None:
             self._observe_probe(key, seconds)
+            return
+        if self._confirm is not None:
+            self._observe_confirm(key, seconds)
             return
         if self._on_probation(seconds):
             return
@@ -103,7 +112,8 @@ class ThreadTuner:
         if self._clock() > until:
             self._probation = None
             return False
-        if seconds <= ABORT * reference:
+        self._probation_slow = self._probation_slow + 1 if seconds > ABORT * reference else 0
+        if self._probation_slow < 2:  # one slow step is the UI's layout or a collection, two a neighbour
             return False
         self._probation = None
         self._settle(1, won=False)
@@ -125,7 +135,31 @@ class ThreadTuner:
         # Medians on both sides (a best-of against a median favoured whichever count was probed,
         # and a server's own per-token work made one thread look faster than it was).
         gain = MIN_GAIN_FEWER if other < self.current else MIN_GAIN
-        self._end_probe(keep=_median(times[1:]) <= gain * current)
+        probed = _median(times[1:])
+        if probed <= gain * current and other < self.current:
+            self._probe = None
+            self._confirm = (other, key, [], probed)
+            self._apply(self.current)  # all cores again: are they still that slow?
+            return
+        self._end_probe(keep=probed <= gain * current)
+
+    def _observe_confirm(self, key: int, seconds: float) -> None:
+        """Fewer threads won their probe: all-core steps again, right after it, decide. Two in a
+        row far slower than the probe's switch at once (a neighbour, whose steps may take a
+        second); otherwise medians after PROBE_STEPS of them."""
+        other, confirm_key, times, probed = self._confirm
+        if key != confirm_key:
+            self._confirm = None
+            self._settle(self.current, won=False)
+            return
+        times.append(seconds)
+        slow_pair = len(times) >= 2 and min(times[-2:]) > ABORT * probed
+        if slow_pair or len(times) >= PROBE_STEPS:
+            self._confirm = None
+            keep = slow_pair or probed <= MIN_GAIN_FEWER * _median(times[1:])
+            if keep:
+                self.switches += 1
+            self._settle(other if keep else self.current, won=keep)
 
     def _end_probe(self, keep: bool) -> None:
         other, reference = self._probe[0], self._probe[3]
@@ -145,7 +179,7 @@ class ThreadTuner:
         self._apply(count)
         self._recent.clear()
         self._best.clear()
-        self._slow_run = 0
+        self._slow_run = self._probation_slow = 0
         self._last_probe = self._clock()
         self._interval = PROBE_EVERY_S if won else min(2 * self._interval, MAX_PROBE_EVERY_S)
         self._next_probe = self._last_probe + self._interval
