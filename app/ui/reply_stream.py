@@ -2,10 +2,11 @@
 
 Re-parsing Markdown on every engine step held the UI thread (and so the GIL) long enough to halve
 the engine's speed inside the app. Here the deltas only land in a buffer; a flush, at most
-`FRAME_HZ` times a second and only while the tab is shown, moves finished Markdown blocks into the
-Markdown widget (each block parsed once; at most once a second, as each move costs a layout) and
-shows the rest as plain text, which costs no parse. A hidden tab keeps buffering and paints once
-when it is shown again."""
+`FRAME_HZ` times a second and only while the tab is shown, shows the newest text as plain text in
+a tail of `TAIL_LINES` lines, which costs no parse and, while the text fits, no layout. Finished
+Markdown blocks move into the Markdown widget (each block parsed once) when the tail would
+overflow, or `BLOCK_MOVE_S` after the last move: each move costs a layout of the screen. A hidden
+tab keeps buffering and paints once when it is shown again."""
 
 from __future__ import annotations
 
@@ -26,14 +27,15 @@ FRAME_HZ = 5
 # paint shows text at most that much staler, and the UI thread wakes ~10 times a second instead
 # of at every engine step (each wake-up holds the GIL the step thread needs between torch ops).
 DELTA_MAX_DELAY_S = 0.5 / FRAME_HZ
-# Blank lines a streaming reply's plain-text tail keeps below its text, so that most lines it
-# gains need no layout pass (a third of the UI thread's time at one tab was layouts; with blocks
-# waiting up to BLOCK_MOVE_S in the tail, it grows by a paragraph or two between moves).
+# The plain-text tail's height while a reply streams: new text fills it without a layout pass (three
+# quarters of the UI thread's time while streaming were layouts, ~15 ms of CPU each here:
+# docs/benchmarks.md). Only a single unfinished block taller than this makes it grow, with
+# TAIL_SPARE_LINES more to grow into.
+TAIL_LINES = 12
 TAIL_SPARE_LINES = 8
-# Finished blocks move into the Markdown widget at most this often: each move mounts block widgets,
-# which costs a layout of the whole screen (docs/benchmarks.md), and a fast model finishes several
-# paragraphs a second. Until then they stay in the plain-text tail.
-BLOCK_MOVE_S = 1.0
+# Finished blocks wait in the tail until it would overflow, or at most this long after the last
+# move (a slow model's formatting still catches up): each move mounts block widgets, a layout.
+BLOCK_MOVE_S = 2.0
 _FENCE = re.compile(r"^ {0,3}(```|~~~)", re.MULTILINE)
 
 
@@ -78,15 +80,15 @@ class ReplyWriter:
         self._dirty = False
         text = self.text
         self._parts = [text]
-        blocks, tail = split_finished_blocks(text[self._painted :])
+        pending = text[self._painted :]
+        blocks, tail = split_finished_blocks(pending)
         now = self._clock()
-        if blocks and now - self._moved_at >= BLOCK_MOVE_S:
+        if blocks and (now - self._moved_at >= BLOCK_MOVE_S or self._overflows(pending)):
             self._painted += len(blocks)
             self._moved_at = now
             await self._markdown.append(blocks)
-        else:
-            tail = blocks + tail
-        self._show_tail(tail)
+            pending = tail
+        self._show_tail(pending)
 
     async def close(self) -> None:
         """The reply ended: the rest goes to the Markdown widget, so the final rendering is the
@@ -94,26 +96,32 @@ class ReplyWriter:
         rest = self.text[self._painted :]
         self._painted += len(rest)
         self._dirty = False
-        self._show_tail("")
+        self._tail.display = False
+        self._tail.update("")
         if rest:
             await self._markdown.append(rest)
 
+    def _lines(self, text: str) -> int:
+        return Content(text).get_height(self._tail.styles, self._tail.content_region.width)
+
+    def _overflows(self, text: str) -> bool:
+        region = self._tail.content_region
+        return self._tail.display and region.width > 0 and self._lines(text) > region.height
+
     def _show_tail(self, tail: str) -> None:
-        widget = self._tail
-        if not tail:
-            widget.display = False
-            return
         # A layout pass re-arranges the whole screen (the app's main cost while streaming): the
-        # tail keeps up to TAIL_SPARE_LINES blank lines below its text to grow into, and asks for
-        # a layout only when it outgrows them (or a finished block left it far too tall).
+        # tail keeps its height while the text fits (blank lines below it until then) and asks
+        # for a layout only when a single block outgrows it.
+        widget = self._tail
         region = widget.content_region
-        if not widget.display or region.width <= 0:
-            widget.styles.height = "auto"  # not laid out yet: its first showing needs a size
+        if not widget.display or region.width <= 0:  # its first showing: a size to start with
+            widget.styles.height = "auto"
+            widget.styles.min_height = TAIL_LINES
             widget.update(tail)
             widget.display = True
             return
-        needed = Content(tail).get_height(widget.styles, region.width)
-        if needed <= region.height <= needed + TAIL_SPARE_LINES:
+        needed = self._lines(tail)
+        if needed <= region.height:
             widget.update(tail, layout=False)
             return
         widget.styles.height = needed + TAIL_SPARE_LINES

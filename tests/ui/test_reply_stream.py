@@ -14,6 +14,7 @@ from textual.content import Content
 from app import ASSETS_DIR
 from app.ui.reply_stream import (
     BLOCK_MOVE_S,
+    TAIL_LINES,
     TAIL_SPARE_LINES,
     ReplyWriter,
     split_finished_blocks,
@@ -150,8 +151,9 @@ async def test_tail_wraps_at_the_full_width_as_it_grows() -> None:
 
 
 async def test_a_growing_tail_asks_for_a_layout_once_per_few_lines(monkeypatch: Any) -> None:
-    """Each layout pass re-arranges the whole screen: the tail keeps spare lines to grow into
-    and asks for one only when it outgrows them. Its text is always whole and visible."""
+    """Each layout pass re-arranges the whole screen: the tail starts TAIL_LINES high, then keeps
+    spare lines to grow into and asks for one only when it outgrows them. Its text is always whole
+    and visible."""
     app = OneMessage()
     async with app.run_test(size=SIZE) as pilot:
         tail = app.view.tail
@@ -169,15 +171,15 @@ async def test_a_growing_tail_asks_for_a_layout_once_per_few_lines(monkeypatch: 
         await pilot.pause()
         flushes = 0
         monkeypatch.setattr(type(tail), "refresh", counting)
-        while tail.content_region.height < 20:
+        while tail.content_region.height < 30:
             writer.write(" a few more words")  # one line every ~4 flushes at this width
             await writer.flush()
             await pilot.pause()
             flushes += 1
             lines = Content(str(tail.render())).get_height(tail.styles, tail.content_region.width)
-            assert lines <= tail.content_region.height <= lines + TAIL_SPARE_LINES
-        # 20 lines at one per ~4 flushes: without spare lines ~20 flushes would ask, here ~5.
-        assert 0 < len(set(layouts)) <= 20 / TAIL_SPARE_LINES + 1, (layouts, flushes)
+            assert lines <= tail.content_region.height <= max(TAIL_LINES, lines + TAIL_SPARE_LINES)
+        # 30 lines at one per ~4 flushes: without the reserve ~30 flushes would ask, here ~3.
+        assert 0 < len(set(layouts)) <= (30 - TAIL_LINES) / TAIL_SPARE_LINES + 1, (layouts, flushes)
 
 
 async def test_finished_blocks_move_at_most_once_per_block_move_period() -> None:
@@ -203,3 +205,27 @@ async def test_finished_blocks_move_at_most_once_per_block_move_period() -> None
         await pilot.pause()
         assert app.view.markdown.source == "One.\n\nTwo.\n\n"
         assert "Two." not in str(app.view.tail.render()) and "Three more" in str(app.view.tail.render())
+
+
+async def test_blocks_move_early_when_the_tail_would_overflow() -> None:
+    """A fast model finishes paragraphs faster than BLOCK_MOVE_S: they wait in the tail while it
+    holds them, then move together as it fills; the tail's height never changes meanwhile."""
+    app = OneMessage()
+    async with app.run_test(size=SIZE) as pilot:
+        writer = ReplyWriter(app.view.markdown, app.view.tail, clock=lambda: 100.0)  # time stands still
+        writer.write("Start")
+        await writer.flush()
+        await pilot.pause()
+        height = app.view.tail.content_region.height
+        assert height == TAIL_LINES
+        for i in range(3 * TAIL_LINES):
+            writer.write(f".\n\nParagraph {i}")
+            await writer.flush()
+            await pilot.pause()
+            assert app.view.tail.content_region.height == height
+            assert str(app.view.tail.render()).endswith(f"Paragraph {i}")  # the newest text shows
+        moved = app.view.markdown.source
+        assert moved.startswith("Start.\n\nParagraph 0.\n\n") and "Paragraph 20." in moved
+        await writer.close()
+        await pilot.pause()
+        assert app.view.markdown.source == writer.text
