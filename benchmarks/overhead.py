@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
 import json
 import os
 import statistics
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -52,7 +54,9 @@ def run_bench(model: str, levels: list[int], max_tokens: int, prompt_len: int) -
 
 
 class Scraper:
-    """GETs /metrics every `period` s on its own thread; keeps each scrape's latency."""
+    """GETs /metrics every `period` s on its own thread over one kept-alive connection; keeps each
+    scrape's latency. The stdlib client: httpx alone added ~1.3 ms a request on a 2-core VM, more
+    than the server's answer took (Prometheus' Go client is lighter still)."""
 
     def __init__(self, url: str, period: float) -> None:
         self.url, self.period, self.latencies = url, period, []
@@ -68,15 +72,20 @@ class Scraper:
         self._thread.join()
 
     def _run(self) -> None:
-        with httpx.Client(timeout=10) as client:
-            while not self._stop.is_set():
-                t0 = time.perf_counter()
-                try:
-                    client.get(f"{self.url}/metrics").raise_for_status()
+        address = urllib.parse.urlsplit(self.url)
+        conn = http.client.HTTPConnection(address.hostname, address.port, timeout=10)
+        while not self._stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                conn.request("GET", "/metrics")
+                response = conn.getresponse()
+                response.read()
+                if response.status == 200:
                     self.latencies.append(time.perf_counter() - t0)
-                except httpx.HTTPError:  # the app is still starting
-                    pass
-                self._stop.wait(max(0.0, self.period - (time.perf_counter() - t0)))
+            except (OSError, http.client.HTTPException):  # the app is still starting
+                conn.close()
+            self._stop.wait(max(0.0, self.period - (time.perf_counter() - t0)))
+        conn.close()
 
     def summary(self) -> str:
         if not self.latencies:

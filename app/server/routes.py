@@ -1,4 +1,5 @@
-"""The small routes: /v1/models, /health, /metrics, and vLLM's /tokenize and /detokenize."""
+"""The small routes: /v1/models, /health, and vLLM's /tokenize and /detokenize (/metrics is
+`factory.MetricsEndpoint`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from starlette.responses import Response
 from app.engine.types.errors import LocalbatchError
 from app.server.http_errors import ApiError
 from app.server.openai_schema import DetokenizeRequest, TokenizeRequest
-from app.server.prometheus import CONTENT_TYPE
 from app.server.serving import ServerState, server_state
 from app.server.tool_prompt import fallback_messages
 
@@ -34,12 +34,6 @@ async def get_model(model_id: str, request: Request) -> dict[str, Any]:
 async def health(request: Request) -> Response:
     server_state(request).engine.stats()  # raises EngineDeadError (-> 503) once the engine has stopped
     return Response(status_code=200)
-
-
-async def metrics(request: Request) -> Response:
-    state = server_state(request)
-    text = state.metrics.render(state.engine.stats(), state.model_name)
-    return Response(text, media_type=CONTENT_TYPE)
 
 
 async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:

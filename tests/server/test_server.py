@@ -560,6 +560,7 @@ def test_metrics(client: httpx.Client, engine: FakeEngine) -> None:
         assert buckets[-1] == value(f"localbatch:{hist}_count") > 0
     assert any(labels.get("finished_reason") == "length" for labels, _ in m["localbatch:request_success_total"])
     assert not any(math.isnan(v) for series in m.values() for _, v in series)
+    assert client.post("/metrics").status_code in (404, 405)  # GET only
 
 
 def test_metric_labels_are_escaped() -> None:
