@@ -116,7 +116,12 @@ class LocalbatchApp(App):
 
     def _load_failed(self, model: str | None, fallback: object, message: str) -> None:
         self.notify(f"{model}: {message}", title="Could not load the model", severity="error", timeout=15)
-        self.switch_screen(self._loading_screen(None if fallback is _DEFAULT else fallback))  # type: ignore[arg-type]
+        screen = self._loading_screen(None if fallback is _DEFAULT else fallback)  # type: ignore[arg-type]
+        screen.carry(*self._typed_while_loading())
+        self.switch_screen(screen)
+
+    def _typed_while_loading(self) -> tuple[str, str | None]:
+        return self.screen.carried() if isinstance(self.screen, LoadingScreen) else ("", None)
 
     def _connect(self, progress: ProgressFn) -> EngineClient:
         """Runs in the loader thread."""
@@ -158,8 +163,10 @@ class LocalbatchApp(App):
                 self.options.api_key,
                 self.options.serve_fn,
             )
+        draft, queued = self._typed_while_loading()
         screen = ChatScreen(engine, self.store, info, self.endpoint, self.export_dir, self.options.poll_interval)
         self.switch_screen(screen)
+        screen.call_after_refresh(screen.take_input, draft, queued)
         self.notify(f"{info.headline()} ready in {elapsed_s:.1f} s", title="Model loaded")
         if self.store.write_error is not None and not self._store_warned:  # failed before the app ran
             self._store_unwritable(f"cannot save chats to {self.store.path} ({self.store.write_error}): they are "

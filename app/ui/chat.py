@@ -280,6 +280,9 @@ class ChatPane(TabPane):
     def clear_input(self) -> None:
         self.query_one(PromptInput).clear()
 
+    def load_input(self, text: str) -> None:
+        self.query_one(PromptInput).load_text(text)
+
     def send_input(self) -> bool:
         if self.send(self.input_text()):
             self.clear_input()

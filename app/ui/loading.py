@@ -25,6 +25,7 @@ from app.engine.api.engine_client import EngineClient
 from app.engine.types.errors import LocalbatchError
 from app.engine.types.progress import ProgressFn
 from app.ui.format import fmt_bytes, fmt_int
+from app.ui.widgets import PromptInput
 
 
 class EngineFactory(Protocol):
@@ -112,7 +113,9 @@ def first_line(error: BaseException) -> str:
 
 
 class LoadingScreen(Screen):
-    """Shows the loader's stages; hands the engine to the app, or shows why loading failed."""
+    """Shows the loader's stages; hands the engine to the app, or shows why loading failed. A
+    message typed meanwhile is kept: sent (enter) or left in the input (a draft) once the chat
+    screen is up (`carried`)."""
 
     BINDINGS = [Binding("q", "app.quit", "Quit")]
 
@@ -133,6 +136,8 @@ class LoadingScreen(Screen):
         self.progress = LoadProgress()
         self._started = time.monotonic()
         self.error: str | None = None
+        self.queued: str | None = None  # a message sent before the model was ready
+        self._draft = ""
 
     def compose(self) -> ComposeResult:
         with Vertical(id="loading-box"):
@@ -141,8 +146,15 @@ class LoadingScreen(Screen):
             yield Static("", id="loading-stages")
             yield ProgressBar(total=1.0, show_eta=False, id="loading-bar")
             yield Static("", id="loading-error")
+            yield Static("", id="loading-queued")
+        yield PromptInput(id="loading-input")
 
     def on_mount(self) -> None:
+        prompt = self.query_one(PromptInput)
+        prompt.load_text(self._draft)
+        prompt.focus()
+        if self.queued is not None:
+            self._show_queued()
         self.set_interval(0.1, self._show_progress)
         self.run_worker(self._load, thread=True, exit_on_error=False, name="load-engine")
 
@@ -160,6 +172,28 @@ class LoadingScreen(Screen):
         bar = self.query_one("#loading-bar", ProgressBar)
         bar.update(total=1.0 if fraction is not None else None, progress=fraction or 0.0)
 
+    def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
+        event.stop()
+        if self.queued is not None:  # one message waits; the next one stays in the input
+            self.notify("One message already waits for the model", severity="warning")
+            return
+        self.queued = event.text.strip()
+        event.prompt_input.clear()
+        self._show_queued()
+
+    def _show_queued(self) -> None:
+        self.query_one("#loading-queued", Static).update(
+            f"[b]Sent when the model is ready:[/] {escape(self.queued[:200])}")
+
+    def carry(self, draft: str, queued: str | None) -> None:
+        """Take over what another loading screen held (a failed load falling back to a model);
+        before this one is mounted."""
+        self._draft, self.queued = draft, queued
+
+    def carried(self) -> tuple[str, str | None]:
+        """(the input's text, the message sent meanwhile)."""
+        return self.query_one(PromptInput).text, self.queued
+
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         if event.worker.name != "load-engine":
             return
@@ -174,6 +208,7 @@ class LoadingScreen(Screen):
     def show_error(self, message: str) -> None:
         self.error = message
         self.query_one("#loading-bar", ProgressBar).display = False
+        self.query_one(PromptInput).display = False  # nothing to send to; q quits
         error = self.query_one("#loading-error", Static)
         error.update(f"[b red]Could not load the model:[/] {escape(message)}\n\n{self._hint}\n\nPress [b]q[/] to quit.")
         error.add_class("failed")

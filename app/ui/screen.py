@@ -127,6 +127,17 @@ class ChatScreen(Screen):
         self._pull_text: str | None = None
         self.set_interval(0.25, self._paint_pull)
 
+    def take_input(self, draft: str, queued: str | None) -> None:
+        """What was typed while the model loaded: the message sent then goes to the shown tab, a
+        draft into its input."""
+        pane = self.active_pane()
+        if pane is None:
+            return
+        if queued:
+            pane.send(queued)
+        if draft:
+            pane.load_input(draft)
+
     def on_unmount(self) -> None:
         gc.unfreeze()  # this screen's objects may be garbage now (a model switch, the app's exit)
 

@@ -765,3 +765,28 @@ def test_throughput_panel_explains_batching() -> None:
     assert "361.0 MiB/token" in one and "91.0 MiB/token" in four
     assert "9.5 of 30 GB/s" in one
     assert render_traffic(EngineStats()) == ""
+
+
+async def test_what_is_typed_while_the_model_loads_is_kept(tmp_path: Path) -> None:
+    """Enter while loading sends the message once the model is ready; what is typed after it
+    waits in the chat's input. Nothing typed is lost."""
+    release = threading.Event()
+    engine = FakeEngine()
+
+    def factory(progress: Any, model: Any, device: Any) -> Any:
+        progress("loading tensors", 0.5)
+        release.wait(10)
+        return engine
+
+    app = LocalbatchApp(factory, TuiOptions(data_dir=tmp_path, config_path=_empty_config(tmp_path)))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, LoadingScreen))
+        loading = app.screen
+        await pilot.press(*"hello", "enter", *"draft")
+        await until(pilot, lambda: loading.queued == "hello")
+        assert "Sent when the model is ready" in str(loading.query_one("#loading-queued", Static).render())
+        release.set()
+        screen = await chat_screen(pilot)
+        pane = screen.active_pane()
+        await until(pilot, lambda: [m.content for m in pane.messages][:1] == ["hello"])
+        assert pane.input_text() == "draft"
