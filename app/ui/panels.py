@@ -183,8 +183,9 @@ class ThroughputHistory:
         self._last: float | None = None
 
     def observe(self, now: float, decode_tokens_per_s: float) -> bool:
-        """Record a sample if a second has passed since the last; returns whether it did."""
-        if self._last is not None and now - self._last < 1.0:
+        """Record a sample if about a second has passed since the last (polls once a second come a
+        little early or late); returns whether it did."""
+        if self._last is not None and now - self._last < 0.9:
             return False
         self._last = now
         self.samples.append(max(decode_tokens_per_s, 0.0))

@@ -68,7 +68,7 @@ class ChatScreen(Screen):
         info: EngineInfo,
         endpoint: EmbeddedEndpoint | None,
         export_dir: Callable[[], Path],
-        poll_interval: float = 0.3,
+        poll_interval: float = 1.0,
     ) -> None:
         super().__init__()
         self.engine = engine

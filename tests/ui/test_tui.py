@@ -790,3 +790,9 @@ async def test_what_is_typed_while_the_model_loads_is_kept(tmp_path: Path) -> No
         pane = screen.active_pane()
         await until(pilot, lambda: [m.content for m in pane.messages][:1] == ["hello"])
         assert pane.input_text() == "draft"
+
+
+def test_the_rate_history_takes_a_poll_that_comes_a_little_early() -> None:
+    """Panels poll once a second on the frame clock; a poll 20 ms early still records its sample."""
+    history = ThroughputHistory(seconds=5)
+    assert [history.observe(t, 10.0) for t in (0.0, 0.98, 1.97, 2.3)] == [True, True, True, False]
