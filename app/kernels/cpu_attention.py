@@ -23,7 +23,7 @@ from app.kernels import cpu_build
 from app.kernels.metadata import AttentionMetadata
 
 BACKEND_ENV = "LOCALBATCH_CPU_ATTENTION"  # "torch": the reference instead of the C kernel
-_CACHE_DTYPES = (torch.float32, torch.float16)
+CACHE_DTYPES = (torch.float32, torch.float16)
 _MAX_HEADS = 128  # query heads the kernel's stack buffers hold
 
 
@@ -47,7 +47,7 @@ def handles(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor | None
     """Whether the C kernels take this call: fp32 CPU tensors, an fp32 or fp16 cache, a head size
     the vector loops cover, and the library built here."""
     return (
-        q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype in _CACHE_DTYPES and k_scale is None
+        q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype in CACHE_DTYPES and k_scale is None
         and q.shape[2] % 8 == 0 and q.shape[1] <= _MAX_HEADS and available()
     )
 
@@ -56,7 +56,7 @@ def takes(device: torch.device, dtype: torch.dtype, cache_dtype: torch.dtype, he
     """Whether a model's whole attention block runs here (`rope_store_kv`, then `unified_attention`),
     asked once per model: fp32 CPU compute, an fp32 or fp16 cache, a head size the kernels' buffers
     hold (a multiple of 16, at most 512), the library built and not turned off."""
-    return (device.type == "cpu" and dtype == torch.float32 and cache_dtype in _CACHE_DTYPES
+    return (device.type == "cpu" and dtype == torch.float32 and cache_dtype in CACHE_DTYPES
             and head_dim % 16 == 0 and head_dim <= 512 and heads <= _MAX_HEADS and available())
 
 

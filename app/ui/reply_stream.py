@@ -82,13 +82,15 @@ class ReplyWriter:
         self._parts = [text]
         pending = text[self._painted :]
         blocks, tail = split_finished_blocks(pending)
+        needed = self._lines(pending) if self._laid_out() else None  # wrapped once a flush
         now = self._clock()
-        if blocks and (now - self._moved_at >= BLOCK_MOVE_S or self._overflows(pending)):
+        overflows = needed is not None and needed > self._tail.content_region.height
+        if blocks and (now - self._moved_at >= BLOCK_MOVE_S or overflows):
             self._painted += len(blocks)
             self._moved_at = now
             await self._markdown.append(blocks)
-            pending = tail
-        self._show_tail(pending)
+            pending, needed = tail, None
+        self._show_tail(pending, needed)
 
     async def close(self) -> None:
         """The reply ended: the rest goes to the Markdown widget, so the final rendering is the
@@ -104,23 +106,24 @@ class ReplyWriter:
     def _lines(self, text: str) -> int:
         return Content(text).get_height(self._tail.styles, self._tail.content_region.width)
 
-    def _overflows(self, text: str) -> bool:
-        region = self._tail.content_region
-        return self._tail.display and region.width > 0 and self._lines(text) > region.height
+    def _laid_out(self) -> bool:
+        return self._tail.display and self._tail.content_region.width > 0
 
-    def _show_tail(self, tail: str) -> None:
+    def _show_tail(self, tail: str, needed: int | None = None) -> None:
+        """`needed`: the tail's wrapped height, when the caller has it already."""
         # A layout pass re-arranges the whole screen (the app's main cost while streaming): the
         # tail keeps its height while the text fits (blank lines below it until then) and asks
         # for a layout only when a single block outgrows it.
         widget = self._tail
         region = widget.content_region
-        if not widget.display or region.width <= 0:  # its first showing: a size to start with
+        if not self._laid_out():  # its first showing: a size to start with
             widget.styles.height = "auto"
             widget.styles.min_height = TAIL_LINES
             widget.update(tail)
             widget.display = True
             return
-        needed = self._lines(tail)
+        if needed is None:
+            needed = self._lines(tail)
         if needed <= region.height:
             widget.update(tail, layout=False)
             return

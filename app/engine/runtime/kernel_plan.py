@@ -29,7 +29,7 @@ class KernelPlan:
             return backend
         left = " and ".join(name for name, kind in (("row ops", self.rows), ("attention", self.attention)) if kind != "c")
         why = "this model's sizes"
-        if self.attention != "c" and self.kv_dtype not in (torch.float32, torch.float16):
+        if self.attention != "c" and self.kv_dtype not in cpu_attention.CACHE_DTYPES:
             why = f"the C attention reads fp32 or fp16 KV caches, not {str(self.kv_dtype).removeprefix('torch.')}"
         return f"{backend}; {left} in torch ({why})"
 

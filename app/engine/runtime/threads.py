@@ -156,14 +156,16 @@ class ThreadTuner:
         slow_pair = len(times) >= 2 and min(times[-2:]) > ABORT * probed
         if slow_pair or len(times) >= PROBE_STEPS:
             self._confirm = None
-            keep = slow_pair or probed <= MIN_GAIN_FEWER * _median(times[1:])
-            if keep:
-                self.switches += 1
-            self._settle(other if keep else self.current, won=keep)
+            self._decide(other, slow_pair or probed <= MIN_GAIN_FEWER * _median(times[1:]), probed)
 
     def _end_probe(self, keep: bool) -> None:
         other, reference = self._probe[0], self._probe[3]
         self._probe = None
+        self._decide(other, keep, reference)
+
+    def _decide(self, other: int, keep: bool, reference: float) -> None:
+        """Switch to `other` threads if `keep` (on probation after a switch up, against the
+        `reference` step time of fewer threads), else stay."""
         if keep:
             if other > self.current:
                 self._probation = (reference, self._clock() + PROBE_EVERY_S)
