@@ -353,7 +353,7 @@ class ChatPane(TabPane):
     async def _generate(self, request_id: str) -> None:
         view = MessageView("assistant")
         await self.query_one(".messages", VerticalScroll).mount(view)
-        writer = self._writer = ReplyWriter(view.markdown, view.tail)
+        writer = self._writer = ReplyWriter(view.markdown, view.stream)
         try:
             finish, error = await self._consume(request_id, writer)
         finally:

@@ -1,21 +1,29 @@
 """Painting a streaming reply within a frame budget.
 
 Re-parsing Markdown on every engine step held the UI thread (and so the GIL) long enough to halve
-the engine's speed inside the app. Here the deltas only land in a buffer; a flush, at most
-`FRAME_HZ` times a second and only while the tab is shown, shows the newest text as plain text in
-a tail of `TAIL_LINES` lines, which costs no parse and, while the text fits, no layout. Finished
-Markdown blocks move into the Markdown widget (each block parsed once) when the tail would
-overflow, or `BLOCK_MOVE_S` after the last move: each move costs a layout of the screen. A hidden
-tab keeps buffering and paints once when it is shown again."""
+the engine's speed inside the app, and on two cores every millisecond the UI thread computes stalls
+one of the engine's threads. Here the deltas only land in a buffer; a flush, at most `FRAME_HZ`
+times a second and only while the tab is shown, paints the new text into `StreamingBody`: one
+widget that mounts nothing. Finished Markdown blocks are rendered once (Rich's Markdown renderer)
+and kept as lines; the unfinished block below them is plain text. The body's height grows
+`GROW_LINES` at a time, so the screen is laid out (~25-80 ms of the UI thread here, growing with the
+chat) once per that many lines instead of two or three times per finished block, as mounting
+Textual's Markdown blocks did. When the reply ends its whole text goes to the Markdown widget once:
+the final rendering is the same Markdown a finished or reopened message gets. A hidden tab keeps
+buffering and paints once when it is shown again."""
 
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Callable
 
-from textual.content import Content
-from textual.widgets import Markdown, Static
+from markdown_it import MarkdownIt
+from rich.markdown import Markdown as RichMarkdown
+from rich.text import Text
+from textual import events
+from textual.geometry import Region
+from textual.strip import Strip
+from textual.widget import Widget
+from textual.widgets import Markdown
 
 # Repaints per second while replies stream (the shown tab's reply; the panels every few frames).
 # Each paint costs the UI thread ~2-4 ms of Textual compositing whatever it adds, and on a 2-core
@@ -27,22 +35,33 @@ FRAME_HZ = 5
 # paint shows text at most that much staler, and the UI thread wakes ~10 times a second instead
 # of at every engine step (each wake-up holds the GIL the step thread needs between torch ops).
 DELTA_MAX_DELAY_S = 0.5 / FRAME_HZ
-# The plain-text tail's height while a reply streams: new text fills it without a layout pass (three
-# quarters of the UI thread's time while streaming were layouts, ~15 ms of CPU each here:
-# docs/benchmarks.md). Only a single unfinished block taller than this makes it grow, with
-# TAIL_SPARE_LINES more to grow into.
+# The streaming body's height when a reply starts, and how much it grows once the text outgrows
+# it: each growth is one layout of the screen, and the blank lines below the text until then are
+# what it costs.
 TAIL_LINES = 12
-TAIL_SPARE_LINES = 8
-# Finished blocks wait in the tail until it would overflow, or at most this long after the last
-# move (a slow model's formatting still catches up): each move mounts block widgets, a layout.
-BLOCK_MOVE_S = 2.0
+GROW_LINES = 10
 _FENCE = re.compile(r"^ {0,3}(```|~~~)", re.MULTILINE)
+
+
+def chat_markdown_parser() -> MarkdownIt:
+    """Textual's parser, but a single newline stays a line break: model replies (poems, lists
+    without blank lines, code-like text) are written line by line, as chat UIs show them."""
+    md = MarkdownIt("gfm-like")
+
+    def hard_breaks(state) -> None:  # noqa: ANN001 - markdown-it's StateCore
+        for block in state.tokens:
+            for token in block.children or []:
+                if token.type == "softbreak":
+                    token.type = "hardbreak"
+
+    md.core.ruler.push("hard_breaks", hard_breaks)
+    return md
 
 
 def split_finished_blocks(text: str) -> tuple[str, str]:
     """Split `text` into (finished blocks, unfinished tail) at the last blank line that is not
     inside a code fence: Markdown can no longer change how anything before that line renders,
-    except a list or quote continued after the blank line, which the next append re-parses."""
+    except a list or quote continued after the blank line (the final rendering joins them)."""
     end = len(text)
     while (cut := text.rfind("\n\n", 0, end)) >= 0:
         head = text[: cut + 2]
@@ -52,16 +71,106 @@ def split_finished_blocks(text: str) -> tuple[str, str]:
     return "", text
 
 
-class ReplyWriter:
-    """Buffers one reply's deltas for a Markdown body plus a plain-text tail (see the module doc)."""
+class StreamingBody(Widget):
+    """A reply while it streams: finished blocks rendered as Markdown once and kept as lines, then
+    the unfinished block as plain text, in a height that grows `GROW_LINES` at a time."""
 
-    def __init__(self, markdown: Markdown, tail: Static, clock: Callable[[], float] = time.monotonic) -> None:
-        self._markdown = markdown
+    DEFAULT_CSS = """
+    StreamingBody {
+        width: 1fr;
+        padding: 0 1;
+    }
+    """
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self._batches: list[str] = []  # finished blocks, as painted (one Markdown rendering each)
+        self._tail = ""
+        self._width = 0  # what the lines below were rendered at; 0: not yet
+        self._block_lines: list[Strip] = []
+        self._lines: list[Strip] = []  # block lines, a blank line, the tail's lines
+        self._height = TAIL_LINES
+        self.styles.height = TAIL_LINES
+        self._parser = chat_markdown_parser()
+
+    @property
+    def text(self) -> str:
+        return "".join(self._batches) + self._tail
+
+    @property
+    def line_count(self) -> int:
+        """Lines of text painted (the rest of the height is blank until the text reaches it)."""
+        return len(self._lines)
+
+    def show(self, blocks: str, tail: str) -> None:
+        """Append finished Markdown `blocks` (may be empty) and replace the unfinished `tail`."""
+        first_changed, old_count = len(self._block_lines), len(self._lines)
+        if blocks:
+            self._batches.append(blocks)
+            if self._width:
+                self._block_lines += self._render_blocks(blocks, self._width, after=self._block_lines)
         self._tail = tail
-        self._clock = clock
-        self._moved_at = float("-inf")
+        self._assemble()
+        self._fit()
+        if self._width:  # only the lines that changed: the compositor redraws what they cover
+            self.refresh(Region(0, first_changed, self._width, max(old_count, len(self._lines)) - first_changed))
+
+    def clear(self) -> None:
+        self._batches, self._tail = [], ""
+        self._block_lines, self._lines = [], []
+        self._height = TAIL_LINES
+        self.styles.height = TAIL_LINES
+
+    def render_line(self, y: int) -> Strip:
+        if y < len(self._lines):
+            return self._lines[y]
+        return Strip.blank(self.size.width, self.rich_style)
+
+    def on_resize(self, event: events.Resize) -> None:
+        width = self.size.width
+        if width and width != self._width:  # first laid out, or the terminal resized: re-wrap
+            self._width = width
+            self._block_lines = []
+            for batch in self._batches:
+                self._block_lines += self._render_blocks(batch, width, after=self._block_lines)
+            self._assemble()
+            self._fit()
+            self.refresh()
+
+    def _assemble(self) -> None:
+        if not self._width:
+            return
+        tail = self._render(Text(self._tail.rstrip("\n")), self._width) if self._tail.strip() else []
+        gap = [Strip.blank(self._width, self.rich_style)] if self._block_lines and tail else []
+        self._lines = self._block_lines + gap + tail
+
+    def _fit(self) -> None:
+        """Grow when the text outgrows the height (one layout of the screen), never shrink."""
+        if len(self._lines) > self._height:
+            self._height = len(self._lines) + GROW_LINES
+            self.styles.height = self._height
+
+    def _render_blocks(self, blocks: str, width: int, after: list[Strip]) -> list[Strip]:
+        markdown = RichMarkdown("", code_theme="monokai")
+        markdown.parsed = self._parser.parse(blocks)  # the chat parser: a newline is a line break
+        lines = self._render(markdown, width)
+        return ([Strip.blank(width, self.rich_style)] if after and lines else []) + lines
+
+    def _render(self, renderable: RichMarkdown | Text, width: int) -> list[Strip]:
+        console, base = self.app.console, self.rich_style  # the body's colours under Rich's styles
+        options = console.options.update(width=width, height=None, highlight=False)
+        return [Strip(line).apply_style(base).simplify() for line in console.render_lines(renderable, options, pad=False)]
+
+
+class ReplyWriter:
+    """Buffers one reply's deltas and paints them into a `StreamingBody` (see the module doc); at
+    the end the whole text goes to the message's Markdown widget."""
+
+    def __init__(self, markdown: Markdown, body: StreamingBody) -> None:
+        self._markdown = markdown
+        self._body = body
         self._parts: list[str] = []
-        self._painted = 0  # characters of the reply already handed to the Markdown widget
+        self._painted = 0  # characters of the reply painted as finished blocks
         self._dirty = False
 
     @property
@@ -80,52 +189,17 @@ class ReplyWriter:
         self._dirty = False
         text = self.text
         self._parts = [text]
-        pending = text[self._painted :]
-        blocks, tail = split_finished_blocks(pending)
-        needed = self._lines(pending) if self._laid_out() else None  # wrapped once a flush
-        now = self._clock()
-        overflows = needed is not None and needed > self._tail.content_region.height
-        if blocks and (now - self._moved_at >= BLOCK_MOVE_S or overflows):
-            self._painted += len(blocks)
-            self._moved_at = now
-            await self._markdown.append(blocks)
-            pending, needed = tail, None
-        self._show_tail(pending, needed)
+        blocks, tail = split_finished_blocks(text[self._painted :])
+        self._painted += len(blocks)
+        if not self._body.display:
+            self._body.display = True
+        self._body.show(blocks, tail)
 
     async def close(self) -> None:
-        """The reply ended: the rest goes to the Markdown widget, so the final rendering is the
-        same Markdown a finished message gets."""
-        rest = self.text[self._painted :]
-        self._painted += len(rest)
+        """The reply ended: its whole text goes to the Markdown widget, so the final rendering is
+        the same Markdown a finished message gets."""
         self._dirty = False
-        self._tail.display = False
-        self._tail.update("")
-        if rest:
-            await self._markdown.append(rest)
-
-    def _lines(self, text: str) -> int:
-        return Content(text).get_height(self._tail.styles, self._tail.content_region.width)
-
-    def _laid_out(self) -> bool:
-        return self._tail.display and self._tail.content_region.width > 0
-
-    def _show_tail(self, tail: str, needed: int | None = None) -> None:
-        """`needed`: the tail's wrapped height, when the caller has it already."""
-        # A layout pass re-arranges the whole screen (the app's main cost while streaming): the
-        # tail keeps its height while the text fits (blank lines below it until then) and asks
-        # for a layout only when a single block outgrows it.
-        widget = self._tail
-        region = widget.content_region
-        if not self._laid_out():  # its first showing: a size to start with
-            widget.styles.height = "auto"
-            widget.styles.min_height = TAIL_LINES
-            widget.update(tail)
-            widget.display = True
-            return
-        if needed is None:
-            needed = self._lines(tail)
-        if needed <= region.height:
-            widget.update(tail, layout=False)
-            return
-        widget.styles.height = needed + TAIL_SPARE_LINES
-        widget.update(tail, layout=True)
+        self._body.display = False
+        self._body.clear()
+        if text := self.text:
+            await self._markdown.update(text)

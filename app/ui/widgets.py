@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from markdown_it import MarkdownIt
 from textual import events, on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
@@ -13,6 +12,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input, Label, Markdown, Static, Switch, TextArea
 
 from app.engine.types.errors import RequestError
+from app.ui.reply_stream import StreamingBody, chat_markdown_parser
 from app.ui.user_config import ChatSettings
 
 _NEWLINE_KEYS = ("shift+enter", "ctrl+j")
@@ -57,21 +57,6 @@ class PromptInput(TextArea):
         await super()._on_key(event)
 
 
-def _chat_markdown_parser() -> MarkdownIt:
-    """Textual's parser, but a single newline stays a line break: model replies (poems, lists
-    without blank lines, code-like text) are written line by line, as chat UIs show them."""
-    md = MarkdownIt("gfm-like")
-
-    def hard_breaks(state) -> None:  # noqa: ANN001 - markdown-it's StateCore
-        for block in state.tokens:
-            for token in block.children or []:
-                if token.type == "softbreak":
-                    token.type = "hardbreak"
-
-    md.core.ruler.push("hard_breaks", hard_breaks)
-    return md
-
-
 class MessageView(Vertical):
     """One message: a role line, the body (Markdown for replies, plain text for the user's own
     input) and a dim line of reply metadata."""
@@ -85,10 +70,10 @@ class MessageView(Vertical):
     def compose(self) -> ComposeResult:
         yield Label("You" if self.role == "user" else "Assistant", classes="role")
         if self.role == "assistant":
-            yield Markdown(self._content, classes="body", parser_factory=_chat_markdown_parser)
-            tail = Static("", markup=False, classes="tail")  # a streaming reply's unfinished block
-            tail.display = False
-            yield tail
+            yield Markdown(self._content, classes="body", parser_factory=chat_markdown_parser)
+            stream = StreamingBody(classes="stream")  # the reply while it streams
+            stream.display = False
+            yield stream
         else:
             yield Static(self._content, markup=False, classes="body")
         meta = Label(self._meta, markup=False, classes="meta")
@@ -100,8 +85,8 @@ class MessageView(Vertical):
         return self.query_one(Markdown)
 
     @property
-    def tail(self) -> Static:
-        return self.query_one(".tail", Static)
+    def stream(self) -> StreamingBody:
+        return self.query_one(StreamingBody)
 
     def set_meta(self, text: str, *, error: bool = False) -> None:
         label = self.query_one(".meta", Label)

@@ -103,14 +103,14 @@ async def test_a_hidden_tab_buffers_its_stream_and_shows_it_complete(tmp_path: P
         await until(pilot, lambda: engine.live_request_ids() and len(engine.live_request_ids()) == 2)
         await until(pilot, lambda: second.metrics is not None and second.metrics.num_tokens >= 20)
         view = second.query(MessageView).last()
-        assert view.markdown.source == "" and not str(view.tail.render())  # hidden: nothing painted yet
+        assert view.markdown.source == "" and not view.stream.text  # hidden: nothing painted yet
         tabs.active = second.id
-        await until(pilot, lambda: "w17" in str(view.tail.render()) + view.markdown.source)
+        await until(pilot, lambda: "w17" in view.stream.text + view.markdown.source)
         engine.hold_after = None
         await idle(pilot, screen)
         expected = "Reply to: " + words
         assert second.messages[-1].content == expected
-        assert view.markdown.source == expected and not view.tail.display
+        assert view.markdown.source == expected and not view.stream.display
         assert engine.last_max_delay_s == DELTA_MAX_DELAY_S  # the UI need not be woken every step
 
 

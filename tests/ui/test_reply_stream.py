@@ -1,5 +1,6 @@
-"""A streamed reply is painted within a frame budget (finished Markdown blocks + a plain tail) and
-ends rendered exactly as the same text rendered at once (a message reopened from the store)."""
+"""A streamed reply is painted within a frame budget (one widget: finished blocks rendered as
+Markdown, then the unfinished block as plain text) and ends rendered exactly as the same text
+rendered at once (a message reopened from the store)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,11 @@ from typing import Any
 import pytest
 from textual.app import App, ComposeResult
 from textual.containers import VerticalScroll
-from textual.content import Content
 
 from app import ASSETS_DIR
 from app.ui.reply_stream import (
-    BLOCK_MOVE_S,
+    GROW_LINES,
     TAIL_LINES,
-    TAIL_SPARE_LINES,
     ReplyWriter,
     split_finished_blocks,
 )
@@ -66,7 +65,7 @@ class OneMessage(App):
 
 
 async def stream_reply(app: OneMessage, pilot: Any, text: str, flush_every: int = 5) -> ReplyWriter:
-    writer = ReplyWriter(app.view.markdown, app.view.tail)
+    writer = ReplyWriter(app.view.markdown, app.view.stream)
     for i, piece in enumerate(pieces(text)):
         writer.write(piece)
         if i % flush_every == 0:
@@ -86,25 +85,29 @@ def test_split_keeps_open_code_fence_in_the_tail() -> None:
     assert split_finished_blocks(closed) == (closed[: -len("after")], "after")
 
 
-async def test_tail_shows_the_unfinished_block_as_plain_text() -> None:
+def painted(app: OneMessage) -> list[str]:
+    return [strip.text.rstrip() for strip in app.view.stream._lines]
+
+
+async def test_finished_blocks_show_as_markdown_and_the_unfinished_one_as_plain_text() -> None:
     app = OneMessage()
     async with app.run_test(size=SIZE) as pilot:
-        writer = ReplyWriter(app.view.markdown, app.view.tail)
-        writer.write("First paragraph.\n\nSecond **unfinished")
+        writer = ReplyWriter(app.view.markdown, app.view.stream)
+        writer.write("First **bold** paragraph,\nsecond line.\n\nSecond **unfinished")
         await writer.flush()
         await pilot.pause()
-        assert app.view.markdown.source == "First paragraph.\n\n"
-        assert app.view.tail.display and "Second **unfinished" in str(app.view.tail.render())
+        assert painted(app) == ["First bold paragraph,", "second line.", "", "Second **unfinished"]
+        assert app.view.stream.display and app.view.markdown.source == ""  # nothing mounted yet
         await writer.close()
         await pilot.pause()
-        assert not app.view.tail.display
-        assert app.view.markdown.source == "First paragraph.\n\nSecond **unfinished"
+        assert not app.view.stream.display
+        assert app.view.markdown.source == "First **bold** paragraph,\nsecond line.\n\nSecond **unfinished"
 
 
 async def test_flush_without_new_text_does_not_touch_the_widgets() -> None:
     app = OneMessage()
     async with app.run_test(size=SIZE) as pilot:
-        writer = ReplyWriter(app.view.markdown, app.view.tail)
+        writer = ReplyWriter(app.view.markdown, app.view.stream)
         writer.write("a\n\nb")
         await writer.flush()
         await pilot.pause()
@@ -136,96 +139,58 @@ def test_streamed_reply_snapshot(snap_compare: Any) -> None:
     assert snap_compare(app, terminal_size=SIZE, run_before=run)
 
 
-async def test_tail_wraps_at_the_full_width_as_it_grows() -> None:
+async def test_the_reply_wraps_at_the_full_width_and_rewraps_on_resize() -> None:
     app = OneMessage()
     async with app.run_test(size=SIZE) as pilot:
-        writer = ReplyWriter(app.view.markdown, app.view.tail)
-        writer.write("Short start")
+        writer = ReplyWriter(app.view.markdown, app.view.stream)
+        writer.write("Done.\n\nShort start")
         await writer.flush()
         await pilot.pause()
         for _ in range(30):
             writer.write(" and then some more words")
             await writer.flush()
             await pilot.pause()
-        assert app.view.tail.size.width >= SIZE[0] - 4
+        widest = max(len(line) for line in painted(app))
+        assert widest >= SIZE[0] - 10
+        await pilot.resize_terminal(SIZE[0] // 2, SIZE[1])
+        await pilot.pause()
+        assert SIZE[0] // 2 - 12 <= max(len(line) for line in painted(app)) <= SIZE[0] // 2
+        assert " ".join(" ".join(painted(app)).split()) == " ".join(writer.text.split())
 
 
-async def test_a_growing_tail_asks_for_a_layout_once_per_few_lines(monkeypatch: Any) -> None:
-    """Each layout pass re-arranges the whole screen: the tail starts TAIL_LINES high, then keeps
-    spare lines to grow into and asks for one only when it outgrows them. Its text is always whole
-    and visible."""
+async def test_a_streaming_reply_mounts_nothing_and_lays_out_once_per_few_lines(monkeypatch: Any) -> None:
+    """Each layout pass re-arranges the whole screen: the body starts TAIL_LINES high and grows
+    GROW_LINES at a time, and no block widget is mounted until the reply ends. Its newest text
+    always shows."""
     app = OneMessage()
     async with app.run_test(size=SIZE) as pilot:
-        tail = app.view.tail
+        body = app.view.stream
         layouts = []
-        refresh = type(tail).refresh
+        refresh = type(body).refresh
 
-        def counting(self, *args: Any, layout: bool = False, **kwargs: Any) -> Any:
-            if self is tail and layout:
+        def counting(self: Any, *args: Any, layout: bool = False, **kwargs: Any) -> Any:
+            if self is body and layout:
                 layouts.append(flushes)  # a resize asks more than once: count flushes that asked
             return refresh(self, *args, layout=layout, **kwargs)
 
-        writer = ReplyWriter(app.view.markdown, tail)
+        writer = ReplyWriter(app.view.markdown, body)
         writer.write("Start")
         await writer.flush()
         await pilot.pause()
         flushes = 0
-        monkeypatch.setattr(type(tail), "refresh", counting)
-        while tail.content_region.height < 30:
-            writer.write(" a few more words")  # one line every ~4 flushes at this width
+        monkeypatch.setattr(type(body), "refresh", counting)
+        i = 0
+        while body.line_count < 60:
+            writer.write(f" more words, {i}." + ("\n\n" if i % 7 == 6 else ""))  # paragraphs finish now and then
             await writer.flush()
             await pilot.pause()
             flushes += 1
-            lines = Content(str(tail.render())).get_height(tail.styles, tail.content_region.width)
-            assert lines <= tail.content_region.height <= max(TAIL_LINES, lines + TAIL_SPARE_LINES)
-        # 30 lines at one per ~4 flushes: without the reserve ~30 flushes would ask, here ~3.
-        assert 0 < len(set(layouts)) <= (30 - TAIL_LINES) / TAIL_SPARE_LINES + 1, (layouts, flushes)
-
-
-async def test_finished_blocks_move_at_most_once_per_block_move_period() -> None:
-    """Each move into the Markdown widget mounts widgets (a layout of the screen): blocks that
-    finish sooner wait in the plain-text tail, and nothing is lost or shown twice meanwhile."""
-    app = OneMessage()
-    async with app.run_test(size=SIZE) as pilot:
-        now = [100.0]
-        writer = ReplyWriter(app.view.markdown, app.view.tail, clock=lambda: now[0])
-        writer.write("One.\n\nTwo")
-        await writer.flush()
-        await pilot.pause()
-        assert app.view.markdown.source == "One.\n\n"
-        writer.write(".\n\nThree")
-        now[0] += BLOCK_MOVE_S / 2
-        await writer.flush()
-        await pilot.pause()
-        assert app.view.markdown.source == "One.\n\n"  # too soon: "Two." waits in the tail
-        assert "Two.\n\nThree" in str(app.view.tail.render())
-        now[0] += BLOCK_MOVE_S
-        writer.write(" more")
-        await writer.flush()
-        await pilot.pause()
-        assert app.view.markdown.source == "One.\n\nTwo.\n\n"
-        assert "Two." not in str(app.view.tail.render()) and "Three more" in str(app.view.tail.render())
-
-
-async def test_blocks_move_early_when_the_tail_would_overflow() -> None:
-    """A fast model finishes paragraphs faster than BLOCK_MOVE_S: they wait in the tail while it
-    holds them, then move together as it fills; the tail's height never changes meanwhile."""
-    app = OneMessage()
-    async with app.run_test(size=SIZE) as pilot:
-        writer = ReplyWriter(app.view.markdown, app.view.tail, clock=lambda: 100.0)  # time stands still
-        writer.write("Start")
-        await writer.flush()
-        await pilot.pause()
-        height = app.view.tail.content_region.height
-        assert height == TAIL_LINES
-        for i in range(3 * TAIL_LINES):
-            writer.write(f".\n\nParagraph {i}")
-            await writer.flush()
-            await pilot.pause()
-            assert app.view.tail.content_region.height == height
-            assert str(app.view.tail.render()).endswith(f"Paragraph {i}")  # the newest text shows
-        moved = app.view.markdown.source
-        assert moved.startswith("Start.\n\nParagraph 0.\n\n") and "Paragraph 20." in moved
+            i += 1
+            assert body.line_count <= body.content_region.height <= max(TAIL_LINES, body.line_count + GROW_LINES)
+            assert f"{i - 1}." in painted(app)[-1] or not painted(app)[-1]
+            assert not app.view.markdown.children
+        # 60 lines: ~5 growths, against two or three layouts per finished block before.
+        assert 0 < len(set(layouts)) <= (60 - TAIL_LINES) / GROW_LINES + 1, (layouts, flushes)
         await writer.close()
         await pilot.pause()
         assert app.view.markdown.source == writer.text
