@@ -15,6 +15,7 @@ Results do not depend on the count (every kernel on the CPU path computes a row 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 
 import torch
@@ -28,7 +29,12 @@ MIN_GAIN = 0.9  # switch when the other count's steps take at most this fraction
 # noisy stretch of all-core steps (this VM's 20% drift) must not pass for a neighbour.
 MIN_GAIN_FEWER = 0.7
 SLOWDOWN = 1.5  # steps this much slower than the best seen at this batch size: probe now, not later
-SLOW_STEP = 3.0  # ... or two steps in a row this much slower
+# The median is over the current count's steps of the last RECENT_S (PROBE_STEPS at least): the
+# app's own UI thread slows a few steps at a time (a screen layout holds the GIL and a core for
+# tens of milliseconds), a neighbour every step for as long as it runs.
+RECENT_S = 0.5
+SLOW_STEP = 3.0  # ... or steps in a row this much slower, adding up to SLOW_RUN_S (a neighbour
+SLOW_RUN_S = 0.25  # can make each step take a second: the median cannot wait for those)
 MIN_PROBE_GAP_S = 1.0  # a slowdown probe waits at least this long after the last probe
 ABORT = 2.0  # a probe step (past the first) this much slower than the current median ends the probe
 ABORT_FIRST = 10.0
@@ -46,11 +52,11 @@ class ThreadTuner:
         self._interval = PROBE_EVERY_S
         self._last_probe = clock()
         self._next_probe = self._last_probe + FIRST_PROBE_S
-        self._recent: dict[int, list[float]] = {}  # batch size -> the current count's last step times
+        self._recent: dict[int, deque[tuple[float, float]]] = {}  # batch size -> (when, step time) of the current count's steps
         self._best: dict[int, float] = {}  # batch size -> the lowest median of those seen at this count
         # (count, batch size, its step times, the current count's step time to beat)
         self._probe: tuple[int, int, list[float], float] | None = None
-        self._slow_run = 0  # consecutive steps far slower than the best
+        self._slow_run, self._slow_time = 0, 0.0  # consecutive steps far slower than the best; their total
         self._probation: tuple[float, float] | None = None  # (fewer threads' step time, until)
         self._probation_slow = 0  # consecutive all-core steps far slower than that, on probation
         # (fewer count, batch size, all-core step times again, the fewer count's median step time)
@@ -82,24 +88,29 @@ class ThreadTuner:
     def _probe_due(self, key: int, seconds: float) -> float | None:
         """The step time a probe must beat, when one is due: periodically, or at once when all
         cores slow down (a neighbour arrived)."""
-        recent = self._recent.setdefault(key, [])
-        recent.append(seconds)
-        del recent[:-PROBE_STEPS]
-        now, typical = self._clock(), _median(recent)
-        if len(recent) == PROBE_STEPS:
+        now = self._clock()
+        recent = self._recent.setdefault(key, deque())
+        recent.append((now, seconds))
+        while len(recent) > PROBE_STEPS and now - recent[0][0] > RECENT_S:
+            recent.popleft()
+        typical = _median([s for _, s in recent])
+        if len(recent) >= PROBE_STEPS:
             self._best[key] = min(self._best.get(key, typical), typical)
         best = self._best.get(key)
-        # Two steps in a row far slower than the best (not one: a collection pause) say so at once:
-        # steps of a second or more cannot wait for five of them to move the median.
-        self._slow_run = self._slow_run + 1 if best is not None and seconds > SLOW_STEP * best else 0
+        # Slow steps in a row (not one: a collection pause) that add up say so at once.
+        if best is not None and seconds > SLOW_STEP * best:
+            self._slow_run, self._slow_time = self._slow_run + 1, self._slow_time + seconds
+        else:
+            self._slow_run, self._slow_time = 0, 0.0
+        slow_run = self._slow_run >= 2 and self._slow_time >= SLOW_RUN_S
         # One thread slowing down is no sign that more would help; the periodic probe finds the
         # neighbour gone.
         slowed = (best is not None and self.current == self.max_threads
-                  and (typical > SLOWDOWN * best or self._slow_run >= 2)
+                  and (typical > SLOWDOWN * best or slow_run)
                   and now - self._last_probe >= MIN_PROBE_GAP_S)
         # The periodic probe needs one step to compare with, not five (see slowed).
         if now >= self._next_probe or slowed:
-            return typical if self._slow_run < 2 else _median(recent[-2:])
+            return _median([s for _, s in list(recent)[-2:]]) if slow_run else typical
         return None
 
     def _on_probation(self, seconds: float) -> bool:
@@ -181,7 +192,7 @@ class ThreadTuner:
         self._apply(count)
         self._recent.clear()
         self._best.clear()
-        self._slow_run = self._probation_slow = 0
+        self._slow_run, self._slow_time, self._probation_slow = 0, 0.0, 0
         self._last_probe = self._clock()
         self._interval = PROBE_EVERY_S if won else min(2 * self._interval, MAX_PROBE_EVERY_S)
         self._next_probe = self._last_probe + self._interval

@@ -109,3 +109,24 @@ def test_the_apps_own_bursts_do_not_pass_for_a_neighbour():
         clock.now += seconds
         tuner.observe(1, seconds)
     assert tuner.current == 2 and tuner.switches == 0
+
+
+def test_a_burst_of_slow_steps_starts_no_probe_a_lasting_slowdown_does() -> None:
+    """A screen layout slows a few steps by tens of milliseconds: the median over RECENT_S does not
+    move and the steps add up to less than SLOW_RUN_S, so no probe starts before the periodic one.
+    The same slowdown lasting starts one within about RECENT_S."""
+    clock, applied = Clock(), []
+    tuner = ThreadTuner(2, clock=clock, set_threads=applied.append)
+    drive(tuner, clock, {2: 0.005, 1: 0.008}, 5_000)  # 25 s: the periodic probes back off
+    applied.clear()
+    until = tuner._next_probe
+    while clock.now < until - 1.0:
+        for seconds in [0.040] * 3 + [0.005] * 40:  # a 120 ms layout every ~0.3 s
+            clock.now += seconds
+            tuner.observe(1, seconds)
+    assert applied == []
+    start = clock.now
+    while not applied:
+        clock.now += 0.040
+        tuner.observe(1, 0.040)
+    assert clock.now - start <= threads.RECENT_S
