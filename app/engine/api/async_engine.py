@@ -58,6 +58,7 @@ class AsyncEngine:
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue, float]] = {}
         self._held: dict[asyncio.AbstractEventLoop, _Held] = {}  # deltas waiting for their loop's hand-off
         self._dead: str | None = None  # why the step thread died, once it has
+        self._step_s = 0.0  # how long the last step took: held deltas go out when the next would be late
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._loaded = threading.Event()
@@ -102,13 +103,24 @@ class AsyncEngine:
         self._streams[seq.request_id] = (loop, inbox, max_delay_s)
         self._send("add", seq)
         finished = False
+        error: BaseException | None = None
         try:
             while not finished:
                 item = await inbox.get()
                 if isinstance(item, BaseException):
                     raise item
+                # Deltas that arrived together go out as one: each one costs the consumer's loop
+                # its per-delta work (an SSE event, a UI update).
+                while item.finish_reason is None and not inbox.empty():
+                    later = inbox.get_nowait()
+                    if isinstance(later, BaseException):
+                        error = later
+                        break
+                    item = item.merged(later)
                 finished = item.finish_reason is not None
                 yield item
+                if error is not None:
+                    raise error
         finally:
             self._streams.pop(seq.request_id, None)
             if not finished:
@@ -194,7 +206,9 @@ class AsyncEngine:
             deltas = self._drain_inbox()
             busy = engine.has_unfinished()
             if busy:
+                started = time.monotonic()
                 deltas += engine.step()
+                self._step_s = time.monotonic() - started
             else:
                 self._wake.wait(self._idle_wait_s())
                 self._wake.clear()
@@ -228,7 +242,7 @@ class AsyncEngine:
     def _publish(self, items: list) -> None:
         """Group the deltas per event loop: one thread-safe call per loop each step, or, while
         every stream with something held allows it (`max_delay_s`), once the oldest has waited
-        that long. Each wake-up of the loop costs its thread the GIL, which the step thread needs
+        that long (or now, when the next step would end past that). Each wake-up of the loop costs its thread the GIL, which the step thread needs
         between torch ops: the TUI paints 5 times a second and need not be woken 40 times."""
         if not items and not self._held:
             return
@@ -243,7 +257,7 @@ class AsyncEngine:
             held.batch.append((inbox, payload))
             held.due = min(held.due, now if _urgent(payload) else now + max_delay_s)
         for loop, held in list(self._held.items()):
-            if now < held.due:
+            if now + self._step_s < held.due:  # else the next step would end past the due time
                 continue
             del self._held[loop]
             try:

@@ -36,6 +36,13 @@ class StreamDelta:
     num_output_tokens: int = 0  # total so far, including this delta
     error: str | None = None  # set with finish_reason="error"
 
+    def merged(self, later: StreamDelta) -> StreamDelta:
+        """This delta followed by `later` (of the same request) as one."""
+        logprobs = None if self.logprobs is None and later.logprobs is None else [*(self.logprobs or ()), *(later.logprobs or ())]
+        return StreamDelta(self.request_id, self.text + later.text, self.token_ids + later.token_ids,
+                           later.finish_reason, logprobs, later.num_prompt_tokens or self.num_prompt_tokens,
+                           later.num_output_tokens, later.error)
+
 
 @dataclass(frozen=True, kw_only=True)  # nine fields: positional calls were unreadable
 class RequestStats:

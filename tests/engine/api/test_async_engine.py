@@ -99,14 +99,27 @@ async def test_held_deltas_arrive_in_fewer_wake_ups_and_complete(engine, monkeyp
     ids = [t for d in deltas for t in d.token_ids]
     assert ids == [t for d in alone for t in d.token_ids] == [t for d in prompt_wise for t in d.token_ids]
     assert "".join(d.text for d in deltas) == "".join(d.text for d in alone)
-    assert deltas[0].num_output_tokens == 1 and deltas[-1].finish_reason == "length"
+    assert deltas[-1].num_output_tokens == 30 and deltas[-1].finish_reason == "length"
     # The eager stream's 30 steps each woke the loop; the held stream rode along on those.
     assert sum("eager" in h for h in handoffs) >= 30 - 1
     alone_handoffs = len(handoffs)
     handoffs.clear()
-    await held()
+    together = await held()
     assert len(handoffs) == 2 < alone_handoffs, handoffs  # the first token, then the rest with the last delta
+    # What one hand-off brought reaches the consumer as one delta: one SSE event, one UI update.
+    assert [len(d.token_ids) for d in together] == [1, 29] and together[-1].num_output_tokens == 30
+    assert "".join(d.text for d in together) == "".join(d.text for d in alone)
     wait_idle(engine)
+
+
+def test_merged_deltas_keep_everything_of_both():
+    from app.engine.types.outputs import StreamDelta
+
+    first = StreamDelta("r", "Hel", [1], logprobs=[{1: -0.1}], num_prompt_tokens=4, num_output_tokens=1)
+    last = StreamDelta("r", "lo", [2, 3], "stop", [{2: -0.2}, {3: -0.3}], num_output_tokens=3)
+    merged = first.merged(last)
+    assert merged == StreamDelta("r", "Hello", [1, 2, 3], "stop", [{1: -0.1}, {2: -0.2}, {3: -0.3}], 4, 3)
+    assert first.merged(StreamDelta("r", "", [], "error", error="boom")).error == "boom"
 
 
 async def test_held_deltas_fall_due(engine):
