@@ -351,7 +351,7 @@ class ChatPane(TabPane):
         self._worker = self.run_worker(self._generate(self.request_id), group="generate", exit_on_error=False)
 
     async def _generate(self, request_id: str) -> None:
-        view = MessageView("assistant")
+        view = MessageView("assistant", streaming=True)
         await self.query_one(".messages", VerticalScroll).mount(view)
         writer = self._writer = ReplyWriter(view.markdown, view.stream)
         try:

@@ -244,17 +244,35 @@ def render_rates(rows: list[TabRate], width: int) -> Text:
 class PanelText(Static):
     """A panel body whose text changes several times a second but whose lines (each shorter than
     the panel is wide) rarely change in number: an update repaints it without a layout pass unless
-    the line count changed, and an unchanged text costs nothing."""
+    the line count changed, and an unchanged text costs nothing. With `keep_height`, fewer lines
+    than shown keep the height (blank lines below): a reply ending and the next starting take a
+    row away and back, and each change of height is a layout of the screen."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__("", markup=False, **kwargs)
         self._shown: Text | str = ""
+        self._lines = 1
 
-    def show(self, content: Text | str) -> None:
-        if content != self._shown:
-            lines_changed = str(content).count("\n") != str(self._shown).count("\n")
-            self._shown = content
-            self.update(content, layout=lines_changed)
+    def show(self, content: Text | str, keep_height: bool = False) -> None:
+        if content == self._shown:
+            return
+        self._shown = content
+        lines = str(content).count("\n") + 1
+        if keep_height and lines < self._lines:
+            content = content + "\n" * (self._lines - lines)  # Text + str is Text
+            lines = self._lines
+        layout, self._lines = lines != self._lines, lines
+        self.update(content, layout=layout)
+
+
+class PanelDigits(Digits):
+    """Big digits in a cell of fixed width (the CSS): a new value only repaints them. Textual's
+    Digits asks for a layout of the screen whenever the value's width changes."""
+
+    def update(self, value: str) -> None:
+        if value != self.value:
+            self._value = value
+            self.refresh()
 
 
 class KVBudgetPanel(Vertical):
@@ -267,7 +285,7 @@ class KVBudgetPanel(Vertical):
         self.border_title = "KV cache"
 
     def show(self, stats: EngineStats, owners: dict[str, Owner], source: str = "") -> None:
-        self.query_one("#kv-body", PanelText).show(render_kv(stats, owners, self.BAR_WIDTH, source))
+        self.query_one("#kv-body", PanelText).show(render_kv(stats, owners, self.BAR_WIDTH, source), _busy(stats))
 
 
 class ThroughputPanel(Vertical):
@@ -277,10 +295,10 @@ class ThroughputPanel(Vertical):
         with Horizontal(id="tp-digits"):
             with Vertical(classes="tp-cell"):
                 yield Label("decode tok/s", classes="tp-label")
-                yield Digits("0.0", id="tp-decode")
+                yield PanelDigits("0.0", id="tp-decode")
             with Vertical(classes="tp-cell"):
                 yield Label("prefill tok/s", classes="tp-label")
-                yield Digits("0.0", id="tp-prefill")
+                yield PanelDigits("0.0", id="tp-prefill")
         yield Label("decode tok/s, last minute", classes="tp-label")
         yield Sparkline([0.0], id="tp-history")
         yield PanelText(id="tp-steps")
@@ -296,8 +314,13 @@ class ThroughputPanel(Vertical):
             sparkline = self.query_one("#tp-history", Sparkline)
             if list(sparkline.data or ()) != list(history.samples):
                 sparkline.data = list(history.samples)
-        self.query_one("#tp-steps", PanelText).show(render_step_line(stats))
-        self.query_one("#tp-rates", PanelText).show(render_rates(rows, self.RATES_WIDTH))
+        self.query_one("#tp-steps", PanelText).show(render_step_line(stats), _busy(stats))
+        self.query_one("#tp-rates", PanelText).show(render_rates(rows, self.RATES_WIDTH), _busy(stats))
+
+
+def _busy(stats: EngineStats) -> bool:
+    """While requests run, panel texts keep their height; idle, they shrink to fit."""
+    return bool(stats.num_running or stats.num_waiting)
 
 
 def _digits_rate(x: float | None) -> str:
@@ -309,6 +332,5 @@ def _digits_rate(x: float | None) -> str:
 
 
 def _show_digits(digits: Digits, value: str) -> None:
-    # Digits relayouts only when the width changes; the CSS gives it a fixed width anyway.
     if digits.value != value:
         digits.update(value)

@@ -61,18 +61,19 @@ class MessageView(Vertical):
     """One message: a role line, the body (Markdown for replies, plain text for the user's own
     input) and a dim line of reply metadata."""
 
-    def __init__(self, role: str, content: str = "", meta: str = "") -> None:
+    def __init__(self, role: str, content: str = "", meta: str = "", streaming: bool = False) -> None:
         super().__init__(classes=f"message {role}")
         self.role = role
         self._content = content
         self._meta = meta
+        self._streaming = streaming  # a reply about to stream: its body shows from the start
 
     def compose(self) -> ComposeResult:
         yield Label("You" if self.role == "user" else "Assistant", classes="role")
         if self.role == "assistant":
             yield Markdown(self._content, classes="body", parser_factory=chat_markdown_parser)
             stream = StreamingBody(classes="stream")  # the reply while it streams
-            stream.display = False
+            stream.display = self._streaming  # shown later, it would cost a layout of the screen
             yield stream
         else:
             yield Static(self._content, markup=False, classes="body")
