@@ -5,7 +5,7 @@ the step's threads wait for their descheduled partner at each of them, and a 2-t
 take 5-20x longer than a 1-thread one. On an idle machine 2 threads are ~2x faster. No waiting
 policy serves both (docs/benchmarks.md), so the engine measures: it runs a few decode steps with
 the other thread count soon after start, then now and then (backing off while probes lose), and at
-once when all-core steps slow down; it keeps whichever count made steps of that batch size faster,
+once when all-core steps slow down for a while (the app's UI thread slows a few steps at a time); it keeps whichever count made steps of that batch size faster,
 and drops back to one thread at once if all-core steps turn slow again soon after a switch up. A
 probe that finds fewer threads faster is confirmed against fresh all-core steps before the switch:
 the app's own UI thread slows a step or two now and then (a screen layout holds the GIL and a
@@ -23,11 +23,15 @@ import torch
 PROBE_EVERY_S = 10.0  # how often the other count is tried after a probe that switched
 MAX_PROBE_EVERY_S = 60.0  # probes that keep losing back off to this interval
 FIRST_PROBE_S = 2.0  # the first probe comes soon: a neighbour may be busy from the start
-PROBE_STEPS = 5  # steps per side of a comparison: the probe's first one, paying the switch, is not counted
+PROBE_STEPS = 5  # steps per side of a comparison at least: the probe's first one, paying the switch, is not counted
+# ... and seconds: the mean step time is what sets tokens/s, and with busy neighbours all-core
+# steps are mostly as fast as one thread's with a long tail (a step waiting 100-300 ms for a
+# descheduled thread) that a median over five steps never sees.
+PROBE_S = 0.2
 MIN_GAIN = 0.9  # switch when the other count's steps take at most this fraction of the current's
 # ... but to fewer threads only when clearly faster: on an idle machine one thread never is, and a
 # noisy stretch of all-core steps (this VM's 20% drift) must not pass for a neighbour.
-MIN_GAIN_FEWER = 0.7
+MIN_GAIN_FEWER = 0.8
 SLOWDOWN = 1.5  # steps this much slower than the best seen at this batch size: probe now, not later
 # The median is over the current count's steps of the last RECENT_S (PROBE_STEPS at least): the
 # app's own UI thread slows a few steps at a time (a screen layout holds the GIL and a core for
@@ -36,7 +40,7 @@ RECENT_S = 0.5
 SLOW_STEP = 3.0  # ... or steps in a row this much slower, adding up to SLOW_RUN_S (a neighbour
 SLOW_RUN_S = 0.25  # can make each step take a second: the median cannot wait for those)
 MIN_PROBE_GAP_S = 1.0  # a slowdown probe waits at least this long after the last probe
-ABORT = 2.0  # a probe step (past the first) this much slower than the current median ends the probe
+ABORT = 2.0  # a probe step (past the first) this much slower than the current mean ends the probe
 ABORT_FIRST = 10.0
 
 
@@ -90,6 +94,8 @@ class ThreadTuner:
         cores slow down (a neighbour arrived)."""
         now = self._clock()
         recent = self._recent.setdefault(key, deque())
+        if recent and now - seconds - recent[-1][0] > RECENT_S:  # the engine was idle or ran other batches
+            recent.clear()
         recent.append((now, seconds))
         while len(recent) > PROBE_STEPS and now - recent[0][0] > RECENT_S:
             recent.popleft()
@@ -108,9 +114,11 @@ class ThreadTuner:
         slowed = (best is not None and self.current == self.max_threads
                   and (typical > SLOWDOWN * best or slow_run)
                   and now - self._last_probe >= MIN_PROBE_GAP_S)
-        # The periodic probe needs one step to compare with, not five (see slowed).
-        if now >= self._next_probe or slowed:
-            return _median([s for _, s in list(recent)[-2:]]) if slow_run else typical
+        # The periodic probe waits until this batch's steps cover RECENT_S (one step of a second
+        # does): a reply's first steps, when the app lays out its new message, are no baseline.
+        covered = now - recent[0][0] + recent[0][1] >= RECENT_S
+        if (now >= self._next_probe and covered) or slowed:
+            return _mean([s for _, s in list(recent)[-2:]] if slow_run else [s for _, s in recent])
         return None
 
     def _on_probation(self, seconds: float) -> bool:
@@ -143,10 +151,13 @@ class ThreadTuner:
             return
         if len(times) < PROBE_STEPS:
             return
-        # Medians on both sides (a best-of against a median favoured whichever count was probed,
-        # and a server's own per-token work made one thread look faster than it was).
+        # Means on both sides (a best-of against a median favoured whichever count was probed, and
+        # medians missed the long tail of all-core steps under contention); a probe already
+        # slower than the current count cannot win and ends early.
         gain = MIN_GAIN_FEWER if other < self.current else MIN_GAIN
-        probed = _median(times[1:])
+        probed = _mean(times[1:])
+        if probed <= current and sum(times[1:]) < PROBE_S:
+            return
         if probed <= gain * current and other < self.current:
             self._probe = None
             self._confirm = (other, key, [], probed)
@@ -157,7 +168,7 @@ class ThreadTuner:
     def _observe_confirm(self, key: int, seconds: float) -> None:
         """Fewer threads won their probe: all-core steps again, right after it, decide. Two in a
         row far slower than the probe's switch at once (a neighbour, whose steps may take a
-        second); otherwise medians after PROBE_STEPS of them."""
+        second); otherwise the mean of PROBE_STEPS and PROBE_S of them."""
         other, confirm_key, times, probed = self._confirm
         if key != confirm_key:
             self._confirm = None
@@ -165,9 +176,9 @@ class ThreadTuner:
             return
         times.append(seconds)
         slow_pair = len(times) >= 2 and min(times[-2:]) > ABORT * probed
-        if slow_pair or len(times) >= PROBE_STEPS:
+        if slow_pair or (len(times) >= PROBE_STEPS and sum(times[1:]) >= PROBE_S):
             self._confirm = None
-            self._decide(other, slow_pair or probed <= MIN_GAIN_FEWER * _median(times[1:]), probed)
+            self._decide(other, slow_pair or probed <= MIN_GAIN_FEWER * _mean(times[1:]), probed)
 
     def _end_probe(self, keep: bool) -> None:
         other, reference = self._probe[0], self._probe[3]
@@ -201,6 +212,10 @@ class ThreadTuner:
         if self._applied != threads:
             self._set(threads)
             self._applied = threads
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
 
 
 def _median(xs: list[float]) -> float:
