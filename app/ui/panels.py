@@ -254,10 +254,10 @@ class PanelText(Static):
         self._lines = 1
 
     def show(self, content: Text | str, keep_height: bool = False) -> None:
-        if content == self._shown:
+        lines = str(content).count("\n") + 1
+        if content == self._shown and (keep_height or lines == self._lines):
             return
         self._shown = content
-        lines = str(content).count("\n") + 1
         if keep_height and lines < self._lines:
             content = content + "\n" * (self._lines - lines)  # Text + str is Text
             lines = self._lines

@@ -159,7 +159,8 @@ class StreamingBody(Widget):
     def _render(self, renderable: RichMarkdown | Text, width: int) -> list[Strip]:
         console, base = self.app.console, self.rich_style  # the body's colours under Rich's styles
         options = console.options.update(width=width, height=None, highlight=False)
-        return [Strip(line).apply_style(base).simplify() for line in console.render_lines(renderable, options, pad=False)]
+        lines = console.render_lines(renderable, options, pad=False)
+        return [Strip(line).apply_style(base).simplify() for line in lines]
 
 
 class ReplyWriter:

@@ -242,8 +242,9 @@ class AsyncEngine:
     def _publish(self, items: list) -> None:
         """Group the deltas per event loop: one thread-safe call per loop each step, or, while
         every stream with something held allows it (`max_delay_s`), once the oldest has waited
-        that long (or now, when the next step would end past that). Each wake-up of the loop costs its thread the GIL, which the step thread needs
-        between torch ops: the TUI paints 5 times a second and need not be woken 40 times."""
+        that long (or now, when the next step would end past that). Each wake-up of the loop
+        costs its thread the GIL, which the step thread needs between torch ops: the TUI paints
+        5 times a second and need not be woken 40 times."""
         if not items and not self._held:
             return
         now = time.monotonic()

@@ -5,11 +5,12 @@ the step's threads wait for their descheduled partner at each of them, and a 2-t
 take 5-20x longer than a 1-thread one. On an idle machine 2 threads are ~2x faster. No waiting
 policy serves both (docs/benchmarks.md), so the engine measures: it runs a few decode steps with
 the other thread count soon after start, then now and then (backing off while probes lose), and at
-once when all-core steps slow down for a while (the app's UI thread slows a few steps at a time); it keeps whichever count made steps of that batch size faster,
-and drops back to one thread at once if all-core steps turn slow again soon after a switch up. A
-probe that finds fewer threads faster is confirmed against fresh all-core steps before the switch:
-the app's own UI thread slows a step or two now and then (a screen layout holds the GIL and a
-core), which must not pass for a neighbour that takes a core all the time.
+once when all-core steps slow down for a while (the app's UI thread slows a few steps at a time);
+it keeps whichever count made steps of that batch size faster (mean step times), and drops back
+to one thread at once if all-core steps turn slow again soon after a switch up. A probe that finds
+fewer threads faster is confirmed against fresh all-core steps before the switch: the app's own
+UI thread slows a step or two now and then (a screen layout holds the GIL and a core), which must
+not pass for a neighbour that takes a core all the time.
 Results do not depend on the count (every kernel on the CPU path computes a row alone)."""
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ class ThreadTuner:
         self._interval = PROBE_EVERY_S
         self._last_probe = clock()
         self._next_probe = self._last_probe + FIRST_PROBE_S
-        self._recent: dict[int, deque[tuple[float, float]]] = {}  # batch size -> (when, step time) of the current count's steps
+        # batch size -> (when, step time) of the current count's steps over the last RECENT_S
+        self._recent: dict[int, deque[tuple[float, float]]] = {}
         self._best: dict[int, float] = {}  # batch size -> the lowest median of those seen at this count
         # (count, batch size, its step times, the current count's step time to beat)
         self._probe: tuple[int, int, list[float], float] | None = None

@@ -38,7 +38,9 @@ class StreamDelta:
 
     def merged(self, later: StreamDelta) -> StreamDelta:
         """This delta followed by `later` (of the same request) as one."""
-        logprobs = None if self.logprobs is None and later.logprobs is None else [*(self.logprobs or ()), *(later.logprobs or ())]
+        logprobs = None
+        if self.logprobs is not None or later.logprobs is not None:
+            logprobs = [*(self.logprobs or ()), *(later.logprobs or ())]
         return StreamDelta(self.request_id, self.text + later.text, self.token_ids + later.token_ids,
                            later.finish_reason, logprobs, later.num_prompt_tokens or self.num_prompt_tokens,
                            later.num_output_tokens, later.error)
