@@ -308,8 +308,8 @@ class ThroughputPanel(Vertical):
         self.border_title = "Throughput"
 
     def show(self, stats: EngineStats, rows: list[TabRate], history: ThroughputHistory | None) -> None:
-        _show_digits(self.query_one("#tp-decode", Digits), _digits_rate(stats.decode_tokens_per_s))
-        _show_digits(self.query_one("#tp-prefill", Digits), _digits_rate(stats.prefill_tokens_per_s))
+        self.query_one("#tp-decode", PanelDigits).update(_digits_rate(stats.decode_tokens_per_s))
+        self.query_one("#tp-prefill", PanelDigits).update(_digits_rate(stats.prefill_tokens_per_s))
         if history is not None:
             sparkline = self.query_one("#tp-history", Sparkline)
             if list(sparkline.data or ()) != list(history.samples):
@@ -325,12 +325,9 @@ def _busy(stats: EngineStats) -> bool:
 
 def _digits_rate(x: float | None) -> str:
     """tokens/s for the big digits: from 10 on four glyphs wide (blank-padded), so a rate moving
-    between 98 and 123 keeps the widget's width; a change of width costs a layout of the screen."""
+    between 98 and 123 stays in place instead of jumping sideways."""
     if x is not None and 10 <= x < 10_000:
         return f"{x:4.0f}"
     return fmt_rate(x)
 
 
-def _show_digits(digits: Digits, value: str) -> None:
-    if digits.value != value:
-        digits.update(value)

@@ -15,6 +15,7 @@ buffering and paints once when it is shown again."""
 from __future__ import annotations
 
 import re
+from functools import cache
 
 from markdown_it import MarkdownIt
 from rich.markdown import Markdown as RichMarkdown
@@ -58,6 +59,12 @@ def chat_markdown_parser() -> MarkdownIt:
     return md
 
 
+@cache
+def _stream_parser() -> MarkdownIt:
+    """One parser for every streaming body: each message view has one, mostly never shown."""
+    return chat_markdown_parser()
+
+
 def split_finished_blocks(text: str) -> tuple[str, str]:
     """Split `text` into (finished blocks, unfinished tail) at the last blank line that is not
     inside a code fence: Markdown can no longer change how anything before that line renders,
@@ -77,7 +84,7 @@ class StreamingBody(Widget):
 
     DEFAULT_CSS = """
     StreamingBody {
-        width: 1fr;
+        width: 1fr;  /* not auto: the reply wraps at the message's full width from its first words */
         padding: 0 1;
     }
     """
@@ -91,7 +98,6 @@ class StreamingBody(Widget):
         self._lines: list[Strip] = []  # block lines, a blank line, the tail's lines
         self._height = TAIL_LINES
         self.styles.height = TAIL_LINES
-        self._parser = chat_markdown_parser()
 
     @property
     def text(self) -> str:
@@ -152,7 +158,7 @@ class StreamingBody(Widget):
 
     def _render_blocks(self, blocks: str, width: int, after: list[Strip]) -> list[Strip]:
         markdown = RichMarkdown("", code_theme="monokai")
-        markdown.parsed = self._parser.parse(blocks)  # the chat parser: a newline is a line break
+        markdown.parsed = _stream_parser().parse(blocks)  # the chat parser: a newline is a line break
         lines = self._render(markdown, width)
         return ([Strip.blank(width, self.rich_style)] if after and lines else []) + lines
 

@@ -65,7 +65,7 @@ class ThreadTuner:
         self._slow_run, self._slow_time = 0, 0.0  # consecutive steps far slower than the best; their total
         self._probation: tuple[float, float] | None = None  # (fewer threads' step time, until)
         self._probation_slow = 0  # consecutive all-core steps far slower than that, on probation
-        # (fewer count, batch size, all-core step times again, the fewer count's median step time)
+        # (fewer count, batch size, all-core step times again, the fewer count's mean step time)
         self._confirm: tuple[int, int, list[float], float] | None = None
         self.switches = 0
         self._applied = self.max_threads
