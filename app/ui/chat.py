@@ -12,6 +12,7 @@ import re
 import time
 import uuid
 from dataclasses import replace
+from collections.abc import Awaitable
 from typing import Any
 
 from rich.text import Text
@@ -131,6 +132,7 @@ class ChatPane(TabPane):
         self.request_id: str | None = None
         self.metrics: ReplyMetrics | None = None
         self._writer: ReplyWriter | None = None
+        self._held_view: MessageView | None = None  # the last reply, holding its streaming height
         self._first_mounted: int | None = None  # index of the oldest mounted message; None: none yet
         # The engine's (tok/s, TTFT) for the current reply, last seen while it ran: the panel keeps
         # showing the engine's measure after the reply ends instead of switching to the client's.
@@ -297,24 +299,50 @@ class ChatPane(TabPane):
         self._ensure_history()  # a broadcast may reach a tab that was never shown
         message = self._store.add_message(self.chat.id, "user", text)
         self._messages.append(message)
-        self.query_one(".messages", VerticalScroll).mount(MessageView("user", text))
+        scroll = self.query_one(".messages", VerticalScroll)
+        room = self._reply_room(self._user_height(scroll, text))
+        reply = MessageView("assistant", streaming=True, stream_height=room)
+        mounted = scroll.mount_all([MessageView("user", text), reply])  # together: one layout
         if _DEFAULT_TITLE.match(self.chat.title):
             self.rename(_title_from(text))
-        self._start()
+        self._start(reply, mounted)
         return True
+
+    def _reply_room(self, above: int) -> int:
+        """The streaming body's first height: the view's height below the user's message (and the
+        reply's role line), so the question stays at the top while the reply fills the screen
+        below it, and a reply shorter than a screen never grows its body (a layout each time)."""
+        scroll = self.query_one(".messages", VerticalScroll)
+        return scroll.scrollable_content_region.height - above - 2  # its role line and margin
+
+    def _user_height(self, scroll: VerticalScroll, text: str) -> int:
+        """A user message's height once mounted (role line, wrapped text, margin), before it is."""
+        width = scroll.scrollable_content_region.width - 2  # the body's padding
+        return 2 + len(Text(text).wrap(self.app.console, width)) if width > 0 else 0
+
+    def _hold_reply_space(self, view: MessageView) -> None:
+        """A finished reply keeps its streaming height until the next message: a short reply in a
+        screen-high body would otherwise shrink and scroll the chat under the reader's eyes."""
+        view.styles.min_height = view.size.height
+        self._held_view = view
+
+    def _release_reply_space(self) -> None:
+        if self._held_view is not None:
+            self._held_view.styles.min_height = None
+            self._held_view = None
 
     def regenerate(self) -> bool:
         """Drop the last reply (if any) and generate it again from the same history."""
         if self.generating or not self._messages:
             return False
         self._ensure_history()
+        views = [view for view in self.query(MessageView) if not view.has_class("failed")]
         if self._messages[-1].role == "assistant":
             last = self._messages.pop()
             self._store.delete_message(last.id)
-            views = self.query(MessageView)
             if views:
-                views.last().remove()
-        self._start()
+                views.pop().remove()
+        self._start(views[-1].outer_size.height if views else None)
         return True
 
     def stop(self) -> bool:
@@ -336,7 +364,10 @@ class ChatPane(TabPane):
             except (WorkerCancelled, WorkerFailed):
                 pass  # cancelled before it ran, or failed: either way nothing is left to commit
 
-    def _start(self) -> None:
+    def _start(self, reply: MessageView | int | None, mounted: Awaitable[None] | None = None) -> None:
+        """Start the reply into `reply`, a view being `mounted` with the user's message, or into a
+        new one below a message `reply` lines high (None: not known)."""
+        self._release_reply_space()
         for failed in self.query(".message.failed"):
             failed.remove()  # an earlier attempt's error, never stored: the new reply replaces it
         self.request_id = f"chat{self.chat.id}-{uuid.uuid4().hex[:8]}"
@@ -348,16 +379,22 @@ class ChatPane(TabPane):
         self._partial: MessageRecord | None = None  # this reply's row once committed
         self._committed_at = time.monotonic()
         self.post_message(self.Changed(self))
-        self._worker = self.run_worker(self._generate(self.request_id), group="generate", exit_on_error=False)
+        if not isinstance(reply, MessageView):
+            room = self._reply_room(reply) if reply is not None else 0
+            reply = MessageView("assistant", streaming=True, stream_height=room)
+            mounted = self.query_one(".messages", VerticalScroll).mount(reply)
+        work = self._generate(self.request_id, reply, mounted)
+        self._worker = self.run_worker(work, group="generate", exit_on_error=False)
 
-    async def _generate(self, request_id: str) -> None:
-        view = MessageView("assistant", streaming=True)
-        await self.query_one(".messages", VerticalScroll).mount(view)
+    async def _generate(self, request_id: str, view: MessageView, mounted: Awaitable[None] | None) -> None:
+        if mounted is not None:
+            await mounted
         writer = self._writer = ReplyWriter(view.markdown, view.stream)
         try:
             finish, error = await self._consume(request_id, writer)
         finally:
             self._writer = None
+        self._hold_reply_space(view)
         await writer.close()
         self._finish(view, writer.text, finish, error)
 

@@ -89,15 +89,15 @@ class StreamingBody(Widget):
     }
     """
 
-    def __init__(self, **kwargs: object) -> None:
+    def __init__(self, height: int = TAIL_LINES, **kwargs: object) -> None:
         super().__init__(**kwargs)
         self._batches: list[str] = []  # finished blocks, as painted (one Markdown rendering each)
         self._tail = ""
         self._width = 0  # what the lines below were rendered at; 0: not yet
         self._block_lines: list[Strip] = []
         self._lines: list[Strip] = []  # block lines, a blank line, the tail's lines
-        self._height = TAIL_LINES
-        self.styles.height = TAIL_LINES
+        self._initial_height = self._height = max(height, TAIL_LINES)
+        self.styles.height = self._height
 
     @property
     def text(self) -> str:
@@ -110,7 +110,7 @@ class StreamingBody(Widget):
 
     def show(self, blocks: str, tail: str) -> None:
         """Append finished Markdown `blocks` (may be empty) and replace the unfinished `tail`."""
-        first_changed, old_count = len(self._block_lines), len(self._lines)
+        old = self._lines
         if blocks:
             self._batches.append(blocks)
             if self._width:
@@ -119,13 +119,15 @@ class StreamingBody(Widget):
         self._assemble()
         self._fit()
         if self._width:  # only the lines that changed: the compositor redraws what they cover
-            self.refresh(Region(0, first_changed, self._width, max(old_count, len(self._lines)) - first_changed))
+            first = _first_difference(old, self._lines)
+            if (changed := max(len(old), len(self._lines)) - first) > 0:
+                self.refresh(Region(0, first, self._width, changed))
 
     def clear(self) -> None:
         self._batches, self._tail = [], ""
         self._block_lines, self._lines = [], []
-        self._height = TAIL_LINES
-        self.styles.height = TAIL_LINES
+        self._height = self._initial_height
+        self.styles.height = self._height
 
     def render_line(self, y: int) -> Strip:
         if y < len(self._lines):
@@ -167,6 +169,15 @@ class StreamingBody(Widget):
         options = console.options.update(width=width, height=None, highlight=False)
         lines = console.render_lines(renderable, options, pad=False)
         return [Strip(line).apply_style(base).simplify() for line in lines]
+
+
+def _first_difference(old: list[Strip], new: list[Strip]) -> int:
+    """The first line that differs: a paragraph that gains words re-wraps only its last lines, and
+    the compositor's cost grows with the lines it redraws."""
+    for y, (before, after) in enumerate(zip(old, new)):
+        if before is not after and before != after:
+            return y
+    return min(len(old), len(new))
 
 
 class ReplyWriter:

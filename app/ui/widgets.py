@@ -12,7 +12,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input, Label, Markdown, Static, Switch, TextArea
 
 from app.engine.types.errors import RequestError
-from app.ui.reply_stream import StreamingBody, chat_markdown_parser
+from app.ui.reply_stream import TAIL_LINES, StreamingBody, chat_markdown_parser
 from app.ui.user_config import ChatSettings
 
 _NEWLINE_KEYS = ("shift+enter", "ctrl+j")
@@ -61,18 +61,20 @@ class MessageView(Vertical):
     """One message: a role line, the body (Markdown for replies, plain text for the user's own
     input) and a dim line of reply metadata."""
 
-    def __init__(self, role: str, content: str = "", meta: str = "", streaming: bool = False) -> None:
+    def __init__(self, role: str, content: str = "", meta: str = "", streaming: bool = False,
+                 stream_height: int = TAIL_LINES) -> None:
         super().__init__(classes=f"message {role}")
         self.role = role
         self._content = content
         self._meta = meta
         self._streaming = streaming  # a reply about to stream: its body shows from the start
+        self._stream_height = stream_height  # its body's first height (see StreamingBody)
 
     def compose(self) -> ComposeResult:
         yield Label("You" if self.role == "user" else "Assistant", classes="role")
         if self.role == "assistant":
             yield Markdown(self._content, classes="body", parser_factory=chat_markdown_parser)
-            stream = StreamingBody(classes="stream")  # the reply while it streams
+            stream = StreamingBody(self._stream_height, classes="stream")  # the reply while it streams
             stream.display = self._streaming  # shown later, it would cost a layout of the screen
             yield stream
         else:

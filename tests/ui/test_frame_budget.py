@@ -12,7 +12,7 @@ from app.ui.chat import HISTORY_PAGE
 from app.ui.reply_stream import DELTA_MAX_DELAY_S
 from app.ui.store import ChatStore
 from app.ui.widgets import EarlierMessages, MessageView
-from tests.ui.test_tui import SIZE, chat_engine, chat_screen, idle, make_app, until
+from tests.ui.test_tui import SIZE, chat_engine, chat_screen, idle, make_app, type_and_send, until
 
 
 def long_chat(tmp_path: Path, num_messages: int) -> None:
@@ -134,3 +134,32 @@ async def test_history_never_takes_the_focus_and_scrolls_by_keys(tmp_path: Path)
         await until(pilot, lambda: history.scroll_y < history.max_scroll_y)
         await pilot.press("shift+pagedown")
         await until(pilot, lambda: history.scroll_y == history.max_scroll_y)
+
+
+async def test_a_reply_streams_below_its_question_and_keeps_its_place(tmp_path: Path) -> None:
+    """The streaming body fills the view below the question (so a reply shorter than a screen
+    never grows it: each growth lays out the screen), the question stays at the top, and the
+    finished reply holds that height until the next message instead of scrolling the chat."""
+    long_chat(tmp_path, 20)
+    app, engine = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await chat_screen(pilot)
+        pane = screen.active_pane()
+        scroll = pane.query_one(".messages")
+        engine.hold_after = 3
+        await type_and_send(pilot, "a short question")
+        await until(pilot, lambda: pane.generating and pane.query(MessageView).last().stream.line_count > 0)
+        await pilot.pause(0.3)
+        question, reply = list(pane.query(MessageView))[-2:]
+        view_top = scroll.content_region.y
+        assert question.region.y == view_top  # the question at the top, the reply's room below it
+        assert reply.region.bottom >= scroll.content_region.bottom - 1
+        assert reply.stream.size.height > 20
+        engine.hold_after = None
+        await idle(pilot, screen)
+        await pilot.pause(0.3)
+        assert question.region.y == view_top  # nothing moved when the reply ended
+        assert "Reply to: a short question" in reply.markdown.source
+        await type_and_send(pilot, "next")
+        await idle(pilot, screen)
+        assert reply.styles.min_height is None  # the next message takes the room

@@ -194,3 +194,22 @@ async def test_a_streaming_reply_mounts_nothing_and_lays_out_once_per_few_lines(
         await writer.close()
         await pilot.pause()
         assert app.view.markdown.source == writer.text
+
+
+async def test_a_flush_repaints_only_the_lines_that_changed(monkeypatch: Any) -> None:
+    """Words added to a long paragraph re-wrap its last lines only: the compositor's work per
+    frame grows with the lines it redraws, so the lines above are not marked."""
+    app = OneMessage()
+    async with app.run_test(size=SIZE) as pilot:
+        body = app.view.stream
+        writer = ReplyWriter(app.view.markdown, body)
+        writer.write("word " * 100)
+        await writer.flush()
+        await pilot.pause()
+        assert body.line_count > 5
+        regions = []
+        monkeypatch.setattr(type(body), "refresh", lambda self, *args, **kwargs: regions.append(args))
+        writer.write("and more words")
+        await writer.flush()
+        [(region,)] = regions
+        assert region.y >= body.line_count - 2 and region.bottom == body.line_count
