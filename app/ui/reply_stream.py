@@ -5,10 +5,11 @@ the engine's speed inside the app, and on two cores every millisecond the UI thr
 one of the engine's threads. Here the deltas only land in a buffer; a flush, at most `FRAME_HZ`
 times a second and only while the tab is shown, paints the new text into `StreamingBody`: one
 widget that mounts nothing. Finished Markdown blocks are rendered once (Rich's Markdown renderer)
-and kept as lines; the unfinished block below them is plain text. The body's height grows
-`GROW_LINES` at a time, so the screen is laid out (~25-80 ms of the UI thread here, growing with the
-chat) once per that many lines instead of two or three times per finished block, as mounting
-Textual's Markdown blocks did. When the reply ends its whole text goes to the Markdown widget once:
+and kept as lines; the unfinished block below them is plain text. Every change of the body's
+height lays out the screen (~25-80 ms of the UI thread here, growing with the chat): it starts as
+high as the caller makes room for (the chat fills the view below the question) and grows
+`GROW_LINES` at a time, where mounting Textual's Markdown blocks cost two or three layouts per
+finished block. When the reply ends its whole text goes to the Markdown widget once:
 the final rendering is the same Markdown a finished or reopened message gets. A hidden tab keeps
 buffering and paints once when it is shown again."""
 
@@ -36,9 +37,9 @@ FRAME_HZ = 5
 # paint shows text at most that much staler, and the UI thread wakes ~10 times a second instead
 # of at every engine step (each wake-up holds the GIL the step thread needs between torch ops).
 DELTA_MAX_DELAY_S = 0.5 / FRAME_HZ
-# The streaming body's height when a reply starts, and how much it grows once the text outgrows
-# it: each growth is one layout of the screen, and the blank lines below the text until then are
-# what it costs.
+# The streaming body's least height, and how much it grows once the text outgrows it: each
+# growth is one layout of the screen, and the blank lines below the text until then are what it
+# costs.
 TAIL_LINES = 12
 GROW_LINES = 10
 _FENCE = re.compile(r"^ {0,3}(```|~~~)", re.MULTILINE)
