@@ -9,7 +9,9 @@ Sections (each against the engine alone, `localbatch bench`, at the same concurr
   again while /metrics is scraped at 1 Hz and at 20 Hz (scrape latency reported); ITL p50/p99; with
   `--llama-server`, llama-server `-np 16 -t NCPU` on the same GGUF and the same 16-client load.
 - app: the app in tmux at 160x48 (tmux_tabs.py) with the embedded endpoint on and /metrics scraped
-  once a second: the replies' summed tok/s at 1 / 4 / 8 tabs against bench's decode tok/s.
+  once a second: the replies' summed tok/s at 1 / 4 / 8 tabs against bench's decode tok/s, from a
+  bench run just before (`--app-rounds` pairs, medians of the pairs' ratios). The tabs sample with
+  the chat's settings (e.g. temperature 0.7, top-p 0.95); bench is greedy.
 - contention: decode tok/s at 1 and 4 sequences with 0 and 2 `while True: pass` neighbours, fixed
   thread count against the app's adaptive one (contention.py).
 
@@ -123,7 +125,7 @@ def paired_rounds(args: argparse.Namespace, sections: set[str]) -> tuple[list[di
     so every serve figure has an engine-alone figure from the same minutes (this VM drifts by 20%)."""
     bench_runs: list[dict[int, dict]] = []
     serve_runs: dict[str, list] = {}
-    levels = sorted(set(args.serve_levels) | set(args.app_levels))
+    levels = sorted(set(args.serve_levels) | set(args.app_levels))  # the bench rows show every level
     proc = None
     url = f"http://127.0.0.1:{args.port}"
     if "serve" in sections:
@@ -181,23 +183,31 @@ def section_llama_server(args: argparse.Namespace, rows: list[dict]) -> None:
         proc.wait()
 
 
-def section_app(args: argparse.Namespace, bench: dict[int, float], rows: list[dict]) -> None:
-    """`bench`: the engine's decode tok/s per concurrency (medians of the rounds)."""
+def section_app(args: argparse.Namespace, rows: list[dict]) -> None:
+    """`--app-rounds` times: `localbatch bench` at the tab counts, then the app at each, so each
+    app figure has an engine-alone figure from the same minutes; medians of the paired ratios."""
     port = args.port + 2
     targs = SimpleNamespace(model=args.model, max_tokens=args.max_tokens, timeout=300, idle=0, idle_after=0,
                             cwd=str(HERE.parent), pyspy=None, env=None, remote=None,
                             extra=["--serve", "--port", str(port)])
     if args.app_prompt:
         tmux_tabs.PROMPT = args.app_prompt
-    for tabs in args.app_levels:
-        with Scraper(f"http://127.0.0.1:{port}", 1.0) as scraper:
-            run = tmux_tabs.run_tabs(targs, tabs)
-        total = sum(rate for _, rate in run.replies)
-        base = bench[tabs]
-        rows.append({"where": f"app in tmux, {tabs} tabs, endpoint on, /metrics 1 Hz", "tok_s": total, "engine": base,
-                     "ratio": total / base if base else None,
-                     "note": f"replies of {min(n for n, _ in run.replies)}-{max(n for n, _ in run.replies)} tok; "
-                             f"UI thread {run.ui_cpu:.0%}; {scraper.summary()}; load {run.load_after:.2f}"})
+    runs: dict[int, list[tuple[float, float, str]]] = {tabs: [] for tabs in args.app_levels}
+    for _ in range(args.app_rounds):
+        bench = run_bench(args.model, args.app_levels, args.max_tokens, args.prompt_len)
+        for tabs in args.app_levels:
+            with Scraper(f"http://127.0.0.1:{port}", 1.0) as scraper:
+                run = tmux_tabs.run_tabs(targs, tabs)
+            total = sum(rate for _, rate in run.replies)
+            note = (f"replies of {min(n for n, _ in run.replies)}-{max(n for n, _ in run.replies)} tok; "
+                    f"UI thread {run.ui_cpu:.0%}; {scraper.summary()}; load {run.load_after:.2f}")
+            runs[tabs].append((total, bench[tabs]["decode_tok_s"], note))
+    for tabs, results in runs.items():
+        ratios = [total / base for total, base, _ in results]
+        rows.append({"where": f"app in tmux, {tabs} tabs, endpoint on, /metrics 1 Hz",
+                     "tok_s": median([t for t, _, _ in results]), "engine": median([b for _, b, _ in results]),
+                     "ratio": median(ratios),
+                     "note": results[-1][2] + f"; ratios {', '.join(f'{x:.2f}' for x in ratios)}"})
 
 
 def section_contention(args: argparse.Namespace, rows: list[dict]) -> None:
@@ -224,6 +234,7 @@ def main() -> int:
     p.add_argument("--app-levels", default="1,4,8")
     p.add_argument("--app-prompt", default=None, help="what the tabs are asked (default: tmux_tabs.py's long story)")
     p.add_argument("--rounds", type=int, default=3, help="paired rounds of bench and serve (medians are reported)")
+    p.add_argument("--app-rounds", type=int, default=1, help="paired rounds of bench and the app (medians are reported)")
     p.add_argument("--contention-s", type=float, default=10.0)
     p.add_argument("--port", type=int, default=8061)
     p.add_argument("--llama-server", default=None, help="llama-server binary: its 16-stream ITL beside ours")
@@ -245,7 +256,7 @@ def main() -> int:
         if "serve" in sections and args.llama_server:
             section_llama_server(args, rows)
         if "app" in sections:
-            section_app(args, {c: median([b[c]["decode_tok_s"] for b in bench_runs]) for c in bench_runs[0]}, rows)
+            section_app(args, rows)
     if "contention" in sections:
         section_contention(args, rows)
     print("\n| where | tok/s | engine alone | ratio | notes |\n|---|---|---|---|---|")
