@@ -11,8 +11,8 @@ import asyncio
 import re
 import time
 import uuid
-from dataclasses import replace
 from collections.abc import Awaitable
+from dataclasses import replace
 from typing import Any
 
 from rich.text import Text
