@@ -14,8 +14,7 @@ import json
 import random
 import statistics
 import time
-
-import httpx
+import urllib.parse
 
 
 def pct(values: list[float], q: float) -> float:
@@ -23,25 +22,40 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
-async def one(client: httpx.AsyncClient, prompt: list[int], max_tokens: int, ttfts: list[float],
+async def one(host: str, port: int, prompt: list[int], max_tokens: int, ttfts: list[float],
               itls: list[float]) -> int:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True, "temperature": 0}
+    """One streamed request on its own connection, read with asyncio's streams: the client shares
+    the machine with the server, and httpx's streaming took ~8% of a core at one 100 tok/s stream on
+    a 2-core VM, which the server's engine then lacked (about twice that: both of its threads wait
+    for the one that lost its core)."""
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
+                       "temperature": 0}).encode()
+    reader, writer = await asyncio.open_connection(host, port)
     start = time.perf_counter()
     last = None
-    chunks = 0
-    async with client.stream("POST", "/v1/completions", json=body) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            if not json.loads(line[6:])["choices"][0]["text"]:
-                continue
-            now = time.perf_counter()
-            if last is None:
-                ttfts.append(now - start)
-            else:
-                itls.append(now - last)
-            last, chunks = now, chunks + 1
+    try:
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (host.encode(), len(body), body))
+        status = await reader.readline()
+        if b" 200 " not in status:
+            raise RuntimeError(f"{host}:{port} answered {status.decode(errors='replace').strip()}")
+        while (await reader.readline()).strip():
+            pass  # headers: both servers stream with chunked transfer encoding
+        pending = b""
+        while size := int((await reader.readline()).split(b";")[0] or b"0", 16):
+            pending += (await reader.readexactly(size + 2))[:-2]
+            *events, pending = pending.split(b"\n\n")
+            for event in events:
+                if not event.startswith(b"data: {") or not json.loads(event[6:])["choices"][0]["text"]:
+                    continue
+                now = time.perf_counter()
+                if last is None:
+                    ttfts.append(now - start)
+                else:
+                    itls.append(now - last)
+                last = now
+    finally:
+        writer.close()
     return max_tokens
 
 
@@ -50,19 +64,18 @@ async def level(url: str, concurrency: int, rounds: int, prompt_len: int, max_to
     rng = random.Random(seed)
     ttfts: list[float] = []
     itls: list[float] = []
+    address = urllib.parse.urlsplit(url)
 
-    async def client_loop(c: httpx.AsyncClient) -> int:
+    async def client_loop() -> int:
         total = 0
         for _ in range(rounds):
             prompt = [rng.randrange(max_id // 2, max_id) for _ in range(prompt_len)]
-            total += await one(c, prompt, max_tokens, ttfts, itls)
+            total += await one(address.hostname, address.port or 80, prompt, max_tokens, ttfts, itls)
         return total
 
-    limits = httpx.Limits(max_connections=concurrency + 4)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as c:
-        start = time.perf_counter()
-        tokens = sum(await asyncio.gather(*(client_loop(c) for _ in range(concurrency))))
-        elapsed = time.perf_counter() - start
+    start = time.perf_counter()
+    tokens = sum(await asyncio.gather(*(client_loop() for _ in range(concurrency))))
+    elapsed = time.perf_counter() - start
     return {"concurrency": concurrency, "output_tok_s": tokens / elapsed, "requests": concurrency * rounds,
             "ttft_p50_ms": 1e3 * statistics.median(ttfts), "ttft_p99_ms": 1e3 * pct(ttfts, 0.99),
             "itl_p50_ms": 1e3 * statistics.median(itls), "itl_p99_ms": 1e3 * pct(itls, 0.99)}
