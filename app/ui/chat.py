@@ -342,7 +342,7 @@ class ChatPane(TabPane):
             self._store.delete_message(last.id)
             if views:
                 views.pop().remove()
-        self._start(views[-1].outer_size.height if views else None)
+        self._start(_height_with_margin(views[-1]) if views else None)
         return True
 
     def stop(self) -> bool:
@@ -464,6 +464,11 @@ class ChatPane(TabPane):
         self.request_id = None
         self._worker = None
         self.post_message(self.Changed(self))
+
+
+def _height_with_margin(view: MessageView) -> int:
+    margin = view.styles.margin
+    return view.outer_size.height + margin.top + margin.bottom
 
 
 def _title_from(text: str, limit: int = 28) -> str:

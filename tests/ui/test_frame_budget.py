@@ -163,3 +163,10 @@ async def test_a_reply_streams_below_its_question_and_keeps_its_place(tmp_path: 
         await type_and_send(pilot, "next")
         await idle(pilot, screen)
         assert reply.styles.min_height is None  # the next message takes the room
+        engine.hold_after = 2  # "Reply to: next" is three tokens
+        await pilot.press("ctrl+r")  # regenerate: the new reply below the same question
+        await until(pilot, lambda: pane.generating and pane.query(MessageView).last().stream.line_count > 0)
+        await pilot.pause(0.3)
+        assert list(pane.query(MessageView))[-2].region.y == view_top
+        engine.hold_after = None
+        await idle(pilot, screen)
