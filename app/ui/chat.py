@@ -300,20 +300,20 @@ class ChatPane(TabPane):
         message = self._store.add_message(self.chat.id, "user", text)
         self._messages.append(message)
         scroll = self.query_one(".messages", VerticalScroll)
-        room = self._reply_room(self._user_height(scroll, text))
-        reply = MessageView("assistant", streaming=True, stream_height=room)
+        reply = self._reply_view(self._user_height(scroll, text))
         mounted = scroll.mount_all([MessageView("user", text), reply])  # together: one layout
         if _DEFAULT_TITLE.match(self.chat.title):
             self.rename(_title_from(text))
         self._start(reply, mounted)
         return True
 
-    def _reply_room(self, above: int) -> int:
-        """The streaming body's first height: the view's height below the user's message (and the
-        reply's role line), so the question stays at the top while the reply fills the screen
-        below it, and a reply shorter than a screen never grows its body (a layout each time)."""
+    def _reply_view(self, above: int | None) -> MessageView:
+        """A reply's view whose streaming body fills the view below the user's message, `above`
+        lines high (None: not known), so the question stays at the top while the reply fills the
+        screen below it, and a reply shorter than a screen never grows its body (a layout each time)."""
         scroll = self.query_one(".messages", VerticalScroll)
-        return scroll.scrollable_content_region.height - above - 2  # its role line and margin
+        room = scroll.scrollable_content_region.height - above - 2 if above is not None else 0  # role line, margin
+        return MessageView("assistant", streaming=True, stream_height=room)
 
     def _user_height(self, scroll: VerticalScroll, text: str) -> int:
         """A user message's height once mounted (role line, wrapped text, margin), before it is."""
@@ -342,7 +342,8 @@ class ChatPane(TabPane):
             self._store.delete_message(last.id)
             if views:
                 views.pop().remove()
-        self._start(_height_with_margin(views[-1]) if views else None)
+        reply = self._reply_view(_height_with_margin(views[-1]) if views else None)
+        self._start(reply, self.query_one(".messages", VerticalScroll).mount(reply))
         return True
 
     def stop(self) -> bool:
@@ -364,9 +365,8 @@ class ChatPane(TabPane):
             except (WorkerCancelled, WorkerFailed):
                 pass  # cancelled before it ran, or failed: either way nothing is left to commit
 
-    def _start(self, reply: MessageView | int | None, mounted: Awaitable[None] | None = None) -> None:
-        """Start the reply into `reply`, a view being `mounted` with the user's message, or into a
-        new one below a message `reply` lines high (None: not known)."""
+    def _start(self, reply: MessageView, mounted: Awaitable[None]) -> None:
+        """Start the reply into `reply`, a view being `mounted`."""
         self._release_reply_space()
         for failed in self.query(".message.failed"):
             failed.remove()  # an earlier attempt's error, never stored: the new reply replaces it
@@ -379,16 +379,11 @@ class ChatPane(TabPane):
         self._partial: MessageRecord | None = None  # this reply's row once committed
         self._committed_at = time.monotonic()
         self.post_message(self.Changed(self))
-        if not isinstance(reply, MessageView):
-            room = self._reply_room(reply) if reply is not None else 0
-            reply = MessageView("assistant", streaming=True, stream_height=room)
-            mounted = self.query_one(".messages", VerticalScroll).mount(reply)
         work = self._generate(self.request_id, reply, mounted)
         self._worker = self.run_worker(work, group="generate", exit_on_error=False)
 
-    async def _generate(self, request_id: str, view: MessageView, mounted: Awaitable[None] | None) -> None:
-        if mounted is not None:
-            await mounted
+    async def _generate(self, request_id: str, view: MessageView, mounted: Awaitable[None]) -> None:
+        await mounted
         writer = self._writer = ReplyWriter(view.markdown, view.stream)
         try:
             finish, error = await self._consume(request_id, writer)

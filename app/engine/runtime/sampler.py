@@ -44,7 +44,7 @@ class Sampler:
         tokens = cpu_ops.argmax(logits)
         if not all(greedy_rows):
             greedy = torch.tensor(greedy_rows, device=logits.device)
-            tokens = torch.where(greedy, tokens, _draw(logits, seqs))
+            tokens = torch.where(greedy, tokens, _draw(logits, seqs, greedy_rows))
         token_list = tokens.tolist()
         return token_list, self._logprobs(raw, seqs, token_list)
 
@@ -151,7 +151,7 @@ def top_logprobs_rows(logprobs: torch.Tensor, k: int, token_ids: list[int]) -> l
     return out
 
 
-def _draw(logits: torch.Tensor, seqs: list[ScheduledSequence]) -> torch.Tensor:
+def _draw(logits: torch.Tensor, seqs: list[ScheduledSequence], greedy_rows: list[bool]) -> torch.Tensor:
     """A token per row from its filtered distribution (greedy rows are drawn at temperature 1 and
     ignored by the caller): in C for fp32 CPU rows (`cpu_sample`; a decode step's sampling with a
     49k vocabulary took 2.4 ms through the torch path below, 0.55 ms so), else in torch."""
@@ -159,7 +159,7 @@ def _draw(logits: torch.Tensor, seqs: list[ScheduledSequence]) -> torch.Tensor:
     if not cpu_sample.takes(logits):
         return _inverse_cdf(sampling_probs(logits, seqs), uniform)
     params = [s.params for s in seqs]
-    temps = [1.0 if is_greedy(s) else p.temperature for s, p in zip(seqs, params)]
+    temps = [1.0 if greedy else p.temperature for greedy, p in zip(greedy_rows, params)]
     return cpu_sample.sample(logits, temps, [p.top_k for p in params], [p.top_p for p in params],
                              [p.min_p for p in params], uniform)
 
