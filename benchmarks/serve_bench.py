@@ -22,41 +22,77 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
+class _Recorder(asyncio.Protocol):
+    """Keeps each piece of the response with its arrival time and nothing more: the client shares
+    the machine with the server, and parsing SSE as it streams (httpx: ~8% of a core at one
+    100 tok/s stream on a 2-core VM; asyncio streams: ~4%) took time from the server's engine,
+    about twice over (both of its threads wait for the one that lost its core). The pieces are
+    parsed once the response has ended."""
+
+    def __init__(self, done: asyncio.Future) -> None:
+        self.pieces: list[tuple[float, bytes]] = []
+        self.done = done
+
+    def data_received(self, data: bytes) -> None:
+        self.pieces.append((time.perf_counter(), data))
+        if data.endswith(b"\r\n0\r\n\r\n") or data == b"0\r\n\r\n":  # the last chunk
+            self.connection_lost(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
 async def one(host: str, port: int, prompt: list[int], max_tokens: int, ttfts: list[float],
               itls: list[float]) -> int:
-    """One streamed request on its own connection, read with asyncio's streams: the client shares
-    the machine with the server, and httpx's streaming took ~8% of a core at one 100 tok/s stream on
-    a 2-core VM, which the server's engine then lacked (about twice that: both of its threads wait
-    for the one that lost its core)."""
+    """One streamed request on its own connection; TTFT and the gaps between SSE events that carry
+    text are taken from the arrival times of the pieces that completed them."""
     body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
                        "temperature": 0}).encode()
-    reader, writer = await asyncio.open_connection(host, port)
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    transport, recorder = await loop.create_connection(lambda: _Recorder(done), host, port)
     start = time.perf_counter()
-    last = None
     try:
-        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (host.encode(), len(body), body))
-        status = await reader.readline()
-        if b" 200 " not in status:
-            raise RuntimeError(f"{host}:{port} answered {status.decode(errors='replace').strip()}")
-        while (await reader.readline()).strip():
-            pass  # headers: both servers stream with chunked transfer encoding
-        pending = b""
-        while size := int((await reader.readline()).split(b";")[0] or b"0", 16):
-            pending += (await reader.readexactly(size + 2))[:-2]
-            *events, pending = pending.split(b"\n\n")
-            for event in events:
-                if not event.startswith(b"data: {") or not json.loads(event[6:])["choices"][0]["text"]:
-                    continue
-                now = time.perf_counter()
-                if last is None:
-                    ttfts.append(now - start)
-                else:
-                    itls.append(now - last)
-                last = now
+        transport.write(b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (host.encode(), len(body), body))
+        await done
     finally:
-        writer.close()
+        transport.close()
+    times = [t for t, _ in _text_events(recorder.pieces, f"{host}:{port}")]
+    if times:
+        ttfts.append(times[0] - start)
+        itls.extend(b - a for a, b in zip(times, times[1:]))
     return max_tokens
+
+
+def _text_events(pieces: list[tuple[float, bytes]], server: str) -> list[tuple[float, dict]]:
+    """(arrival time, event) of each SSE event with text, from a chunked HTTP response's pieces."""
+    raw, ends = b"", []
+    for t, data in pieces:
+        raw += data
+        ends.append((len(raw), t))
+    head, sep, rest = raw.partition(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0]
+    if not sep or b" 200 " not in status:
+        raise RuntimeError(f"{server} answered {status.decode(errors='replace').strip() or 'nothing'}")
+    offset = len(head) + len(sep)  # both servers stream with chunked transfer encoding
+    out, pending, pos, piece = [], b"", 0, 0
+    while True:
+        line_end = rest.index(b"\r\n", pos)
+        size = int(rest[pos:line_end].split(b";")[0] or b"0", 16)
+        if size == 0:
+            return out
+        pos = line_end + 2 + size + 2
+        while ends[piece][0] < offset + pos - 2:  # the piece that brought this chunk's last byte
+            piece += 1
+        pending += rest[line_end + 2:line_end + 2 + size]
+        *events, pending = pending.split(b"\n\n")
+        for event in events:
+            if event.startswith(b"data: {"):
+                obj = json.loads(event[6:])
+                if obj["choices"] and obj["choices"][0].get("text"):
+                    out.append((ends[piece][1], obj))
 
 
 async def level(url: str, concurrency: int, rounds: int, prompt_len: int, max_tokens: int, max_id: int,
