@@ -43,11 +43,18 @@ EXTRAS = ("\n\n- a brass carriage clock\n- a cuckoo clock with one wing\n- a shi
           "\n\n```python\ndef wind(clock):\n    clock.spring += 1\n    return clock\n```\n\n")
 
 
-def reply_tokens() -> list[str]:
-    """A long reply cut into ~4-character tokens: paragraphs, sometimes a list or code block."""
-    text = ""
-    for i in range(40):
-        text += PARAGRAPH * 3 + (EXTRAS[i % 2] if i % 3 == 2 else "\n\n")
+CODE_LINE = "    merged.append(left[i] if left[i] <= right[j] else right[j])  # keep the order stable\n"
+
+
+def reply_tokens(kind: str = "prose") -> list[str]:
+    """A long reply cut into ~4-character tokens: paragraphs, sometimes a list or code block; or
+    (`code`) one long code block, as a coding model answers."""
+    if kind == "code":
+        text = "Here it is:\n\n```python\ndef merge(left, right):\n" + CODE_LINE * 400 + "```\n"
+    else:
+        text = ""
+        for i in range(40):
+            text += PARAGRAPH * 3 + (EXTRAS[i % 2] if i % 3 == 2 else "\n\n")
     return [text[i:i + 4] for i in range(0, len(text), 4)]
 
 
@@ -58,13 +65,14 @@ class PacedEngine:
     max_model_len = 8192
     device = "cpu"
     dtype = "bfloat16"
+    backend = "paced"
     is_remote = False
     chat_template = True
     stats_source = ""
 
-    def __init__(self, step_s: float) -> None:
+    def __init__(self, step_s: float, reply: str = "prose") -> None:
         self._step_s = step_s
-        self._tokens = reply_tokens()
+        self._tokens = reply_tokens(reply)
         self._live: dict[str, list] = {}  # request id -> [loop, queue, position, started]
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -220,7 +228,7 @@ def run_app(args: argparse.Namespace) -> dict:
 
         app.ui.screen.FRAME_HZ = args.frame_hz
 
-    engine = PacedEngine(args.step_ms / 1000)
+    engine = PacedEngine(args.step_ms / 1000, args.reply)
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "config.toml"
         config.write_text("[sampling]\ntemperature = 0.0\nmax_tokens = 100000\n")
@@ -272,6 +280,7 @@ def main() -> None:
     p.add_argument("--tabs", type=int, default=4)
     p.add_argument("--step-ms", type=float, default=60.0, help="one token per tab this often")
     p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--reply", choices=("prose", "code"), default="prose", help="what the replies are")
     p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument("--idle", type=float, default=0.0, help="then measure idle CPU this long")
     p.add_argument("--idle-warmup", type=float, default=3.0)

@@ -96,6 +96,8 @@ class StreamingBody(Widget):
         self._tail = ""
         self._width = 0  # what the lines below were rendered at; 0: not yet
         self._block_lines: list[Strip] = []
+        self._tail_done = ""  # the tail's complete lines, as painted below
+        self._tail_done_lines: list[Strip] = []
         self._lines: list[Strip] = []  # block lines, a blank line, the tail's lines
         self._initial_height = self._height = max(height, TAIL_LINES)
         self.styles.height = self._height
@@ -127,6 +129,7 @@ class StreamingBody(Widget):
     def clear(self) -> None:
         self._batches, self._tail = [], ""
         self._block_lines, self._lines = [], []
+        self._tail_done, self._tail_done_lines = "", []
         self._height = self._initial_height
         self.styles.height = self._height
 
@@ -140,6 +143,7 @@ class StreamingBody(Widget):
         if width and width != self._width:  # first laid out, or the terminal resized: re-wrap
             self._width = width
             self._block_lines = []
+            self._tail_done, self._tail_done_lines = "", []
             for batch in self._batches:
                 self._block_lines += self._render_blocks(batch, width, after=self._block_lines)
             self._assemble()
@@ -149,9 +153,22 @@ class StreamingBody(Widget):
     def _assemble(self) -> None:
         if not self._width:
             return
-        tail = self._render(Text(self._tail.rstrip("\n")), self._width) if self._tail.strip() else []
+        tail = self._render_tail() if self._tail.strip() else []
         gap = [Strip.blank(self._width, self.rich_style)] if self._block_lines and tail else []
         self._lines = self._block_lines + gap + tail
+
+    def _render_tail(self) -> list[Strip]:
+        """The unfinished block as plain text. Each of its lines wraps alone, and text is only ever
+        added, so its complete lines are rendered once: a code block is one unfinished block until
+        its fence closes, and rendering all of it at every frame cost more as it grew."""
+        text = self._tail.rstrip("\n")
+        if not text.startswith(self._tail_done):  # blocks finished: this is a new tail
+            self._tail_done, self._tail_done_lines = "", []
+        cut = text.rfind("\n") + 1
+        if cut > len(self._tail_done):
+            self._tail_done_lines += self._render(Text(text[len(self._tail_done) : cut - 1]), self._width)
+            self._tail_done = text[:cut]
+        return self._tail_done_lines + self._render(Text(text[cut:]), self._width)
 
     def _fit(self) -> None:
         """Grow when the text outgrows the height (one layout of the screen), never shrink."""

@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.containers import VerticalScroll
+from textual.strip import Strip
 
 from app import ASSETS_DIR
 from app.ui.reply_stream import (
@@ -213,3 +215,40 @@ async def test_a_flush_repaints_only_the_lines_that_changed(monkeypatch: Any) ->
         await writer.flush()
         [(region,)] = regions
         assert region.y >= body.line_count - 2 and region.bottom == body.line_count
+
+
+CODE_REPLY = """Merging:
+
+```python
+def merge(a: list[int], b: list[int]) -> list[int]:
+\t\"\"\"Merge two sorted lists into one sorted list, keeping every element of both inputs in order.\"\"\"
+
+    out = []
+
+
+    while a and b:
+        out.append((a if a[0] <= b[0] else b).pop(0))
+    return out + a + b
+```
+
+Done.
+"""
+
+
+async def test_an_unfinished_block_paints_as_if_rendered_whole_at_every_flush() -> None:
+    """The unfinished block (here a code block, until its fence closes) renders its complete lines
+    once; at every flush its lines equal the whole tail rendered at once."""
+    app = OneMessage()
+    async with app.run_test(size=(60, 48)) as pilot:
+        body = app.view.stream
+        writer = ReplyWriter(app.view.markdown, body)
+        for size in (1, 3, 7):
+            for piece in pieces(CODE_REPLY, size):
+                writer.write(piece)
+                await writer.flush()
+                whole = body._render(Text(body._tail.rstrip("\n")), body._width) if body._tail.strip() else []
+                gap = [Strip.blank(body._width, body.rich_style)] if body._block_lines and whole else []
+                assert body._lines == body._block_lines + gap + whole
+            await pilot.pause()
+            writer = ReplyWriter(app.view.markdown, body)
+            body.clear()

@@ -43,6 +43,11 @@ SLOW_RUN_S = 0.25  # can make each step take a second: the median cannot wait fo
 MIN_PROBE_GAP_S = 1.0  # a slowdown probe waits at least this long after the last probe
 ABORT = 2.0  # a probe step (past the first) this much slower than the current mean ends the probe
 ABORT_FIRST = 10.0
+# ... and a probe of fewer threads, which must win by MIN_GAIN_FEWER, ends at its first counted step
+# this much slower: on an idle machine one thread is ~1.3-2x slower, and each further probe step
+# cost the 1.5B model's replies ~50 ms; a neighbour's slow all-core steps (the baseline) keep a
+# steady one-thread probe far below this.
+ABORT_FEWER = 1.25
 
 
 class ThreadTuner:
@@ -148,7 +153,8 @@ class ThreadTuner:
         times.append(seconds)
         # Clearly worse: stop paying for it (the first step, which pays for the switch, only when
         # it is far worse).
-        if seconds > (ABORT if len(times) > 1 else ABORT_FIRST) * current:
+        abort = ABORT_FIRST if len(times) == 1 else ABORT_FEWER if other < self.current else ABORT
+        if seconds > abort * current:
             self._end_probe(keep=False)
             return
         if len(times) < PROBE_STEPS:

@@ -84,6 +84,15 @@ def test_a_probe_that_is_clearly_worse_ends_after_two_steps():
     assert tuner_threads(tuner) == 2 and tuner.current == 2
 
 
+def test_a_probe_of_one_thread_that_is_somewhat_slower_ends_at_its_first_counted_step():
+    """On an idle machine one thread is only ~1.3-2x slower for a small model: a probe that ran its
+    five steps cost a 1.5B model's reply ~0.25 s each time."""
+    tuner = probing()
+    tuner.observe(1, 0.016)  # the switch's step
+    tuner.observe(1, 0.014)  # 1.4x the all-core steps: cannot come out 0.8x of them
+    assert tuner_threads(tuner) == 2 and tuner.current == 2
+
+
 def test_back_to_one_thread_at_once_when_all_cores_turn_slow_after_a_switch():
     clock, applied = Clock(), []
     tuner = ThreadTuner(2, clock=clock, set_threads=applied.append)
