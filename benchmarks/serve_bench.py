@@ -68,10 +68,10 @@ async def one(host: str, port: int, prompt: list[int], max_tokens: int, ttfts: l
 
 def _text_events(pieces: list[tuple[float, bytes]], server: str) -> list[tuple[float, dict]]:
     """(arrival time, event) of each SSE event with text, from a chunked HTTP response's pieces."""
-    raw, ends = b"", []
+    raw, ends, length = b"".join(data for _, data in pieces), [], 0
     for t, data in pieces:
-        raw += data
-        ends.append((len(raw), t))
+        length += len(data)
+        ends.append((length, t))
     head, sep, rest = raw.partition(b"\r\n\r\n")
     status = head.split(b"\r\n", 1)[0]
     if not sep or b" 200 " not in status:
