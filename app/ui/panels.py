@@ -5,6 +5,7 @@ snapshot per poll; the rendering is plain functions of that snapshot so tests ca
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,12 +53,13 @@ class TabRate:
 SHARED_COLOR = "magenta"
 
 
-def kv_segments(stats: EngineStats, owners: dict[str, Owner]) -> list[KVSegment]:
-    """Blocks held per tab (in order of appearance), then one segment for all API requests, then
-    the blocks two or more requests hold (a forked chat and its parent, n > 1 choices) once, as
-    "shared by N": counted per holder they would add up to more than the pool uses."""
+def kv_segments(stats: EngineStats, owners: dict[str, Owner], tabs: Sequence[Owner] = ()) -> list[KVSegment]:
+    """Blocks held per tab (`tabs` first, in their order, holding blocks or not; then other holders
+    in order of appearance), then one segment for all API requests, then the blocks two or more
+    requests hold (a forked chat and its parent, n > 1 choices) once, as "shared by N": counted
+    per holder they would add up to more than the pool uses."""
     blocks: Counter[Owner | None] = Counter()
-    requests: Counter[Owner | None] = Counter()
+    requests: Counter[Owner | None] = Counter({tab: 0 for tab in tabs})
     sharers: set[Owner | str] = set()
     for req in stats.requests:
         owner = owners.get(req.request_id)  # None: an API request
@@ -117,16 +119,19 @@ def render_kv_bar(stats: EngineStats, segments: list[KVSegment], width: int) -> 
     return bar
 
 
-def render_kv(stats: EngineStats, owners: dict[str, Owner], width: int, source: str = "") -> Text:
-    """The KV panel's body: bar, totals, one legend row per holder, cached blocks, bytes/token,
-    tokens that still fit, and the waiting queue when admission holds requests back."""
+def render_kv(stats: EngineStats, owners: dict[str, Owner], width: int, source: str = "",
+              tabs: Sequence[Owner] = ()) -> Text:
+    """The KV panel's body: bar, totals, one legend row per holder (and per open tab in `tabs`,
+    so a reply starting or ending changes no row count: each change of the panel's height lays
+    out the whole screen), cached blocks, bytes/token, tokens that still fit, and the waiting
+    queue when admission holds requests back."""
     text = Text()
     if stats.num_blocks_total <= 0:
         text.append("No KV figures from this backend", style="dim")
         text.append(f"\n{source}" if source else "", style="dim")
         _append_waiting(text, stats)
         return text
-    segments = kv_segments(stats, owners)
+    segments = kv_segments(stats, owners, tabs)
     text.append_text(render_kv_bar(stats, segments, width))
     total, used = stats.num_blocks_total, stats.num_blocks_used
     if stats.block_size <= 0:  # a remote that exposes only a usage fraction
@@ -284,8 +289,9 @@ class KVBudgetPanel(Vertical):
     def on_mount(self) -> None:
         self.border_title = "KV cache"
 
-    def show(self, stats: EngineStats, owners: dict[str, Owner], source: str = "") -> None:
-        self.query_one("#kv-body", PanelText).show(render_kv(stats, owners, self.BAR_WIDTH, source), _busy(stats))
+    def show(self, stats: EngineStats, owners: dict[str, Owner], source: str = "", tabs: Sequence[Owner] = ()) -> None:
+        body = render_kv(stats, owners, self.BAR_WIDTH, source, tabs)
+        self.query_one("#kv-body", PanelText).show(body, _busy(stats))
 
 
 class ThroughputPanel(Vertical):

@@ -406,7 +406,9 @@ class ChatScreen(Screen):
         self._engine_busy = bool(stats.num_running or stats.num_waiting)
         panes = self.panes()
         owners = {p.request_id: Owner(p.id, p.chat.title, p.color) for p in panes if p.request_id}
-        self.query_one(KVBudgetPanel).show(stats, owners, self.engine.stats_source)
+        # A remote server's figures say nothing of what an idle tab holds: no row for it there.
+        tabs = [] if self.engine.is_remote else [Owner(p.id, p.chat.title, p.color) for p in panes]
+        self.query_one(KVBudgetPanel).show(stats, owners, self.engine.stats_source, tabs)
         self.history.observe(time.monotonic() if now is None else now, stats.decode_tokens_per_s)
         self.query_one(ThroughputPanel).show(stats, self._rate_rows(stats, panes, owners), self.history)
         self.query_one("#endpoint-status", PanelText).show(self._endpoint_text())

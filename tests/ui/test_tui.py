@@ -526,6 +526,19 @@ def test_kv_segments_group_by_tab_and_api() -> None:
     assert "KV usage 42.5%" in str(render_kv(remote, {}, 30, "from /metrics"))
 
 
+def test_the_kv_panel_keeps_a_row_per_tab_so_a_reply_changes_no_row_count() -> None:
+    """Each change of a panel's height lays out the whole screen: a reply starting or ending only
+    changes its tab's figures."""
+    tabs = [Owner("a", "A", "red"), Owner("b", "B", "blue")]
+    idle = EngineStats(num_blocks_total=20, num_blocks_used=0, block_size=16, num_blocks_cached_free=3)
+    busy = dataclasses.replace(idle, num_blocks_used=3, requests=(decoding("t2", prompt=30, output=5, blocks=3),))
+    owners = {"t2": tabs[1]}
+    assert [(s.label, s.blocks) for s in kv_segments(busy, owners, tabs)] == [("A", 0), ("B", 3)]
+    assert [(s.label, s.blocks) for s in kv_segments(idle, {}, tabs)] == [("A", 0), ("B", 0)]
+    lines = [render_kv(stats, o, 40, tabs=tabs).plain.count("\n") for stats, o in ((idle, {}), (busy, owners))]
+    assert lines[0] == lines[1]
+
+
 def test_kv_segments_count_shared_blocks_once() -> None:
     """A fork and its parent both hold the parent's prompt blocks: 10 used, not 6 + 8."""
     parent = dataclasses.replace(decoding("t1", prompt=64, output=8, blocks=6), num_shared_blocks=4)
