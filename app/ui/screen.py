@@ -405,9 +405,10 @@ class ChatScreen(Screen):
             return
         self._engine_busy = bool(stats.num_running or stats.num_waiting)
         panes = self.panes()
-        owners = {p.request_id: Owner(p.id, p.chat.title, p.color) for p in panes if p.request_id}
+        tab_owners = [Owner(p.id, p.chat.title, p.color) for p in panes]
+        owners = {p.request_id: owner for p, owner in zip(panes, tab_owners) if p.request_id}
         # A remote server's figures say nothing of what an idle tab holds: no row for it there.
-        tabs = [] if self.engine.is_remote else [Owner(p.id, p.chat.title, p.color) for p in panes]
+        tabs = [] if self.engine.is_remote else tab_owners
         self.query_one(KVBudgetPanel).show(stats, owners, self.engine.stats_source, tabs)
         self.history.observe(time.monotonic() if now is None else now, stats.decode_tokens_per_s)
         self.query_one(ThroughputPanel).show(stats, self._rate_rows(stats, panes, owners), self.history)
