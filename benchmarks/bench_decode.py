@@ -29,6 +29,10 @@ from app.engine.runtime.device import copy_bandwidth, synchronize  # noqa: E402
 from app.engine.types.sampling_params import SamplingParams  # noqa: E402
 
 
+# Decode steps an early sequence may take while the batch's later prompts prefill (chunked prefill).
+PREFILL_SLACK = 1024
+
+
 def kv_bytes(engine: LLMEngine, batch: int, context: int) -> int:
     """Bytes of K and V that one decode step's attention reads: each layer sees its window."""
     dtype_size = torch.finfo(engine.setup.dtype).bits // 8
@@ -39,7 +43,8 @@ def decode_step_time(engine: LLMEngine, batch: int, context: int, steps: int, se
     """Seconds per decode step with `batch` sequences whose contexts are about `context` tokens."""
     rng = random.Random(seed)
     vocab = engine.model_config.vocab_size
-    params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
+    # Up to the context limit: sequences prefilled early decode while later ones still prefill.
+    params = SamplingParams(max_tokens=engine.max_model_len - context, temperature=0.0, ignore_eos=True)
     seqs = [engine.add_request([rng.randrange(vocab) for _ in range(context)], params) for _ in range(batch)]
     while not all(s.num_output_tokens for s in seqs):  # prefill
         engine.step()
@@ -71,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     batches = [int(b) for b in args.batch_sizes.split(",")]
     kw = dict(device=args.device, dtype=args.dtype, max_num_seqs=max(batches), enforce_eager=args.enforce_eager,
-              max_model_len=args.context + args.steps + 64)
+              max_model_len=args.context + args.steps + PREFILL_SLACK)
     if args.model:
         engine = LLMEngine(args.model, **kw)
     else:
