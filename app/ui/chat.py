@@ -153,10 +153,10 @@ class ChatPane(TabPane):
         return list(self._messages)
 
     def tab_label(self) -> Text:
-        label = Text()
-        if self.generating:
-            label.append("● ", style=self.color)
-        label.append(self.chat.title)
+        """The title, then a dot in the tab's colour while it generates (a blank of the same width
+        otherwise: a reply starting or ending then moves no tab, see `screen.relabel`)."""
+        label = Text(self.chat.title)
+        label.append(" ●" if self.generating else "  ", style=self.color)
         return label
 
     def history(self) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from textual.widgets import (
     ContentSwitcher,
     Header,
     Static,
+    Tab,
     TabbedContent,
     TabPane,
 )
@@ -176,7 +177,7 @@ class ChatScreen(Screen):
     def on_chat_pane_changed(self, event: ChatPane.Changed) -> None:
         pane = event.pane
         if pane.is_attached:
-            self.query_one(TabbedContent).get_tab(pane.id).label = pane.tab_label()
+            relabel(self.query_one(TabbedContent).get_tab(pane.id), pane.tab_label())
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         pane = self.active_pane()
@@ -453,6 +454,16 @@ def _pane_rate(pane: ChatPane, req: RequestStats | None) -> TabRate:
     else:
         status = "idle"
     return TabRate(pane.chat.title, pane.color, tps, ttft, status)
+
+
+def relabel(tab: Tab, label: Text) -> None:
+    """Set a tab's label. One of the same width moves no tab, so the tabs' underline is left where
+    it is: a relabel moves it with a 0.3 s animation, ~17 repaints at every reply's start and end."""
+    if tab.label.cell_length != label.cell_len:
+        tab.label = label
+        return
+    with tab.prevent(Tab.Relabelled):
+        tab.label = label
 
 
 def _fork_title(title: str) -> str:

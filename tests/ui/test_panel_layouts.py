@@ -1,5 +1,6 @@
 """Panels and a starting reply change no widget's height while replies stream: each change of
-height is a layout of the whole screen (tens of milliseconds of the UI thread with a long chat)."""
+height is a layout of the whole screen (tens of milliseconds of the UI thread with a long chat).
+Nor does a reply's start or end animate the tabs' underline."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from typing import Any
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.containers import Vertical
+from textual.widgets import TabbedContent, TabPane, Tabs
 
 from app.ui.panels import PanelDigits, PanelText
+from app.ui.screen import relabel
 from app.ui.widgets import MessageView
 
 
@@ -67,3 +70,30 @@ async def test_a_streaming_reply_shows_its_body_from_the_start() -> None:
         await pilot.pause()
         view = app.query_one(MessageView)
         assert view.stream.display and view.stream.size.height > 0
+
+
+class TwoTabs(App):
+    def compose(self) -> ComposeResult:
+        with TabbedContent():
+            yield TabPane("Chat 1", id="one")
+            yield TabPane("Chat 2", id="two")
+
+
+async def test_a_relabel_of_the_same_width_leaves_the_tab_underline_alone(monkeypatch: Any) -> None:
+    """A reply's start and end swap a blank for a dot: moving the underline would animate it for
+    0.3 s (~17 repaints of the screen). A new title of another width still moves it."""
+    moves: list[int] = []
+    highlight = Tabs._highlight_active
+    monkeypatch.setattr(Tabs, "_highlight_active", lambda self, *a, **k: (moves.append(1), highlight(self, *a, **k))[1])
+    app = TwoTabs()
+    async with app.run_test(size=(60, 10)) as pilot:
+        tab = app.query_one(TabbedContent).get_tab("one")
+        relabel(tab, Text("Chat 1  "))  # as a chat tab is labelled when idle
+        await pilot.pause()
+        moves.clear()
+        relabel(tab, Text("Chat 1 ●"))
+        await pilot.pause()
+        assert tab.label.plain == "Chat 1 ●" and moves == []
+        relabel(tab, Text("A longer title"))
+        await pilot.pause()
+        assert tab.label.plain == "A longer title" and moves
