@@ -228,12 +228,15 @@ def render_traffic(stats: EngineStats) -> str:
         return ""
     step_bytes = stats.weight_bytes_per_step + stats.last_kv_bytes_read
     lines = f"\nread/step {fmt_bytes(stats.weight_bytes_per_step)} + KV {fmt_bytes(stats.last_kv_bytes_read)}"
+    # Before the first step the line is there with dashes: its arrival would lay out the screen
+    # in the first reply.
+    per_token, achieved = "–", "–"
     if stats.num_steps and stats.last_num_tokens and stats.last_step_time_s > 0:
+        per_token = fmt_bytes(step_bytes / stats.last_num_tokens)
         achieved = f"{step_bytes / stats.last_step_time_s / 1e9:.1f}"
-        if stats.copy_bandwidth:
-            achieved += f" of {stats.copy_bandwidth / 1e9:.0f}"  # the measured copy bandwidth
-        lines += f"\n{fmt_bytes(step_bytes / stats.last_num_tokens)}/token · {achieved} GB/s"
-    return lines
+    if stats.copy_bandwidth:
+        achieved += f" of {stats.copy_bandwidth / 1e9:.0f}"  # the measured copy bandwidth
+    return lines + f"\n{per_token}/token · {achieved} GB/s"
 
 
 def render_rates(rows: list[TabRate], width: int) -> Text:

@@ -287,7 +287,8 @@ class ChatScreen(Screen):
         sent = sum(p.send(text) for p in panes)
         active.clear_input()
         busy = len(panes) - sent
-        self.notify(f"Broadcast to {sent} tab{'s' * (sent != 1)}" + (f"; {busy} busy, skipped" if busy else ""))
+        if len(panes) > 1 or busy:  # to a lone tab it is a plain send: its reply says so (a toast lays out the screen)
+            self.notify(f"Broadcast to {sent} tab{'s' * (sent != 1)}" + (f"; {busy} busy, skipped" if busy else ""))
 
     # chat management
 

@@ -286,6 +286,25 @@ async def test_broadcast_decodes_in_every_tab_at_once(tmp_path: Path) -> None:
         assert screen.active_pane().input_text() == ""
 
 
+async def test_a_broadcast_to_a_lone_tab_is_a_plain_send(tmp_path: Path, monkeypatch: Any) -> None:
+    """No toast for it: the reply shows the prompt went out. A busy lone tab still says why not."""
+    app, engine = make_app(tmp_path, chat_engine(step_delay=0.01))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await chat_screen(pilot)
+        toasts: list[str] = []
+        monkeypatch.setattr(screen, "notify", lambda message, **kw: toasts.append(message))
+        screen.active_pane().query_one(PromptInput).insert("hello")
+        engine.hold_after = 2
+        await pilot.press("ctrl+b")
+        await until(pilot, lambda: len(engine.live_request_ids()) == 1)
+        assert toasts == []
+        screen.active_pane().query_one(PromptInput).insert("again")
+        await pilot.press("ctrl+b")
+        assert toasts == ["Broadcast to 0 tabs; 1 busy, skipped"]
+        engine.hold_after = None
+        await idle(pilot, screen)
+
+
 async def test_restart_restores_tabs_messages_settings_and_active_tab(tmp_path: Path) -> None:
     app, _ = make_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -778,6 +797,9 @@ def test_throughput_panel_explains_batching() -> None:
     assert "361.0 MiB/token" in one and "91.0 MiB/token" in four
     assert "9.5 of 30 GB/s" in one
     assert render_traffic(EngineStats()) == ""
+    # Before the first step: the same lines, with dashes (a line appearing is a layout).
+    before = render_traffic(EngineStats(weight_bytes_per_step=360 * 2**20, copy_bandwidth=30e9))
+    assert before.count("\n") == one.count("\n") and "–/token · – of 30 GB/s" in before
 
 
 async def test_what_is_typed_while_the_model_loads_is_kept(tmp_path: Path) -> None:
