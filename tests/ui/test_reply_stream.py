@@ -252,3 +252,18 @@ async def test_an_unfinished_block_paints_as_if_rendered_whole_at_every_flush() 
             await pilot.pause()
             writer = ReplyWriter(app.view.markdown, body)
             body.clear()
+
+
+async def test_the_body_style_is_kept_until_the_styles_change() -> None:
+    """The body's style walks the DOM, so it is kept; a new theme (every widget restyled) or a class
+    that changes the colours must reach the blank lines below the text."""
+    app = OneMessage()
+    async with app.run_test(size=SIZE) as pilot:
+        body = app.view.stream
+        await pilot.pause()
+        assert body.base_style == body.rich_style
+        before = body.base_style
+        app.theme = "textual-light" if app.theme != "textual-light" else "nord"
+        await pilot.pause()
+        assert body.base_style == body.rich_style != before
+        assert body.line_count == 0 and list(body.render_line(0))[0].style == body.rich_style
