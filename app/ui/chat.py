@@ -32,6 +32,7 @@ from app.ui.loading import first_line
 from app.ui.reply_stream import DELTA_MAX_DELAY_S, ReplyWriter
 from app.ui.store import INTERRUPTED, STREAMING, ChatRecord, ChatStore, MessageRecord
 from app.ui.widgets import (
+    ChatScroll,
     EarlierMessages,
     MessageView,
     PromptInput,
@@ -181,7 +182,7 @@ class ChatPane(TabPane):
         # Not focusable: a focusable history took the focus for a moment on every tab switch (the
         # shown tab's first focusable), and restyling its ~130 widgets on focus and again on blur
         # was most of the switch. The wheel scrolls it; keys: shift+pageup / shift+pagedown.
-        yield VerticalScroll(classes="messages", can_focus=False)
+        yield ChatScroll(classes="messages", can_focus=False)
         yield PromptInput(classes="prompt")
 
     def action_scroll_history(self, pages: int) -> None:

@@ -28,6 +28,8 @@ from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Markdown
 
+from app.ui.layout_once import LaidOutOnce
+
 # Repaints per second while replies stream (the shown tab's reply; the panels every few frames).
 # Each paint costs the UI thread ~2-4 ms of Textual compositing whatever it adds, and on a 2-core
 # machine every such millisecond holds the GIL the engine's step thread needs between torch ops:
@@ -80,7 +82,7 @@ def split_finished_blocks(text: str) -> tuple[str, str]:
     return "", text
 
 
-class StreamingBody(Widget):
+class StreamingBody(LaidOutOnce, Widget):
     """A reply while it streams: finished blocks rendered as Markdown once and kept as lines, then
     the unfinished block as plain text, in a height that grows `GROW_LINES` at a time."""
 

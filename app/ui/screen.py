@@ -21,6 +21,7 @@ from textual.widgets import (
     Tab,
     TabbedContent,
     TabPane,
+    Tabs,
 )
 
 from app.engine.api.engine_client import EngineClient
@@ -458,13 +459,16 @@ def _pane_rate(pane: ChatPane, req: RequestStats | None) -> TabRate:
 
 
 def relabel(tab: Tab, label: Text) -> None:
-    """Set a tab's label. One of the same width moves no tab, so the tabs' underline is left where
-    it is: a relabel moves it with a 0.3 s animation, ~17 repaints at every reply's start and end."""
-    if tab.label.cell_length != label.cell_len:
-        tab.label = label
-        return
+    """Set a tab's label without animating the tabs' underline: Textual slides it for 0.3 s (~17
+    repaints of the screen) at every relabel, which came at every reply's start and end (the busy
+    dot) and at a chat's first message (its title). A label of the same width leaves it alone; one
+    of another width puts it under the tab at once."""
+    moved = tab.label.cell_length != label.cell_len
     with tab.prevent(Tab.Relabelled):
         tab.label = label
+    tabs = next((node for node in tab.ancestors if isinstance(node, Tabs)), None)
+    if moved and tabs is not None:
+        tabs._highlight_active(animate=False)
 
 
 def _fork_title(title: str) -> str:

@@ -6,12 +6,13 @@ from dataclasses import replace
 
 from textual import events, on
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Label, Markdown, Static, Switch, TextArea
 
 from app.engine.types.errors import RequestError
+from app.ui.layout_once import LaidOutOnce
 from app.ui.reply_stream import TAIL_LINES, StreamingBody, chat_markdown_parser
 from app.ui.user_config import ChatSettings
 
@@ -57,7 +58,31 @@ class PromptInput(TextArea):
         await super()._on_key(event)
 
 
-class MessageView(Vertical):
+class ChatScroll(LaidOutOnce, VerticalScroll):
+    """A chat's messages, scrolled. The scrollbar is there from the start: when the first reply
+    to outgrow the view brought it, the messages narrowed by a column and re-wrapped (two more
+    layouts of the screen)."""
+
+    DEFAULT_CSS = """
+    ChatScroll {
+        overflow-y: scroll;
+    }
+    """
+
+
+class MessageLine(LaidOutOnce, Label):
+    """A message's role line or metadata line."""
+
+
+class UserText(LaidOutOnce, Static):
+    """The user's own message, as typed."""
+
+
+class ReplyMarkdown(LaidOutOnce, Markdown):
+    """A reply, rendered."""
+
+
+class MessageView(LaidOutOnce, Vertical):
     """One message: a role line, the body (Markdown for replies, plain text for the user's own
     input) and a dim line of reply metadata."""
 
@@ -71,15 +96,15 @@ class MessageView(Vertical):
         self._stream_height = stream_height  # its body's first height (see StreamingBody)
 
     def compose(self) -> ComposeResult:
-        yield Label("You" if self.role == "user" else "Assistant", classes="role")
+        yield MessageLine("You" if self.role == "user" else "Assistant", classes="role")
         if self.role == "assistant":
-            yield Markdown(self._content, classes="body", parser_factory=chat_markdown_parser)
+            yield ReplyMarkdown(self._content, classes="body", parser_factory=chat_markdown_parser)
             stream = StreamingBody(self._stream_height, classes="stream")  # the reply while it streams
             stream.display = self._streaming  # shown later, it would cost a layout of the screen
             yield stream
         else:
-            yield Static(self._content, markup=False, classes="body")
-        meta = Label(self._meta, markup=False, classes="meta")
+            yield UserText(self._content, markup=False, classes="body")
+        meta = MessageLine(self._meta, markup=False, classes="meta")
         meta.display = bool(self._meta)
         yield meta
 

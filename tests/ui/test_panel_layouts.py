@@ -9,7 +9,8 @@ from typing import Any
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.containers import Vertical
-from textual.widgets import TabbedContent, TabPane, Tabs
+from textual.widgets import TabbedContent, TabPane
+from textual.widgets._tabs import Underline
 
 from app.ui.panels import PanelDigits, PanelText
 from app.ui.screen import relabel
@@ -79,21 +80,21 @@ class TwoTabs(App):
             yield TabPane("Chat 2", id="two")
 
 
-async def test_a_relabel_of_the_same_width_leaves_the_tab_underline_alone(monkeypatch: Any) -> None:
-    """A reply's start and end swap a blank for a dot: moving the underline would animate it for
-    0.3 s (~17 repaints of the screen). A new title of another width still moves it."""
-    moves: list[int] = []
-    highlight = Tabs._highlight_active
-    monkeypatch.setattr(Tabs, "_highlight_active", lambda self, *a, **k: (moves.append(1), highlight(self, *a, **k))[1])
+async def test_a_relabel_never_animates_the_tab_underline(monkeypatch: Any) -> None:
+    """A reply's start and end swap a blank for a dot, and a chat's first message gives it a
+    title: sliding the underline would repaint the screen ~17 times in 0.3 s. A title of another
+    width puts the underline under the tab at once."""
+    animated: list[str] = []
+    monkeypatch.setattr(Underline, "animate", lambda self, attribute, *a, **k: animated.append(attribute))
     app = TwoTabs()
     async with app.run_test(size=(60, 10)) as pilot:
         tab = app.query_one(TabbedContent).get_tab("one")
-        relabel(tab, Text("Chat 1  "))  # as a chat tab is labelled when idle
+        underline = app.query_one(Underline)
         await pilot.pause()
-        moves.clear()
-        relabel(tab, Text("Chat 1 ●"))
-        await pilot.pause()
-        assert tab.label.plain == "Chat 1 ●" and moves == []
-        relabel(tab, Text("A longer title"))
-        await pilot.pause()
-        assert tab.label.plain == "A longer title" and moves
+        animated.clear()  # the tabs' own start
+        for label in ("Chat 1  ", "Chat 1 ●", "A longer title  ", "A longer title ●", "Short"):
+            relabel(tab, Text(label))  # as chat tabs are labelled: idle, busy, titled
+            await pilot.pause()
+            assert tab.label.plain == label
+            assert (underline.highlight_start, underline.highlight_end) == tab.region.shrink(tab.styles.gutter).column_span
+        assert animated == []

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from rich.text import Text
 from textual.app import App, ComposeResult
-from textual.containers import VerticalScroll
+from textual.screen import Screen
 from textual.strip import Strip
 
 from app import ASSETS_DIR
@@ -20,7 +20,7 @@ from app.ui.reply_stream import (
     ReplyWriter,
     split_finished_blocks,
 )
-from app.ui.widgets import MessageView
+from app.ui.widgets import ChatScroll, MessageView
 
 REPLY = """Here is a plan:
 
@@ -62,7 +62,7 @@ class OneMessage(App):
         self.view = MessageView("assistant", content)
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll(classes="messages"):
+        with ChatScroll(classes="messages"):
             yield self.view
 
 
@@ -196,6 +196,40 @@ async def test_a_streaming_reply_mounts_nothing_and_lays_out_once_per_few_lines(
         await writer.close()
         await pilot.pause()
         assert app.view.markdown.source == writer.text
+
+
+async def test_a_growing_reply_lays_the_screen_out_once_per_growth(monkeypatch: Any) -> None:
+    """Textual follows a layout that resized a widget with a second one (its `virtual_size` asks
+    for it) that moves nothing: the chat's widgets take their new size in the first."""
+    app = OneMessage("An earlier reply.")
+    async with app.run_test(size=SIZE) as pilot:
+        body = app.view.stream
+        body.display = True
+        await pilot.pause()
+        layouts = 0
+        refresh_layout = Screen._refresh_layout
+
+        def counting(self: Screen, *args: Any, **kwargs: Any) -> None:
+            nonlocal layouts
+            layouts += 1
+            refresh_layout(self, *args, **kwargs)
+
+        monkeypatch.setattr(Screen, "_refresh_layout", counting)
+        writer = ReplyWriter(app.view.markdown, body)
+        growths = 0
+        for i in range(60):
+            height = body.size.height
+            layouts = 0
+            writer.write(f"Line {i} of a reply that outgrows the screen.\n")
+            await writer.flush()
+            await pilot.pause()
+            await pilot.pause()
+            grew = body.size.height != height
+            growths += grew
+            assert layouts == grew, (i, layouts, height, body.size.height)
+        assert growths >= 2
+        scroll = app.query_one(ChatScroll)
+        assert scroll.max_scroll_y > 0, (scroll.virtual_size, scroll.size, body.size, body.line_count)
 
 
 async def test_a_flush_repaints_only_the_lines_that_changed(monkeypatch: Any) -> None:
