@@ -1,4 +1,4 @@
-"""Running the app on uvicorn inside the caller's event loop (`localbatch serve`, or the TUI's loop).
+"""Running the app on uvicorn inside the caller's event loop (`localbatch serve`, or the TUI's endpoint thread).
 
 uvicorn is driven through a socket bound here, so that a busy port or a refused host is an
 exception the caller can show (uvicorn itself would `sys.exit`), and port 0 works. Signals stay

@@ -1,9 +1,13 @@
-"""The embedded OpenAI-compatible endpoint: `app.server.serve` run as a task in the app's own loop,
-on the same engine the tabs use (so API requests show up in the panels next to them)."""
+"""The embedded OpenAI-compatible endpoint: `app.server.serve` on the same engine the tabs use (so
+API requests show up in the panels next to them), on a thread with its own event loop. On the
+app's loop a scrape or a stream's next chunk waited for whatever frame or layout the UI was
+drawing (tens of milliseconds now and then), and the UI's frames waited for the requests."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -40,7 +44,9 @@ class EmbeddedEndpoint:
         self.port = port
         self.api_key = api_key
         self._serve_fn = serve_fn
-        self._task: asyncio.Task | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None  # the serving, in the endpoint's loop
         self.error: str | None = None  # why the last run ended, if it failed
 
     @property
@@ -50,28 +56,34 @@ class EmbeddedEndpoint:
 
     @property
     def running(self) -> bool:
-        return self._task is not None and not self._task.done()
+        return self._thread is not None and self._thread.is_alive()
 
     async def start(self, timeout: float = 20.0) -> str:
         """Start serving; returns the base URL once the server is listening. Raises EndpointError."""
         if self.running:
             return self.address
         serve = self._serve_fn or resolve_serve()
-        ready = asyncio.Event()
         self.error = None
-        self._task = asyncio.create_task(self._run(serve, ready), name="localbatch-endpoint")
-        waiter = asyncio.create_task(ready.wait())
-        done, _ = await asyncio.wait({self._task, waiter}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        if self._task in done:
-            self._task = None
-            raise EndpointError(self.error or f"the endpoint on {self.address} stopped at start-up")
-        if not done:
+        listening: concurrent.futures.Future[bool] = concurrent.futures.Future()  # False: ended first
+        self._loop = loop = asyncio.new_event_loop()
+        self._task = loop.create_task(self._run(serve, listening))
+        self._thread = threading.Thread(target=_run_loop, args=(loop, self._task), name="localbatch-endpoint",
+                                        daemon=True)
+        self._thread.start()
+        try:
+            started = await asyncio.wait_for(asyncio.wrap_future(listening), timeout)
+        except TimeoutError:
             await self.stop()
-            raise EndpointError(f"the endpoint on {self.address} did not start within {timeout:.0f} s")
+            raise EndpointError(f"the endpoint on {self.address} did not start within {timeout:.0f} s") from None
+        if not started:
+            await self.stop()
+            raise EndpointError(self.error or f"the endpoint on {self.address} stopped at start-up")
         return self.address
 
-    async def _run(self, serve: ServeFn, ready: asyncio.Event) -> None:
+    async def _run(self, serve: ServeFn, listening: concurrent.futures.Future[bool]) -> None:
+        ready = asyncio.Event()
+        signal = asyncio.create_task(ready.wait())
+        signal.add_done_callback(lambda t: t.cancelled() or listening.done() or listening.set_result(True))
         try:
             await serve(self.engine, host=self.host, port=self.port, api_key=self.api_key, ready=ready)
         except SystemExit:
@@ -81,10 +93,28 @@ class EmbeddedEndpoint:
             self.error = f"cannot listen on {self.host}:{self.port}: {e.strerror or e}"
         except LocalbatchError as e:
             self.error = str(e)
+        finally:
+            signal.cancel()
+            if not listening.done():
+                listening.set_result(False)
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is None or task.done():
+        """Stop serving (in-flight requests get the server's grace period) and end the thread."""
+        thread, loop, task = self._thread, self._loop, self._task
+        self._thread = self._loop = self._task = None
+        if thread is None or loop is None or task is None:
             return
-        task.cancel()
-        await asyncio.wait({task})  # waits without re-raising the task's cancellation here
+        try:
+            loop.call_soon_threadsafe(task.cancel)
+        except RuntimeError:  # the loop already closed: the serving had ended
+            pass
+        await asyncio.to_thread(thread.join)
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop, task: asyncio.Task) -> None:
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(asyncio.wait({task}))  # a cancelled task ends the loop quietly
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        loop.close()
