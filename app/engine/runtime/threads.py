@@ -41,6 +41,11 @@ RECENT_S = 0.5
 SLOW_STEP = 3.0  # ... or steps in a row this much slower, adding up to SLOW_RUN_S (a neighbour
 SLOW_RUN_S = 0.25  # can make each step take a second: the median cannot wait for those)
 MIN_PROBE_GAP_S = 1.0  # a slowdown probe waits at least this long after the last probe
+# A slowdown probe that lost (the app's UI thread slowing a stretch of steps, not a neighbour)
+# makes the next slowdown wait this long before its probe, doubling with each further loss up to
+# MAX_SLOW_HOLD_S; a won probe clears it. A neighbour slows every step for as long as it runs.
+SLOW_HOLD_S = 0.5
+MAX_SLOW_HOLD_S = 4.0
 ABORT = 2.0  # a probe step (past the first) this much slower than the current mean ends the probe
 ABORT_FIRST = 10.0
 # ... and a probe of fewer threads, which must win by MIN_GAIN_FEWER, ends at its first counted step
@@ -72,6 +77,9 @@ class ThreadTuner:
         self._probation_slow = 0  # consecutive all-core steps far slower than that, on probation
         # (fewer count, batch size, all-core step times again, the fewer count's mean step time)
         self._confirm: tuple[int, int, list[float], float] | None = None
+        self._slowed_since: float | None = None  # when all-core steps began to look slowed down
+        self._slow_hold = 0.0  # how long a slowdown must last before its probe (see SLOW_HOLD_S)
+        self._slowdown_probe = False  # the probe or confirmation running was started by a slowdown
         self.switches = 0
         self._applied = self.max_threads
 
@@ -118,13 +126,20 @@ class ThreadTuner:
         slow_run = self._slow_run >= 2 and self._slow_time >= SLOW_RUN_S
         # One thread slowing down is no sign that more would help; the periodic probe finds the
         # neighbour gone.
-        slowed = (best is not None and self.current == self.max_threads
-                  and (typical > SLOWDOWN * best or slow_run)
-                  and now - self._last_probe >= MIN_PROBE_GAP_S)
+        slowing = (best is not None and self.current == self.max_threads
+                   and (typical > SLOWDOWN * best or slow_run))
+        if not slowing:
+            self._slowed_since = None
+        elif self._slowed_since is None:
+            self._slowed_since = now - seconds
+        slowed = (slowing and now - self._last_probe >= MIN_PROBE_GAP_S
+                  and now - self._slowed_since >= self._slow_hold)
         # The periodic probe waits until this batch's steps cover RECENT_S (one step of a second
         # does): a reply's first steps, when the app lays out its new message, are no baseline.
         covered = now - recent[0][0] + recent[0][1] >= RECENT_S
-        if (now >= self._next_probe and covered) or slowed:
+        periodic = now >= self._next_probe and covered
+        if periodic or slowed:
+            self._slowdown_probe = not periodic
             return _mean([s for _, s in list(recent)[-2:]] if slow_run else [s for _, s in recent])
         return None
 
@@ -206,7 +221,10 @@ class ThreadTuner:
         """Run at `count` from now on. Step times measured before say nothing about the machine
         now (a slowdown the other count did not beat becomes the new baseline instead of a probe
         a second); a lost probe doubles the wait for the next one, so an idle machine stops
-        paying for them."""
+        paying for them; a lost slowdown probe lengthens the hold of the next (SLOW_HOLD_S)."""
+        if self._slowdown_probe:
+            self._slow_hold = 0.0 if won else min(max(2 * self._slow_hold, SLOW_HOLD_S), MAX_SLOW_HOLD_S)
+        self._slowdown_probe, self._slowed_since = False, None
         self.current = count
         self._apply(count)
         self._recent.clear()

@@ -169,3 +169,27 @@ def test_a_periodic_probe_after_an_idle_stretch_waits_for_a_baseline() -> None:
         clock.now += 0.005
         tuner.observe(1, 0.005)
     assert clock.now - start >= threads.RECENT_S - 0.01
+
+
+def test_slowdown_probes_that_lose_back_off_and_a_neighbour_is_still_answered() -> None:
+    """The app's UI thread slows a stretch of all-core steps now and then (a layout, a burst of
+    frames): each stretch long enough to look like a neighbour started a probe, which lost (one
+    thread was slower still) and cost the reply a step. Lost slowdown probes make the next
+    slowdown wait longer; a neighbour, slowing every step for as long as it runs, still gets one."""
+    clock, applied = Clock(), []
+    tuner = ThreadTuner(2, clock=clock, set_threads=applied.append)
+    drive(tuner, clock, {2: 0.005, 1: 0.008}, 2_000)  # 10 s idle: a baseline, periodic probes lost
+    applied.clear()
+    start = clock.now
+    while clock.now < start + 30.0:  # every 1.5 s, 0.6 s of all-core steps at 2.5x
+        slow = (clock.now - start) % 1.5 < 0.6
+        seconds = {2: 0.0125 if slow else 0.005, 1: 0.02 if slow else 0.008}[tuner_threads(tuner)]
+        clock.now += seconds
+        tuner.observe(1, seconds)
+    assert tuner.current == 2
+    probes = applied.count(1)
+    assert probes <= 6, probes  # one a stretch (20) before
+    start = clock.now
+    while tuner.current == 2:
+        drive(tuner, clock, {2: 0.100, 1: 0.010}, 1)
+    assert clock.now - start < threads.MAX_SLOW_HOLD_S + threads.RECENT_S + 10 * 0.1
