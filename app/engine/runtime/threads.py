@@ -5,7 +5,8 @@ the step's threads wait for their descheduled partner at each of them, and a 2-t
 take 5-20x longer than a 1-thread one. On an idle machine 2 threads are ~2x faster. No waiting
 policy serves both (docs/benchmarks.md), so the engine measures: it runs a few decode steps with
 the other thread count soon after start, then now and then (backing off while probes lose), and at
-once when all-core steps slow down for a while (the app's UI thread slows a few steps at a time);
+once when all-core steps slow down for a while (the app's UI thread slows a few steps at a time,
+so the while grows after each such probe that lost);
 it keeps whichever count made steps of that batch size faster (mean step times), and drops back
 to one thread at once if all-core steps turn slow again soon after a switch up. A probe that finds
 fewer threads faster is confirmed against fresh all-core steps before the switch: the app's own
