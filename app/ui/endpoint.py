@@ -93,6 +93,8 @@ class EmbeddedEndpoint:
             self.error = f"cannot listen on {self.host}:{self.port}: {e.strerror or e}"
         except LocalbatchError as e:
             self.error = str(e)
+        except Exception as e:  # a bug: the panel says that the endpoint stopped, and why
+            self.error = f"stopped unexpectedly ({type(e).__name__}: {e})"
         finally:
             signal.cancel()
             if not listening.done():
