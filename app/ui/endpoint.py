@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -106,10 +107,8 @@ class EmbeddedEndpoint:
         self._thread = self._loop = self._task = None
         if thread is None or loop is None or task is None:
             return
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop already closed: the serving had ended
             loop.call_soon_threadsafe(task.cancel)
-        except RuntimeError:  # the loop already closed: the serving had ended
-            pass
         await asyncio.to_thread(thread.join)
 
 

@@ -466,8 +466,8 @@ def relabel(tab: Tab, label: Text) -> None:
     moved = tab.label.cell_length != label.cell_len
     with tab.prevent(Tab.Relabelled):
         tab.label = label
-    tabs = next((node for node in tab.ancestors if isinstance(node, Tabs)), None)
-    if moved and tabs is not None:
+    tabs = next((node for node in tab.ancestors if isinstance(node, Tabs)), None) if moved else None
+    if tabs is not None:
         tabs._highlight_active(animate=False)
 
 
