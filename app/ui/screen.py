@@ -28,6 +28,7 @@ from app.engine.api.engine_client import EngineClient
 from app.engine.types.errors import LocalbatchError
 from app.engine.types.outputs import EngineStats, RequestStats
 from app.ui.chat import ChatPane
+from app.ui.cropped_compositor import CroppedCompositor
 from app.ui.dialogs import ConfirmDialog, MessagePicker, ModelPicker, RenameDialog
 from app.ui.endpoint import EmbeddedEndpoint
 from app.ui.export import export_chat
@@ -73,6 +74,7 @@ class ChatScreen(Screen):
         poll_interval: float = 1.0,
     ) -> None:
         super().__init__()
+        self._compositor = CroppedCompositor()  # a frame renders only what it repaints
         self.engine = engine
         self.store = store
         self.info = info
