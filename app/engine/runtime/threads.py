@@ -7,11 +7,15 @@ policy serves both (docs/benchmarks.md), so the engine measures: it runs a few d
 the other thread count soon after start, then now and then (backing off while probes lose), and at
 once when all-core steps slow down for a while (the app's UI thread slows a few steps at a time,
 so the while grows after each such probe that lost);
-it keeps whichever count made steps of that batch size faster (mean step times), and drops back
-to one thread at once if all-core steps turn slow again soon after a switch up. A probe that finds
-fewer threads faster is confirmed against fresh all-core steps before the switch: the app's own
-UI thread slows a step or two now and then (a screen layout holds the GIL and a core), which must
-not pass for a neighbour that takes a core all the time.
+it keeps whichever count made steps of that batch size faster (mean step times; a periodic
+probe against the mean of the last BASELINE_S, since all-core steps under busy neighbours are
+mostly fast with a slow one every half second or so), and drops back to one thread if all-core
+steps turn slow again soon after a switch up (two far slower in a row, or a second of them no
+faster on average). A probe that a slowdown of the median started and that finds fewer threads
+faster is confirmed against fresh all-core steps before the switch: the app's own UI thread slows
+a stretch of steps now and then (a screen layout holds the GIL and a core), which must not pass
+for a neighbour that takes a core all the time. A probe of fewer threads that came out no slower
+but not by the margin is tried again soon.
 Results do not depend on the count (every kernel on the CPU path computes a row alone)."""
 
 from __future__ import annotations
@@ -33,12 +37,16 @@ PROBE_S = 0.2
 MIN_GAIN = 0.9  # switch when the other count's steps take at most this fraction of the current's
 # ... but to fewer threads only when clearly faster: on an idle machine one thread never is, and a
 # noisy stretch of all-core steps (this VM's 20% drift) must not pass for a neighbour.
-MIN_GAIN_FEWER = 0.8
+MIN_GAIN_FEWER = 0.85
 SLOWDOWN = 1.5  # steps this much slower than the best seen at this batch size: probe now, not later
 # The median is over the current count's steps of the last RECENT_S (PROBE_STEPS at least): the
 # app's own UI thread slows a few steps at a time (a screen layout holds the GIL and a core for
 # tens of milliseconds), a neighbour every step for as long as it runs.
 RECENT_S = 0.5
+# A periodic probe must beat the mean of the current count's steps over this long: under busy
+# neighbours all-core steps are mostly fast, with a step of 150-300 ms every half second or so,
+# and a baseline over RECENT_S that missed one made a steady one-thread probe look slow.
+BASELINE_S = 2.0
 SLOW_STEP = 3.0  # ... or steps in a row this much slower, adding up to SLOW_RUN_S (a neighbour
 SLOW_RUN_S = 0.25  # can make each step take a second: the median cannot wait for those)
 MIN_PROBE_GAP_S = 1.0  # a slowdown probe waits at least this long after the last probe
@@ -47,6 +55,13 @@ MIN_PROBE_GAP_S = 1.0  # a slowdown probe waits at least this long after the las
 # MAX_SLOW_HOLD_S; a won probe clears it. A neighbour slows every step for as long as it runs.
 SLOW_HOLD_S = 0.5
 MAX_SLOW_HOLD_S = 4.0
+CONFIRM_S = 1.0  # all-core steps again after fewer threads won: long enough to catch their tail
+# Fewer threads that won their probe but not its confirmation, or came out no slower but not by
+# the margin, are tried again this soon (up to MAX_RETRIES times in a row) rather than after a
+# backed-off period: under busy neighbours the all-core steps' tail comes every half second or so,
+# and a window of a second or two can still miss it.
+RETRY_S = 2.0
+MAX_RETRIES = 3
 ABORT = 2.0  # a probe step (past the first) this much slower than the current mean ends the probe
 ABORT_FIRST = 10.0
 # ... and a probe of fewer threads, which must win by MIN_GAIN_FEWER, ends at its first counted step
@@ -70,17 +85,22 @@ class ThreadTuner:
         self._next_probe = self._last_probe + FIRST_PROBE_S
         # batch size -> (when, step time) of the current count's steps over the last RECENT_S
         self._recent: dict[int, deque[tuple[float, float]]] = {}
+        self._history: dict[int, deque[tuple[float, float]]] = {}  # the same over BASELINE_S
         self._best: dict[int, float] = {}  # batch size -> the lowest median of those seen at this count
         # (count, batch size, its step times, the current count's step time to beat)
         self._probe: tuple[int, int, list[float], float] | None = None
         self._slow_run, self._slow_time = 0, 0.0  # consecutive steps far slower than the best; their total
         self._probation: tuple[float, float] | None = None  # (fewer threads' step time, until)
         self._probation_slow = 0  # consecutive all-core steps far slower than that, on probation
+        # all-core steps since the switch up: their total time, count and the slowest one
+        self._probation_time, self._probation_steps, self._probation_max = 0.0, 0, 0.0
         # (fewer count, batch size, all-core step times again, the fewer count's mean step time)
         self._confirm: tuple[int, int, list[float], float] | None = None
         self._slowed_since: float | None = None  # when all-core steps began to look slowed down
         self._slow_hold = 0.0  # how long a slowdown must last before its probe (see SLOW_HOLD_S)
         self._slowdown_probe = False  # the probe or confirmation running was started by a slowdown
+        self._retries = 0  # fewer threads' probes won in a row whose confirmation did not
+        self._needs_confirm = False  # the probe running, if it finds fewer threads faster, is confirmed
         self.switches = 0
         self._applied = self.max_threads
 
@@ -109,12 +129,8 @@ class ThreadTuner:
         """The step time a probe must beat, when one is due: periodically, or at once when all
         cores slow down (a neighbour arrived)."""
         now = self._clock()
-        recent = self._recent.setdefault(key, deque())
-        if recent and now - seconds - recent[-1][0] > RECENT_S:  # the engine was idle or ran other batches
-            recent.clear()
-        recent.append((now, seconds))
-        while len(recent) > PROBE_STEPS and now - recent[0][0] > RECENT_S:
-            recent.popleft()
+        recent = _window(self._recent.setdefault(key, deque()), now, seconds, RECENT_S)
+        history = _window(self._history.setdefault(key, deque()), now, seconds, BASELINE_S)
         typical = _median([s for _, s in recent])
         if len(recent) >= PROBE_STEPS:
             self._best[key] = min(self._best.get(key, typical), typical)
@@ -139,15 +155,23 @@ class ThreadTuner:
         # does): a reply's first steps, when the app lays out its new message, are no baseline.
         covered = now - recent[0][0] + recent[0][1] >= RECENT_S
         periodic = now >= self._next_probe and covered
-        if periodic or slowed:
-            self._slowdown_probe = not periodic
+        # Fewer threads that win are confirmed against fresh all-core steps only when the median
+        # moved (the UI's stretches do that): the periodic baseline covers BASELINE_S, and a run of
+        # steps each three times the best is a neighbour's (all-core steps right after a switch
+        # back can take a second each then).
+        if periodic:
+            self._slowdown_probe, self._needs_confirm = False, False
+            return _mean([s for _, s in history])
+        if slowed:
+            self._slowdown_probe, self._needs_confirm = True, not slow_run
             return _mean([s for _, s in list(recent)[-2:]] if slow_run else [s for _, s in recent])
         return None
 
     def _on_probation(self, seconds: float) -> bool:
-        """After a switch to more threads, one step far slower than the fewer threads' steps
-        switches back at once: under busy neighbours all-core steps swing between fine and a
-        second or more, and a probe may have caught a fine stretch."""
+        """After a switch to more threads, two steps in a row far slower than the fewer threads'
+        steps switch back at once: under busy neighbours all-core steps swing between fine and a
+        second or more, and a probe may have caught a fine stretch. So does a second of them that
+        is no faster on average (their tail: a step of 150-300 ms every half second or so)."""
         if self._probation is None:
             return False
         reference, until = self._probation
@@ -155,11 +179,20 @@ class ThreadTuner:
             self._probation = None
             return False
         self._probation_slow = self._probation_slow + 1 if seconds > ABORT * reference else 0
-        if self._probation_slow < 2:  # one slow step is the UI's layout or a collection, two a neighbour
+        if self._probation_slow < 2 and not self._no_faster_on_probation(seconds, reference):
             return False
         self._probation = None
         self._settle(1, won=False)
         return True
+
+    def _no_faster_on_probation(self, seconds: float, reference: float) -> bool:
+        """All-core steps since the switch up cover CONFIRM_S without their slowest one (the UI's
+        layout, a collection) and take longer on average than fewer threads' `reference` did."""
+        self._probation_time += seconds
+        self._probation_steps += 1
+        self._probation_max = max(self._probation_max, seconds)
+        rest = self._probation_time - self._probation_max
+        return rest >= CONFIRM_S and rest / (self._probation_steps - 1) > reference
 
     def _observe_probe(self, key: int, seconds: float) -> None:
         other, probe_key, times, current = self._probe
@@ -182,17 +215,20 @@ class ThreadTuner:
         probed = _mean(times[1:])
         if probed <= current and sum(times[1:]) < PROBE_S:
             return
-        if probed <= gain * current and other < self.current:
+        if probed <= gain * current and other < self.current and self._needs_confirm:
             self._probe = None
             self._confirm = (other, key, [], probed)
             self._apply(self.current)  # all cores again: are they still that slow?
             return
-        self._end_probe(keep=probed <= gain * current)
+        fewer, keep = other < self.current, probed <= gain * current
+        self._end_probe(keep)
+        if fewer:  # not slower, yet not faster by the margin: the baseline may have missed the tail
+            self._retry_soon(not keep and probed <= current)
 
     def _observe_confirm(self, key: int, seconds: float) -> None:
         """Fewer threads won their probe: all-core steps again, right after it, decide. Two in a
         row far slower than the probe's switch at once (a neighbour, whose steps may take a
-        second); otherwise the mean of PROBE_STEPS and PROBE_S of them."""
+        second); otherwise the mean of PROBE_STEPS and CONFIRM_S of them."""
         other, confirm_key, times, probed = self._confirm
         if key != confirm_key:
             self._confirm = None
@@ -200,9 +236,20 @@ class ThreadTuner:
             return
         times.append(seconds)
         slow_pair = len(times) >= 2 and min(times[-2:]) > ABORT * probed
-        if slow_pair or (len(times) >= PROBE_STEPS and sum(times[1:]) >= PROBE_S):
+        if slow_pair or (len(times) >= PROBE_STEPS and sum(times[1:]) >= CONFIRM_S):
             self._confirm = None
-            self._decide(other, slow_pair or probed <= MIN_GAIN_FEWER * _mean(times[1:]), probed)
+            keep = slow_pair or probed <= MIN_GAIN_FEWER * _mean(times[1:])
+            self._decide(other, keep, probed)
+            self._retry_soon(not keep)
+
+    def _retry_soon(self, inconclusive: bool) -> None:
+        """After a probe of fewer threads: when `inconclusive`, the next one in RETRY_S (MAX_RETRIES
+        in a row at most); otherwise the count of those starts again."""
+        if inconclusive and self._retries < MAX_RETRIES:
+            self._retries += 1
+            self._next_probe = self._last_probe + RETRY_S
+        elif not inconclusive:
+            self._retries = 0
 
     def _end_probe(self, keep: bool) -> None:
         other, reference = self._probe[0], self._probe[3]
@@ -229,8 +276,10 @@ class ThreadTuner:
         self.current = count
         self._apply(count)
         self._recent.clear()
+        self._history.clear()
         self._best.clear()
         self._slow_run, self._slow_time, self._probation_slow = 0, 0.0, 0
+        self._probation_time, self._probation_steps, self._probation_max = 0.0, 0, 0.0
         self._last_probe = self._clock()
         self._interval = PROBE_EVERY_S if won else min(2 * self._interval, MAX_PROBE_EVERY_S)
         self._next_probe = self._last_probe + self._interval
@@ -239,6 +288,17 @@ class ThreadTuner:
         if self._applied != threads:
             self._set(threads)
             self._applied = threads
+
+
+def _window(steps: deque[tuple[float, float]], now: float, seconds: float, span: float) -> deque[tuple[float, float]]:
+    """`steps` with this one added, keeping PROBE_STEPS and `span` seconds of them (none from
+    before a pause: the engine was idle or ran other batches)."""
+    if steps and now - seconds - steps[-1][0] > RECENT_S:
+        steps.clear()
+    steps.append((now, seconds))
+    while len(steps) > PROBE_STEPS and now - steps[0][0] > span:
+        steps.popleft()
+    return steps
 
 
 def _mean(xs: list[float]) -> float:
