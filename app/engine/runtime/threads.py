@@ -11,11 +11,11 @@ it keeps whichever count made steps of that batch size faster (mean step times; 
 probe against the mean of the last BASELINE_S, since all-core steps under busy neighbours are
 mostly fast with a slow one every half second or so), and drops back to one thread if all-core
 steps turn slow again soon after a switch up (two far slower in a row, or a second of them no
-faster on average). A probe that a slowdown of the median started and that finds fewer threads
-faster is confirmed against fresh all-core steps before the switch: the app's own UI thread slows
-a stretch of steps now and then (a screen layout holds the GIL and a core), which must not pass
-for a neighbour that takes a core all the time. A probe of fewer threads that came out no slower
-but not by the margin is tried again soon.
+faster on average). A probe that finds fewer threads faster is confirmed against a second of fresh
+all-core steps before the switch: the app's own UI thread slows a stretch of steps now and then
+(a screen layout holds the GIL and a core), and an idle VM drifts, which must not pass for a
+neighbour that takes a core all the time. A probe of fewer threads that came out no slower but
+not by the margin, or won but was not confirmed, is tried again soon.
 Results do not depend on the count (every kernel on the CPU path computes a row alone)."""
 
 from __future__ import annotations
@@ -99,8 +99,8 @@ class ThreadTuner:
         self._slowed_since: float | None = None  # when all-core steps began to look slowed down
         self._slow_hold = 0.0  # how long a slowdown must last before its probe (see SLOW_HOLD_S)
         self._slowdown_probe = False  # the probe or confirmation running was started by a slowdown
-        self._retries = 0  # fewer threads' probes won in a row whose confirmation did not
-        self._needs_confirm = False  # the probe running, if it finds fewer threads faster, is confirmed
+        self._retries = 0  # inconclusive probes of fewer threads retried soon, in a row
+        self._baseline_steps: list[float] = []  # the all-core steps a periodic probe's baseline came from
         self.switches = 0
         self._applied = self.max_threads
 
@@ -155,15 +155,13 @@ class ThreadTuner:
         # does): a reply's first steps, when the app lays out its new message, are no baseline.
         covered = now - recent[0][0] + recent[0][1] >= RECENT_S
         periodic = now >= self._next_probe and covered
-        # Fewer threads that win are confirmed against fresh all-core steps only when the median
-        # moved (the UI's stretches do that): the periodic baseline covers BASELINE_S, and a run of
-        # steps each three times the best is a neighbour's (all-core steps right after a switch
-        # back can take a second each then).
-        if periodic:
-            self._slowdown_probe, self._needs_confirm = False, False
-            return _mean([s for _, s in history])
-        if slowed:
-            self._slowdown_probe, self._needs_confirm = True, not slow_run
+        if periodic or slowed:
+            self._slowdown_probe = not periodic
+            # A periodic probe's confirmation counts the steps of its baseline too; a slowdown's,
+            # only fresh ones (the slow stretch may have been the UI's).
+            self._baseline_steps = [s for _, s in history] if periodic else []
+            if periodic:
+                return _mean(self._baseline_steps)
             return _mean([s for _, s in list(recent)[-2:]] if slow_run else [s for _, s in recent])
         return None
 
@@ -215,7 +213,7 @@ class ThreadTuner:
         probed = _mean(times[1:])
         if probed <= current and sum(times[1:]) < PROBE_S:
             return
-        if probed <= gain * current and other < self.current and self._needs_confirm:
+        if probed <= gain * current and other < self.current:
             self._probe = None
             self._confirm = (other, key, [], probed)
             self._apply(self.current)  # all cores again: are they still that slow?
@@ -228,7 +226,8 @@ class ThreadTuner:
     def _observe_confirm(self, key: int, seconds: float) -> None:
         """Fewer threads won their probe: all-core steps again, right after it, decide. Two in a
         row far slower than the probe's switch at once (a neighbour, whose steps may take a
-        second); otherwise the mean of PROBE_STEPS and CONFIRM_S of them."""
+        second); otherwise the mean of CONFIRM_S of them (with the baseline's, for a periodic
+        probe)."""
         other, confirm_key, times, probed = self._confirm
         if key != confirm_key:
             self._confirm = None
@@ -236,9 +235,11 @@ class ThreadTuner:
             return
         times.append(seconds)
         slow_pair = len(times) >= 2 and min(times[-2:]) > ABORT * probed
-        if slow_pair or (len(times) >= PROBE_STEPS and sum(times[1:]) >= CONFIRM_S):
+        # A second of them decides however few they are: right after the switch back, under busy
+        # neighbours, one all-core step can take a second.
+        if slow_pair or sum(times[1:]) >= CONFIRM_S:
             self._confirm = None
-            keep = slow_pair or probed <= MIN_GAIN_FEWER * _mean(times[1:])
+            keep = slow_pair or probed <= MIN_GAIN_FEWER * _mean(self._baseline_steps + times[1:])
             self._decide(other, keep, probed)
             self._retry_soon(not keep)
 

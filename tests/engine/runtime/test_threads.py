@@ -216,15 +216,15 @@ def _busy_neighbours(tuner: ThreadTuner, clock: Clock, seed: int, seconds: float
 
 def test_busy_neighbours_long_tail_is_found_whichever_steps_the_windows_catch() -> None:
     """The all-core steps' mean (45 ms) loses to one thread's (32 ms), but windows of a fraction of
-    a second often hold no slow step. Baselines over BASELINE_S, inconclusive probes retried soon
-    and a probation judged on its mean keep one thread most of the time, in every run (before:
-    0.01 of the time in the worst of 20)."""
+    a second often hold no slow step. Baselines over BASELINE_S, confirmations that count them,
+    inconclusive probes retried soon and a probation judged on its mean keep one thread most of
+    the time in every run (before: 0.67 of the time on average, 0.01 in the worst of 20)."""
     shares = []
     for seed in range(10):
         clock = Clock()
         tuner = ThreadTuner(2, clock=clock, set_threads=lambda n: None)
         shares.append(_busy_neighbours(tuner, clock, seed, 30.0))
-    assert min(shares) > 0.75, shares
+    assert min(shares) > 0.7 and sum(shares) / len(shares) > 0.8, shares
 
 
 def test_a_switch_back_up_that_is_no_faster_on_average_is_undone_within_seconds() -> None:
