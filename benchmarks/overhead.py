@@ -9,8 +9,8 @@ Sections (each against the engine alone, `localbatch bench`, at the same concurr
   again while /metrics is scraped at 1 Hz and at 20 Hz (scrape latency reported); ITL p50/p99; with
   `--llama-server`, llama-server `-np 16 -t NCPU` on the same GGUF and the same 16-client load.
 - app: the app in tmux at 160x48 (tmux_tabs.py) with the embedded endpoint on and /metrics scraped
-  once a second: the replies' summed tok/s at 1 / 4 / 8 tabs against bench's decode tok/s, from a
-  bench run just before (`--app-rounds` pairs, medians of the pairs' ratios). The tabs sample with
+  once a second: the replies' summed tok/s at 1 / 4 / 8 tabs against bench's decode tok/s, the
+  mean of bench runs just before and after (`--app-rounds` pairs, medians of the pairs' ratios). The tabs sample with
   the chat's settings (e.g. temperature 0.7, top-p 0.95); bench is greedy.
 - contention: decode tok/s at 1 and 4 sequences with 0 and 2 `while True: pass` neighbours, fixed
   thread count against the app's adaptive one (contention.py).
@@ -45,6 +45,13 @@ MODEL_DIR = Path.home() / ".local/share/localbatch/models"
 
 def load() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
+
+
+def sandwich(before: dict[int, dict], after: dict[int, dict]) -> dict[int, dict]:
+    """The engine-alone figures of a stretch: the mean of a bench run before it and one after, so
+    a drift of this VM's speed (20-30% within minutes) cancels to first order."""
+    return {c: {k: (v + after[c][k]) / 2 if isinstance(v, float) else v for k, v in r.items()}
+            for c, r in before.items()}
 
 
 def run_bench(model: str, levels: list[int], max_tokens: int, prompt_len: int) -> dict[int, dict]:
@@ -121,8 +128,9 @@ def median(xs: list[float]) -> float:
 
 
 def paired_rounds(args: argparse.Namespace, sections: set[str]) -> tuple[list[dict[int, dict]], dict[str, list]]:
-    """`--rounds` times: `localbatch bench`, then (with the serve section) each serve level right after,
-    so every serve figure has an engine-alone figure from the same minutes (this VM drifts by 20%)."""
+    """`--rounds` times: `localbatch bench`, then (with the serve section) each serve level, then
+    `localbatch bench` again: every serve figure has an engine-alone figure from the same minutes,
+    the mean of the runs before and after it (this VM drifts by 20-30%)."""
     bench_runs: list[dict[int, dict]] = []
     serve_runs: dict[str, list] = {}
     levels = sorted(set(args.serve_levels) | set(args.app_levels))  # the bench rows show every level
@@ -134,8 +142,9 @@ def paired_rounds(args: argparse.Namespace, sections: set[str]) -> tuple[list[di
         stream_level(url, 2, args, seed=99)  # warm-up: the first requests pay one-time costs
     try:
         for i in range(args.rounds):
-            bench_runs.append(run_bench(args.model, levels, args.max_tokens, args.prompt_len))
+            before = run_bench(args.model, levels, args.max_tokens, args.prompt_len)
             if proc is None:
+                bench_runs.append(before)
                 continue
             for clients in args.serve_levels:
                 serve_runs.setdefault(f"{clients}", []).append((stream_level(url, clients, args, seed=100 * i + clients), None))
@@ -143,6 +152,7 @@ def paired_rounds(args: argparse.Namespace, sections: set[str]) -> tuple[list[di
                 with Scraper(url, 1 / hz) as scraper:
                     r = stream_level(url, 1, args, seed=100 * i + 50 + hz)
                 serve_runs.setdefault(f"1@{hz}", []).append((r, scraper.latencies))
+            bench_runs.append(sandwich(before, run_bench(args.model, levels, args.max_tokens, args.prompt_len)))
     finally:
         if proc is not None:
             proc.terminate()
@@ -184,8 +194,9 @@ def section_llama_server(args: argparse.Namespace, rows: list[dict]) -> None:
 
 
 def section_app(args: argparse.Namespace, rows: list[dict]) -> None:
-    """`--app-rounds` times: `localbatch bench` at the tab counts, then the app at each, so each
-    app figure has an engine-alone figure from the same minutes; medians of the paired ratios."""
+    """`--app-rounds` times: `localbatch bench` at the tab counts, the app at each, `localbatch bench`
+    again: each app figure has an engine-alone figure from the same minutes (the mean of the runs
+    before and after); medians of the paired ratios."""
     port = args.port + 2
     targs = SimpleNamespace(model=args.model, max_tokens=args.max_tokens, timeout=300, idle=0, idle_after=0,
                             cwd=str(HERE.parent), pyspy=None, env=None, remote=None,
@@ -194,13 +205,17 @@ def section_app(args: argparse.Namespace, rows: list[dict]) -> None:
         tmux_tabs.PROMPT = args.app_prompt
     runs: dict[int, list[tuple[float, float, str]]] = {tabs: [] for tabs in args.app_levels}
     for _ in range(args.app_rounds):
-        bench = run_bench(args.model, args.app_levels, args.max_tokens, args.prompt_len)
+        before = run_bench(args.model, args.app_levels, args.max_tokens, args.prompt_len)
+        measured = []
         for tabs in args.app_levels:
             with Scraper(f"http://127.0.0.1:{port}", 1.0) as scraper:
                 run = tmux_tabs.run_tabs(targs, tabs)
             total = sum(rate for _, rate in run.replies)
             note = (f"replies of {min(n for n, _ in run.replies)}-{max(n for n, _ in run.replies)} tok; "
                     f"UI thread {run.ui_cpu:.0%}; {scraper.summary()}; load {run.load_after:.2f}")
+            measured.append((tabs, total, note))
+        bench = sandwich(before, run_bench(args.model, args.app_levels, args.max_tokens, args.prompt_len))
+        for tabs, total, note in measured:
             runs[tabs].append((total, bench[tabs]["decode_tok_s"], note))
     for tabs, results in runs.items():
         ratios = [total / base for total, base, _ in results]
