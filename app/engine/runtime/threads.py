@@ -218,10 +218,10 @@ class ThreadTuner:
             self._confirm = (other, key, [], probed)
             self._apply(self.current)  # all cores again: are they still that slow?
             return
-        fewer, keep = other < self.current, probed <= gain * current
-        self._end_probe(keep)
-        if fewer:  # not slower, yet not faster by the margin: the baseline may have missed the tail
-            self._retry_soon(not keep and probed <= current)
+        fewer = other < self.current
+        self._end_probe(keep=probed <= gain * current)
+        if fewer:  # lost (a win went to its confirmation); no slower, the baseline may have missed the tail
+            self._retry_soon(probed <= current)
 
     def _observe_confirm(self, key: int, seconds: float) -> None:
         """Fewer threads won their probe: all-core steps again, right after it, decide. Two in a
