@@ -1,7 +1,7 @@
 """What the app, the HTTP server and busy neighbours cost the engine, side by side in one run.
 
     python benchmarks/overhead.py --model smollm2-135m-instruct [--sections bench,serve,app,contention]
-        [--llama-server PATH/llama-server] [--max-tokens 256] [--json FILE]
+        [--llama-server PATH/llama-server] [--max-tokens 256] [--device cuda] [--json FILE]
 
 Sections (each against the engine alone, `localbatch bench`, at the same concurrency, same run):
 - bench: `localbatch bench --concurrency 1,4,8,16`: output tok/s (prompt included) and decode tok/s.
@@ -54,11 +54,22 @@ def sandwich(before: dict[int, dict], after: dict[int, dict]) -> dict[int, dict]
             for c, r in before.items()}
 
 
-def run_bench(model: str, levels: list[int], max_tokens: int, prompt_len: int) -> dict[int, dict]:
-    cmd = [sys.executable, "-m", "app.cli", "bench", "--model", model, "--device", "cpu", "--num-prompts", "4",
+ENGINE_ARGS: list[str] = []  # --engine-args, for bench and serve alike
+
+
+def device_args(device: str) -> list[str]:
+    # On a GPU, serve and bench run side by side: a fixed pool each (~3 GB for SmolLM2), not 90% of it.
+    return ["--device", device] + (["--kv-cache-blocks", "8192"] if device == "cuda" else []) + ENGINE_ARGS
+
+
+def run_bench(model: str, levels: list[int], max_tokens: int, prompt_len: int, device: str = "cpu") -> dict[int, dict]:
+    cmd = [sys.executable, "-m", "app.cli", "bench", "--model", model, *device_args(device), "--num-prompts", "4",
            "--concurrency", ",".join(map(str, levels)), "--output-len", str(max_tokens),
            "--input-len", str(prompt_len), "--json"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=HERE.parent).stdout
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=HERE.parent)
+    if run.returncode:
+        raise RuntimeError(f"localbatch bench exited with {run.returncode}: {run.stderr.strip()[-2000:]}")
+    out = run.stdout
     return {r["concurrency"]: r for r in json.loads(out.strip().splitlines()[-1])["sweep"]}
 
 
@@ -137,12 +148,12 @@ def paired_rounds(args: argparse.Namespace, sections: set[str]) -> tuple[list[di
     proc = None
     url = f"http://127.0.0.1:{args.port}"
     if "serve" in sections:
-        proc = start_server([sys.executable, "-m", "app.cli", "serve", "--model", args.model, "--device", "cpu",
+        proc = start_server([sys.executable, "-m", "app.cli", "serve", "--model", args.model, *device_args(args.device),
                              "--port", str(args.port)], url)
         stream_level(url, 2, args, seed=99)  # warm-up: the first requests pay one-time costs
     try:
         for i in range(args.rounds):
-            before = run_bench(args.model, levels, args.max_tokens, args.prompt_len)
+            before = run_bench(args.model, levels, args.max_tokens, args.prompt_len, args.device)
             if proc is None:
                 bench_runs.append(before)
                 continue
@@ -152,7 +163,7 @@ def paired_rounds(args: argparse.Namespace, sections: set[str]) -> tuple[list[di
                 with Scraper(url, 1 / hz) as scraper:
                     r = stream_level(url, 1, args, seed=100 * i + 50 + hz)
                 serve_runs.setdefault(f"1@{hz}", []).append((r, scraper.latencies))
-            bench_runs.append(sandwich(before, run_bench(args.model, levels, args.max_tokens, args.prompt_len)))
+            bench_runs.append(sandwich(before, run_bench(args.model, levels, args.max_tokens, args.prompt_len, args.device)))
     finally:
         if proc is not None:
             proc.terminate()
@@ -243,6 +254,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--sections", default="bench,serve,app,contention")
+    p.add_argument("--engine-args", default="", help="more engine options for bench and serve, e.g. \"--num-threads 1\"")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="for bench and serve (the app and contention run on the CPU)")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--serve-levels", default="1,4,16")
@@ -255,10 +268,11 @@ def main() -> int:
     p.add_argument("--llama-server", default=None, help="llama-server binary: its 16-stream ITL beside ours")
     p.add_argument("--json", default=None, help="also write the rows to this file")
     args = p.parse_args()
+    ENGINE_ARGS.extend(args.engine_args.split())
     args.serve_levels = [int(x) for x in args.serve_levels.split(",")]
     args.app_levels = [int(x) for x in args.app_levels.split(",")]
     sections = set(args.sections.split(","))
-    print(f"{args.model}, {os.cpu_count()} CPUs, load {load():.2f}, {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
+    print(f"{args.model} on {args.device}, {os.cpu_count()} CPUs, load {load():.2f}, {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
     rows: list[dict] = []
     if sections & {"bench", "serve", "app"}:
         bench_runs, serve_runs = paired_rounds(args, sections)

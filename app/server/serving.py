@@ -5,7 +5,6 @@ handler both run, each with an `Endpoint` that says what differs."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -21,6 +20,7 @@ from app.engine.api.engine_client import EngineClient, Prompt
 from app.engine.types.errors import LocalbatchError
 from app.engine.types.outputs import StreamDelta
 from app.engine.types.sampling_params import SamplingParams
+from app.server import compact_json
 from app.server.http_errors import ApiError, engine_error, failed_request
 from app.server.logprobs import TokenTexts
 from app.server.openai_schema import SamplingRequest
@@ -143,7 +143,7 @@ def client_closed() -> Response:
 
 
 def sse(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + compact_json.dumps(obj).encode() + b"\n\n"
 
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -238,13 +238,13 @@ def _response(choices: list[Choice], meta: ResponseMeta, endpoint: Endpoint) -> 
 def _chunk_writer(meta: ResponseMeta, obj: str) -> Callable[[dict[str, Any]], bytes]:
     """The SSE event of one chunk carrying `entry`: the fields every chunk of the request repeats
     are encoded once, not once per token."""
-    head = json.dumps(meta.header(obj), ensure_ascii=False, separators=(",", ":"))[:-1]
+    head = compact_json.dumps(meta.header(obj))[:-1]
     prefix = f'data: {head},"choices":['.encode()
     # OpenAI sends an explicit null usage on every chunk but the last.
     suffix = b'],"usage":null}\n\n' if meta.include_usage else b"]}\n\n"
 
     def chunk(entry: dict[str, Any]) -> bytes:
-        return prefix + json.dumps(entry, ensure_ascii=False, separators=(",", ":")).encode() + suffix
+        return prefix + compact_json.dumps(entry).encode() + suffix
 
     return chunk
 

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,7 +56,7 @@ class AsyncEngine:
         progress: ProgressFn | None = None, **engine_kwargs: Any,
     ) -> None:
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue, float]] = {}
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, _Inbox, float]] = {}
         self._held: dict[asyncio.AbstractEventLoop, _Held] = {}  # deltas waiting for their loop's hand-off
         self._dead: str | None = None  # why the step thread died, once it has
         self._step_s = 0.0  # how long the last step took: held deltas go out when the next would be late
@@ -99,7 +100,7 @@ class AsyncEngine:
             self.engine.make_sequence, prompt, params, request_id or f"req-{uuid.uuid4().hex[:12]}"
         )
         loop = asyncio.get_running_loop()
-        inbox: asyncio.Queue = asyncio.Queue()
+        inbox = _Inbox()
         self._streams[seq.request_id] = (loop, inbox, max_delay_s)
         self._send("add", seq)
         finished = False
@@ -111,8 +112,8 @@ class AsyncEngine:
                     raise item
                 # Deltas that arrived together go out as one: each one costs the consumer's loop
                 # its per-delta work (an SSE event, a UI update).
-                while item.finish_reason is None and not inbox.empty():
-                    later = inbox.get_nowait()
+                while item.finish_reason is None and inbox.items:
+                    later = inbox.items.popleft()
                     if isinstance(later, BaseException):
                         error = later
                         break
@@ -279,9 +280,34 @@ class AsyncEngine:
         self.close()
 
 
+class _Inbox:
+    """One stream's deltas on its event loop: the part of `asyncio.Queue` a stream uses, without its
+    per-item bookkeeping (getters, putters, task counts), which every token of every stream paid."""
+
+    __slots__ = ("items", "_waiter")
+
+    def __init__(self) -> None:
+        self.items: deque[Any] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: Any) -> None:
+        self.items.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def get(self) -> Any:
+        while not self.items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self.items.popleft()
+
+
 @dataclass
 class _Held:
-    batch: list[tuple[asyncio.Queue, Any]] = field(default_factory=list)
+    batch: list[tuple[_Inbox, Any]] = field(default_factory=list)
     due: float = float("inf")
 
 
@@ -293,6 +319,6 @@ def _urgent(payload: Any) -> bool:
     return payload.finish_reason is not None or payload.num_output_tokens <= len(payload.token_ids)
 
 
-def _deliver(batch: list[tuple[asyncio.Queue, Any]]) -> None:
+def _deliver(batch: list[tuple[_Inbox, Any]]) -> None:
     for inbox, payload in batch:
         inbox.put_nowait(payload)

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from app.engine.api.async_engine import AsyncEngine
+from app.engine.api.async_engine import AsyncEngine, _Inbox
 from app.engine.api.engine_client import EngineClient
 from app.engine.types.errors import RequestError
 from app.engine.types.sampling_params import SamplingParams
@@ -178,3 +178,21 @@ async def test_speculation_streams_the_same_tokens_and_switches_off(engine, tiny
         assert ids == plain
     finally:
         await spec.aclose()
+
+
+async def test_inbox_hands_items_over_in_order_and_survives_a_cancelled_get() -> None:
+    inbox = _Inbox()
+    inbox.put_nowait(1)
+    assert await inbox.get() == 1
+    waiting = asyncio.ensure_future(inbox.get())
+    await asyncio.sleep(0)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    inbox.put_nowait(2)  # no waiter left to wake: kept for the next get
+    later = asyncio.ensure_future(inbox.get())
+    await asyncio.sleep(0)
+    inbox.put_nowait(3)
+    assert await later == 2
+    assert await inbox.get() == 3
+    assert not inbox.items
