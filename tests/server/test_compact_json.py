@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from app.server import compact_json
 
 SCALARS = st.none() | st.booleans() | st.integers() | st.floats() | st.text()
-VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
-                      max_leaves=20)
+VALUES = st.recursive(
+    SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4), max_leaves=20)
 
 
 def reference(obj: object) -> str:
