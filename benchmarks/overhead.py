@@ -62,7 +62,8 @@ def device_args(device: str) -> list[str]:
     return ["--device", device] + (["--kv-cache-blocks", "8192"] if device == "cuda" else []) + ENGINE_ARGS
 
 
-def run_bench(model: str, levels: list[int], max_tokens: int, prompt_len: int, device: str = "cpu") -> dict[int, dict]:
+def run_bench(model: str, levels: list[int], max_tokens: int, prompt_len: int,
+              device: str = "cpu") -> dict[int, dict]:
     cmd = [sys.executable, "-m", "app.cli", "bench", "--model", model, *device_args(device), "--num-prompts", "4",
            "--concurrency", ",".join(map(str, levels)), "--output-len", str(max_tokens),
            "--input-len", str(prompt_len), "--json"]
@@ -148,8 +149,8 @@ def paired_rounds(args: argparse.Namespace, sections: set[str]) -> tuple[list[di
     proc = None
     url = f"http://127.0.0.1:{args.port}"
     if "serve" in sections:
-        proc = start_server([sys.executable, "-m", "app.cli", "serve", "--model", args.model, *device_args(args.device),
-                             "--port", str(args.port)], url)
+        proc = start_server([sys.executable, "-m", "app.cli", "serve", "--model", args.model,
+                             *device_args(args.device), "--port", str(args.port)], url)
         stream_level(url, 2, args, seed=99)  # warm-up: the first requests pay one-time costs
     try:
         for i in range(args.rounds):
@@ -163,7 +164,8 @@ def paired_rounds(args: argparse.Namespace, sections: set[str]) -> tuple[list[di
                 with Scraper(url, 1 / hz) as scraper:
                     r = stream_level(url, 1, args, seed=100 * i + 50 + hz)
                 serve_runs.setdefault(f"1@{hz}", []).append((r, scraper.latencies))
-            bench_runs.append(sandwich(before, run_bench(args.model, levels, args.max_tokens, args.prompt_len, args.device)))
+            after = run_bench(args.model, levels, args.max_tokens, args.prompt_len, args.device)
+            bench_runs.append(sandwich(before, after))
     finally:
         if proc is not None:
             proc.terminate()
@@ -254,8 +256,10 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--sections", default="bench,serve,app,contention")
-    p.add_argument("--engine-args", default="", help="more engine options for bench and serve, e.g. \"--num-threads 1\"")
-    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="for bench and serve (the app and contention run on the CPU)")
+    p.add_argument("--engine-args", default="",
+                   help="more engine options for bench and serve, e.g. \"--num-threads 1\"")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="for bench and serve (the app and contention run on the CPU)")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--serve-levels", default="1,4,16")
@@ -272,7 +276,8 @@ def main() -> int:
     args.serve_levels = [int(x) for x in args.serve_levels.split(",")]
     args.app_levels = [int(x) for x in args.app_levels.split(",")]
     sections = set(args.sections.split(","))
-    print(f"{args.model} on {args.device}, {os.cpu_count()} CPUs, load {load():.2f}, {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
+    print(f"{args.model} on {args.device}, {os.cpu_count()} CPUs, load {load():.2f}, "
+          f"{time.strftime('%Y-%m-%d %H:%M')}", flush=True)
     rows: list[dict] = []
     if sections & {"bench", "serve", "app"}:
         bench_runs, serve_runs = paired_rounds(args, sections)
