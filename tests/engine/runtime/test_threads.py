@@ -224,7 +224,7 @@ def test_busy_neighbours_long_tail_is_found_whichever_steps_the_windows_catch() 
         clock = Clock()
         tuner = ThreadTuner(2, clock=clock, set_threads=lambda n: None)
         shares.append(_busy_neighbours(tuner, clock, seed, 30.0))
-    assert min(shares) > 0.7 and sum(shares) / len(shares) > 0.8, shares
+    assert min(shares) > 0.75 and sum(shares) / len(shares) > 0.8, shares
 
 
 def test_a_switch_back_up_that_is_no_faster_on_average_is_undone_within_seconds() -> None:
