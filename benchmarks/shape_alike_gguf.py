@@ -14,7 +14,7 @@ import argparse
 import json
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGUFReader, GGUFValueType, GGUFWriter, ReaderTensor
 
 SHAPES_KEY = "shape_alike.tensors"  # the skeleton's list of (name, numpy shape) left to fill
 TINY = {"block_count": 2, "embedding_length": 64, "feed_forward_length": 128, "attention.head_count": 4,
@@ -30,17 +30,21 @@ def copy_metadata(reader: GGUFReader, writer: GGUFWriter, override: dict[str, ob
         writer.add_key_value(f.name, override.get(f.name, f.contents()), kind, sub_type=sub)
 
 
+def _shape(tensor: ReaderTensor) -> list[int]:
+    """numpy's order (gguf lists a tensor's dimensions innermost first)."""
+    return [int(x) for x in reversed(tensor.shape.tolist())]
+
+
 def skeleton(src: str, dst: str) -> None:
     reader = GGUFReader(src)
     writer = GGUFWriter(dst, reader.fields["general.architecture"].contents())
     copy_metadata(reader, writer, {})
     rest = []
     for t in reader.tensors:
-        shape = [int(x) for x in reversed(t.shape.tolist())]
         if t.tensor_type.name == "F32":  # norms and biases: small, and kept real
-            writer.add_tensor(t.name, np.asarray(t.data, dtype=np.float32).reshape(shape))
+            writer.add_tensor(t.name, np.asarray(t.data, dtype=np.float32).reshape(_shape(t)))
         else:
-            rest.append([t.name, shape])
+            rest.append([t.name, _shape(t)])
     writer.add_key_value(SHAPES_KEY, json.dumps(rest), GGUFValueType.STRING)
     _write(writer)
 
@@ -53,8 +57,7 @@ def fill(skel: str, dst: str, tiny: bool) -> None:
     if not tiny:
         copy_metadata(reader, writer, {})
         for t in reader.tensors:
-            shape = [int(x) for x in reversed(t.shape.tolist())]
-            writer.add_tensor(t.name, np.asarray(t.data, dtype=np.float32).reshape(shape))
+            writer.add_tensor(t.name, np.asarray(t.data, dtype=np.float32).reshape(_shape(t)))
         for name, shape in json.loads(reader.fields[SHAPES_KEY].contents()):
             writer.add_tensor(name, (rng.standard_normal(shape, dtype=np.float32) * 0.05).astype(np.float16))
         _write(writer)
