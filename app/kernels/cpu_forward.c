@@ -5,7 +5,7 @@
  *
  * Layer i, with x the residual stream and h the previous layer's output (none before layer 0):
  *   x += h; normed = rms_norm(x, attn_norm)
- *   q, cache <- rope_store_kv(qkv @ normed);  attn = paged_attention(q)
+ *   q, cache <- rope_store_kv(qkv @ normed (+ qkv_bias if given));  attn = paged_attention(q)
  *   h = o @ attn (then rms_norm(h, post_attn_norm) if given)
  *   x += h; normed = rms_norm(x, ffn_norm)
  *   h = down @ glu(gate_up @ normed) (then rms_norm(h, post_ffw_norm) if given)
@@ -21,7 +21,7 @@ typedef struct {
 
 typedef struct {
     const qweight *qkv, *o, *gate_up, *down;
-    const float *attn_norm, *post_attn_norm, *ffn_norm, *post_ffw_norm, *qk_norm; /* NULL: none */
+    const float *attn_norm, *post_attn_norm, *ffn_norm, *post_ffw_norm, *qk_norm, *qkv_bias; /* NULL: none */
     void *k_cache, *v_cache;
     int64_t window; /* 0: none */
     int64_t rope;   /* which of the step's cos/sin tables */
@@ -39,6 +39,13 @@ typedef struct {
     float *x, *h, *normed, *qkv, *q, *attn, *gate_up, *act_out; /* [M, ...] buffers */
 } step_desc;
 
+/* y[r] += bias for each of the M rows of width n (Qwen2's q, k and v biases): the Python layer's
+ * `y + bias`, one fp32 add an element, so the same bits. */
+static void add_bias(float *y, const float *bias, int64_t M, int64_t n) {
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t j = 0; j < n; j++) y[r * n + j] += bias[j];
+}
+
 /* Returns 0, or -1 when a GEMM's scratch cannot be allocated. */
 int forward_layers(const layer_desc *layers, int64_t n, const step_desc *s) {
     const int64_t M = s->M, D = s->hidden;
@@ -48,6 +55,8 @@ int forward_layers(const layer_desc *layers, int64_t n, const step_desc *s) {
         rms_norm_f32(s->x, i ? s->h : NULL, i ? s->x : NULL, L->attn_norm, s->normed, M, D, 1, s->eps);
         if (qgemm(L->qkv, s->normed, M, s->qkv, (int)s->threads))
             return -1;
+        if (L->qkv_bias)
+            add_bias(s->qkv, L->qkv_bias, M, (s->heads + 2 * s->kv_heads) * s->head_dim);
         rope_store_kv(s->qkv, M, (int)s->heads, (int)s->kv_heads, (int)s->head_dim, L->qk_norm, s->eps,
                       s->cos[L->rope], s->sin[L->rope], (int)s->neox, s->q, m->slots, L->k_cache, L->v_cache,
                       (int)s->f16);

@@ -28,7 +28,7 @@ class _Meta(ctypes.Structure):
 
 class _Layer(ctypes.Structure):
     _fields_ = [(name, _ptr) for name in ("qkv", "o", "gate_up", "down", "attn_norm", "post_attn_norm", "ffn_norm",
-                                          "post_ffw_norm", "qk_norm", "k_cache", "v_cache")] + [
+                                          "post_ffw_norm", "qk_norm", "qkv_bias", "k_cache", "v_cache")] + [
         ("window", _i64), ("rope", _i64), ("group", _i64)]
 
 
@@ -47,16 +47,24 @@ def _library() -> ctypes.CDLL | None:
 
 def takes_layers(layers: list) -> bool:
     """Whether these layers (`DecoderLayer`s) can run here in one call: every matrix 4/5/8-bit groups
-    without a bias, widths the row kernels cover, an activation the C kernel has, the library built."""
+    without a bias (but q, k and v's, fp32), widths the row kernels cover, an activation the C kernel
+    has, the library built."""
     if not layers or _library() is None:
         return False
     cfg = layers[0].cfg
     return (cfg.hidden_act in cpu_ops.GLU_ACTIVATIONS and cfg.hidden_size % 8 == 0
-            and all(isinstance(lin.packed, (Q4Weight, Q8Weight)) and lin.bias is None and lin.weight is None
-                    and lin.dense is None for layer in layers for lin in layer.linears())
+            and all(isinstance(lin.packed, (Q4Weight, Q8Weight)) and lin.weight is None and lin.dense is None
+                    for layer in layers for lin in layer.linears())
+            and all(lin.bias is None for layer in layers for lin in layer.linears()[1:])
+            and all(_fp32_vector(layer.qkv.bias, layer.qkv.packed.out_features) for layer in layers
+                    if layer.qkv.bias is not None)
             and all(layer.gate_up.packed.out_features % 16 == 0 for layer in layers)
             and all(t.dtype == torch.float32 and t.is_contiguous() for layer in layers for t in layer.norms())
             and len({layer.rope for layer in layers}) <= MAX_ROPES)
+
+
+def _fp32_vector(t: torch.Tensor, n: int) -> bool:
+    return t.dtype == torch.float32 and t.is_contiguous() and t.shape == (n,)
 
 
 class OneCallLayers:
@@ -143,5 +151,6 @@ def _describe(desc: _Layer, layer, kv: KVCacheLayer, rope: int) -> None:
     desc.qkv, desc.o, desc.gate_up, desc.down = (lin.packed._desc_ptr for lin in layer.linears())
     desc.attn_norm, desc.post_attn_norm = ptr(layer.attn_norm), ptr(layer.post_attn_norm)
     desc.ffn_norm, desc.post_ffw_norm, desc.qk_norm = ptr(layer.ffn_norm), ptr(layer.post_ffw_norm), ptr(layer.qk_norm)
+    desc.qkv_bias = ptr(layer.qkv.bias)
     desc.k_cache, desc.v_cache = kv.k.data_ptr(), kv.v.data_ptr()
     desc.window, desc.rope = layer.window or 0, rope

@@ -1,7 +1,7 @@
 """The decoder layers in one C call (app/kernels/cpu_forward.c) against the Python layers calling
 the same kernels one by one: the same tokens and logprobs, bit for bit, for each tiny architecture
 that takes it (a sliding-window Gemma 3 with its two KV cache groups and two RoPE tables, Qwen3's
-q/k norms), with prefill chunks and a mixed batch."""
+q/k norms, Qwen2's q/k/v biases), with prefill chunks and a mixed batch."""
 
 from __future__ import annotations
 
@@ -30,12 +30,15 @@ def _generate(path, c_layers: bool) -> list[tuple[list[int], list]]:
     return [(s.output_token_ids, s.logprobs) for s in seqs]
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen3", "qwen2"])
 def test_one_call_equals_the_layers_one_by_one(arch, tiny_gguf_factory):
     path = tiny_gguf_factory(arch)
     assert _generate(path, True) == _generate(path, False)
 
 
-def test_a_bias_keeps_the_layers_one_by_one(tiny_gguf_factory):
+def test_a_bias_beyond_qkv_keeps_the_layers_one_by_one(tiny_gguf_factory):
     engine = LLMEngine(str(tiny_gguf_factory("qwen2")), device="cpu", dtype="float32", kv_cache_blocks=64)
-    assert engine.model.c_layers is None  # qkv has a bias: the Python layer adds it
+    layers = engine.model.layers
+    assert cpu_forward.takes_layers(layers)
+    layers[0].o_proj.bias = layers[0].qkv.bias[: layers[0].o_proj.packed.out_features].clone()
+    assert not cpu_forward.takes_layers(layers)  # forward_layers adds q, k and v's biases only
