@@ -11,7 +11,7 @@ Sections (each against the engine alone, `localbatch bench`, at the same concurr
 - app: the app in tmux at 160x48 (tmux_tabs.py) with the embedded endpoint on and /metrics scraped
   once a second: the replies' summed tok/s at 1 / 4 / 8 tabs against bench's decode tok/s, the
   mean of bench runs just before and after (`--app-rounds` pairs, medians of the pairs' ratios).
-  The tabs sample with the chat's settings (e.g. temperature 0.7, top-p 0.95); bench is greedy.
+  The tabs decode greedily (tmux_tabs.py writes temperature 0 into the app's config), as bench does.
 - contention: decode tok/s at 1 and 4 sequences with 0 and 2 `while True: pass` neighbours, fixed
   thread count against the app's adaptive one (contention.py).
 
