@@ -11,8 +11,8 @@ it keeps whichever count made steps of that batch size faster (mean step times; 
 probe against the mean of the last BASELINE_S, since all-core steps under busy neighbours are
 mostly fast with a slow one every half second or so), and drops back to one thread if all-core
 steps turn slow again soon after a switch up (two far slower in a row, or a second of them no
-faster on average). A probe that finds fewer threads faster is confirmed against a second of fresh
-all-core steps before the switch: the app's own UI thread slows a stretch of steps now and then
+faster on average), and tries all cores again soon after a switch to fewer. A probe that finds
+fewer threads faster is confirmed against a second of fresh all-core steps before the switch: the app's own UI thread slows a stretch of steps now and then
 (a screen layout holds the GIL and a core), and an idle VM drifts, which must not pass for a
 neighbour that takes a core all the time. A probe of fewer threads that came out no slower but
 not by the margin, or won but was not confirmed, is tried again soon.
@@ -27,6 +27,11 @@ from collections.abc import Callable
 import torch
 
 PROBE_EVERY_S = 10.0  # how often the other count is tried after a probe that switched
+# ... but all cores again this soon after a switch to fewer: in the app, a reply's first second
+# (its layout, the OpenMP worker settling) gave all-core steps of 0.15-1.5 s on an idle machine,
+# which a one-thread probe beat; one thread was then 1.6-2x slower until the next probe. A
+# neighbour that stays makes each lost probe double the wait, as after any lost probe.
+RECHECK_FEWER_S = 2.0
 MAX_PROBE_EVERY_S = 60.0  # probes that keep losing back off to this interval
 FIRST_PROBE_S = 2.0  # the first probe comes soon: a neighbour may be busy from the start
 PROBE_STEPS = 5  # steps per side of a comparison at least: the probe's first one, paying the switch, is not counted
@@ -282,7 +287,10 @@ class ThreadTuner:
         self._slow_run, self._slow_time, self._probation_slow = 0, 0.0, 0
         self._probation_time, self._probation_steps, self._probation_max = 0.0, 0, 0.0
         self._last_probe = self._clock()
-        self._interval = PROBE_EVERY_S if won else min(2 * self._interval, MAX_PROBE_EVERY_S)
+        if won:
+            self._interval = RECHECK_FEWER_S if count < self.max_threads else PROBE_EVERY_S
+        else:
+            self._interval = min(2 * self._interval, MAX_PROBE_EVERY_S)
         self._next_probe = self._last_probe + self._interval
 
     def _apply(self, threads: int) -> None:

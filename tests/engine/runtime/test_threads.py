@@ -257,3 +257,18 @@ def test_one_slow_step_on_probation_does_not_undo_the_switch() -> None:
         clock.now += seconds
         tuner.observe(1, seconds)
     assert tuner.current == 2
+
+
+def test_a_switch_to_one_thread_on_an_idle_machine_is_undone_within_seconds() -> None:
+    """A probe of one thread that won against a stall of the app's own (a reply's first second) on
+    an idle machine: all cores are tried again after RECHECK_FEWER_S, not PROBE_EVERY_S."""
+    clock = Clock()
+    tuner = ThreadTuner(2, clock=clock, set_threads=lambda n: None)
+    tuner._decide(1, True, 0.1)  # as a won and confirmed probe of one thread does
+    assert tuner.current == 1
+    start = clock.now
+    drive(tuner, clock, {2: 0.040, 1: 0.080}, 100)
+    assert tuner.current == 2 and clock.now - start < 8.0
+    while tuner.current == 2 and clock.now - start < 8.0:
+        drive(tuner, clock, {2: 0.040, 1: 0.080}, 1)
+    assert tuner.current == 2
