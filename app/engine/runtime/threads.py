@@ -6,16 +6,16 @@ take 5-20x longer than a 1-thread one. On an idle machine 2 threads are ~2x fast
 policy serves both (docs/benchmarks.md), so the engine measures: it runs a few decode steps with
 the other thread count soon after start, then now and then (backing off while probes lose), and at
 once when all-core steps slow down for a while (the app's UI thread slows a few steps at a time,
-so the while grows after each such probe that lost);
-it keeps whichever count made steps of that batch size faster (mean step times; a periodic
-probe against the mean of the last BASELINE_S, since all-core steps under busy neighbours are
-mostly fast with a slow one every half second or so), and drops back to one thread if all-core
-steps turn slow again soon after a switch up (two far slower in a row, or a second of them no
-faster on average), and tries all cores again soon after a switch to fewer. A probe that finds
-fewer threads faster is confirmed against a second of fresh all-core steps before the switch: the app's own UI thread slows a stretch of steps now and then
-(a screen layout holds the GIL and a core), and an idle VM drifts, which must not pass for a
-neighbour that takes a core all the time. A probe of fewer threads that came out no slower but
-not by the margin, or won but was not confirmed, is tried again soon.
+so the while grows after each such probe that lost); it keeps whichever count made steps of that
+batch size faster (mean step times; a periodic probe against the mean of the last BASELINE_S, since
+all-core steps under busy neighbours are mostly fast with a slow one every half second or so), and
+drops back to one thread if all-core steps turn slow again soon after a switch up (two far slower in
+a row, or a second of them no faster on average), and tries all cores again soon after a switch to
+fewer. A probe that finds fewer threads faster is confirmed against a second of fresh all-core steps
+before the switch: the app's own UI thread slows a stretch of steps now and then (a screen layout
+holds the GIL and a core), and an idle VM drifts, which must not pass for a neighbour that takes a
+core all the time. A probe of fewer threads that came out no slower but not by the margin, or won
+but was not confirmed, is tried again soon.
 Results do not depend on the count (every kernel on the CPU path computes a row alone)."""
 
 from __future__ import annotations
