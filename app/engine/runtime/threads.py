@@ -28,9 +28,9 @@ import torch
 
 PROBE_EVERY_S = 10.0  # how often the other count is tried after a probe that switched
 # ... but all cores again this soon after a switch to fewer: in the app, a reply's first second
-# (its layout, the OpenMP worker settling) gave all-core steps of 0.15-1.5 s on an idle machine,
-# which a one-thread probe beat; one thread was then 1.6-2x slower until the next probe. A
-# neighbour that stays makes each lost probe double the wait, as after any lost probe.
+# gave all-core steps of 0.15-1.5 s on an idle machine (cause not yet known), which a one-thread
+# probe beat; one thread was then 1.6-2x slower until the next probe. A neighbour that stays
+# makes each lost probe double the wait, as after any lost probe.
 RECHECK_FEWER_S = 2.0
 MAX_PROBE_EVERY_S = 60.0  # probes that keep losing back off to this interval
 FIRST_PROBE_S = 2.0  # the first probe comes soon: a neighbour may be busy from the start
