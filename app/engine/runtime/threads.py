@@ -26,6 +26,9 @@ from collections.abc import Callable
 
 import torch
 
+from app.engine.runtime.affinity import TeamAffinity
+from app.kernels.cpu_team import team_tids
+
 PROBE_EVERY_S = 10.0  # how often the other count is tried after a probe that switched
 # ... but all cores again this soon after a switch to fewer: in the app, a reply's first second
 # gave all-core steps of 0.15-1.5 s on an idle machine (cause not yet known), which a one-thread
@@ -107,6 +110,7 @@ class ThreadTuner:
         self._retries = 0  # inconclusive probes of fewer threads retried soon, in a row
         self._baseline_steps: list[float] = []  # the all-core steps a periodic probe's baseline came from
         self.switches = 0
+        self.affinity: TeamAffinity | None = None  # where adaptive_threads() pins the team
         self._applied = self.max_threads
 
     @property
@@ -312,6 +316,21 @@ def _window(steps: deque[tuple[float, float]], now: float, seconds: float, span:
 
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs)
+
+
+def adaptive_threads() -> ThreadTuner:
+    """The app's tuner, made on the step thread: it sets torch's thread count and, while the team
+    spans every CPU, pins each of its threads to one (`affinity.py`)."""
+    affinity = TeamAffinity(team_tids)
+
+    def set_threads(n: int) -> None:
+        torch.set_num_threads(n)
+        affinity.apply(n)
+
+    tuner = ThreadTuner(set_threads=set_threads)
+    affinity.apply(tuner.max_threads)
+    tuner.affinity = affinity
+    return tuner
 
 
 def _median(xs: list[float]) -> float:
