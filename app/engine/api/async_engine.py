@@ -174,6 +174,8 @@ class AsyncEngine:
     def _main(self, model: str | None, device: str, dtype: str, progress: ProgressFn | None, kwargs: dict) -> None:
         try:
             self.engine = LLMEngine(model, device=device, dtype=dtype, progress=progress, **kwargs)
+            if self.engine.thread_tuner is not None:  # this thread is the engine's alone
+                self.engine.thread_tuner.place_team()
             self._stats, self._stats_at = self.engine.stats(), time.monotonic()
             # The model, its tokenizer tables and the KV pool are millions of long-lived objects:
             # a full collection walked them all, holding the GIL, whenever the app's rendering

@@ -25,7 +25,7 @@ from app.engine.runtime.kv_cache_spec import kv_cache_spec
 from app.engine.runtime.kv_pool import kv_sizes, resolve_kv_cache_dtype
 from app.engine.runtime.linear import takes_grids
 from app.engine.runtime.model_runner import ModelRunner, StepOutput
-from app.engine.runtime.threads import ThreadTuner, adaptive_threads
+from app.engine.runtime.threads import ThreadTuner
 from app.engine.structured.compiler import ConstraintCompiler
 from app.engine.text.tokenizer import Tokenizer
 from app.engine.types.batch import ScheduledBatch
@@ -60,7 +60,7 @@ class LLMEngine:
         if self.config.num_threads is not None and self.setup.device.type == "cpu":
             torch.set_num_threads(self.config.num_threads)  # the step thread's count: the engine is built there
         adaptive = self.config.adaptive_threads and self.config.num_threads is None and self.setup.device.type == "cpu"
-        self.thread_tuner: ThreadTuner | None = adaptive_threads() if adaptive else None
+        self.thread_tuner: ThreadTuner | None = ThreadTuner() if adaptive else None
         if random_weights is not None:
             self._init_random(random_weights)
         else:

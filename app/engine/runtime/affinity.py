@@ -1,16 +1,16 @@
 """Each thread of the step thread's CPU team on a CPU of its own, while the team spans every CPU.
 
 Every parallel region of a step ends at a barrier, so the team moves at the pace of its slowest
-thread. When another thread of the app wakes (the HTTP server's event loop at every token, the
-UI's frames), the scheduler either preempts a team thread or migrates one onto its partner's CPU,
-and a migrated thread waits there and starts on a cold cache. Pinned, a team thread is only ever
-preempted in place (measured in docs/benchmarks.md: faster streaming, the engine alone unchanged).
+thread. Another thread of the app waking (the HTTP server's event loop at every token, the UI's
+frames) takes a CPU from the team, and the scheduler may also move a team thread onto its
+partner's CPU. Pinned, a preempted team thread resumes where it was; measured (docs/benchmarks.md),
+streaming got faster and the engine alone did not change.
 
 Only while the team has one thread per CPU the process may use: then pinning decides nothing but
 which thread is where. With fewer threads (the tuner's answer to busy neighbours, or a machine
 with more CPUs than threads) the team is left to the scheduler, which can move it away from a
-neighbour. Only the team's threads are pinned; threads the step thread starts later inherit its
-CPU, so the engine starts none."""
+neighbour. Only the team's threads are pinned, and only on a thread the engine has to itself
+(`AsyncEngine`'s step thread): threads and processes started from a pinned thread inherit its CPU."""
 
 from __future__ import annotations
 

@@ -110,7 +110,7 @@ class ThreadTuner:
         self._retries = 0  # inconclusive probes of fewer threads retried soon, in a row
         self._baseline_steps: list[float] = []  # the all-core steps a periodic probe's baseline came from
         self.switches = 0
-        self.affinity: TeamAffinity | None = None  # where adaptive_threads() pins the team
+        self.affinity: TeamAffinity | None = None  # see place_team
         self._applied = self.max_threads
 
     @property
@@ -301,6 +301,15 @@ class ThreadTuner:
         if self._applied != threads:
             self._set(threads)
             self._applied = threads
+            if self.affinity is not None:
+                self.affinity.apply(threads)
+
+    def place_team(self) -> None:
+        """From now on, pin each thread of the calling thread's CPU team to a CPU of its own while
+        the team spans every CPU (`affinity.py`). Only for a thread of the engine's own that starts
+        no threads or processes: they would inherit its CPU."""
+        self.affinity = TeamAffinity(team_tids)
+        self.affinity.apply(self._applied)
 
 
 def _window(steps: deque[tuple[float, float]], now: float, seconds: float, span: float) -> deque[tuple[float, float]]:
@@ -316,21 +325,6 @@ def _window(steps: deque[tuple[float, float]], now: float, seconds: float, span:
 
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs)
-
-
-def adaptive_threads() -> ThreadTuner:
-    """The app's tuner, made on the step thread: it sets torch's thread count and, while the team
-    spans every CPU, pins each of its threads to one (`affinity.py`)."""
-    affinity = TeamAffinity(team_tids)
-
-    def set_threads(n: int) -> None:
-        torch.set_num_threads(n)
-        affinity.apply(n)
-
-    tuner = ThreadTuner(set_threads=set_threads)
-    affinity.apply(tuner.max_threads)
-    tuner.affinity = affinity
-    return tuner
 
 
 def _median(xs: list[float]) -> float:

@@ -196,3 +196,24 @@ async def test_inbox_hands_items_over_in_order_and_survives_a_cancelled_get() ->
     assert await later == 2
     assert await inbox.get() == 3
     assert not inbox.items
+
+
+def test_an_adaptive_engine_places_its_own_team_and_not_the_callers_thread(tiny_gguf_factory):
+    import os
+
+    import torch
+
+    before = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    eng = AsyncEngine(str(tiny_gguf_factory("llama", context_length=512)), device="cpu", dtype="float32",
+                      kv_cache_blocks=64, adaptive_threads=True)
+    try:
+        affinity = eng.engine.thread_tuner.affinity
+        assert affinity is not None
+        if affinity.enabled and affinity.pinned:
+            assert len(affinity.pinned) == torch.get_num_threads() == len(affinity.allowed)
+            assert eng._thread.native_id in affinity.pinned  # the step thread leads its team
+            assert len(os.sched_getaffinity(eng._thread.native_id)) == 1
+        if before is not None:
+            assert os.sched_getaffinity(0) == before
+    finally:
+        asyncio.run(eng.aclose())

@@ -118,7 +118,7 @@ def test_the_real_team_is_pinned_and_let_go():
 def test_the_apps_tuner_places_the_team_through_its_thread_count():
     import torch
 
-    from app.engine.runtime.threads import adaptive_threads
+    from app.engine.runtime.threads import ThreadTuner
     from app.kernels.cpu_team import team_tids
 
     before = torch.get_num_threads()
@@ -126,9 +126,10 @@ def test_the_apps_tuner_places_the_team_through_its_thread_count():
     places = team_tids(1) is not None and len(allowed) > 1 and before == len(allowed)
 
     def tune():
-        tuner = adaptive_threads()
+        tuner = ThreadTuner()
+        tuner.place_team()
         first = list(tuner.affinity.pinned)
-        tuner._set(1)  # what a won probe of one thread does
+        tuner._apply(1)  # what a won probe of one thread does
         return first, list(tuner.affinity.pinned)
 
     try:
