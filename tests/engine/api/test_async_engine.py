@@ -207,10 +207,14 @@ def test_an_adaptive_engine_places_its_own_team_and_not_the_callers_thread(tiny_
     eng = AsyncEngine(str(tiny_gguf_factory("llama", context_length=512)), device="cpu", dtype="float32",
                       kv_cache_blocks=64, adaptive_threads=True)
     try:
+        from app.kernels.cpu_team import team_tids
+
         affinity = eng.engine.thread_tuner.affinity
         assert affinity is not None
-        if affinity.enabled and affinity.pinned:
-            assert len(affinity.pinned) == torch.get_num_threads() == len(affinity.allowed)
+        spans_every_cpu = affinity.enabled and torch.get_num_threads() == len(affinity.allowed)
+        assert bool(affinity.pinned) == (spans_every_cpu and team_tids(1) is not None)
+        if affinity.pinned:
+            assert len(affinity.pinned) == torch.get_num_threads()
             assert eng._thread.native_id in affinity.pinned  # the step thread leads its team
             assert len(os.sched_getaffinity(eng._thread.native_id)) == 1
         if before is not None:
