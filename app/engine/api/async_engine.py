@@ -3,7 +3,7 @@
 The step thread is the only writer of engine state. Requests and aborts reach it through a queue;
 each step's deltas go back with ONE `call_soon_threadsafe` per event loop (not one per token), or
 fewer where the streams let their deltas wait (`max_delay_s`), and `stats()` returns the snapshot
-taken after the last step.
+taken after the last step. On a GPU they go once the next step is queued on the device.
 """
 
 from __future__ import annotations
@@ -60,6 +60,11 @@ class AsyncEngine:
         self._held: dict[asyncio.AbstractEventLoop, _Held] = {}  # deltas waiting for their loop's hand-off
         self._dead: str | None = None  # why the step thread died, once it has
         self._step_s = 0.0  # how long the last step took: held deltas go out when the next would be late
+        self._pending: list = []  # deltas (and failed adds) not yet handed to `_publish`
+        # On a GPU a step's deltas go out once the next step is queued on the device: the event
+        # loops' work for them (the SSE chunks, the UI) then runs while the device computes instead
+        # of taking the GIL from the step thread between its launches. Set once the device is known.
+        self._publish_at_launch = False
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._loaded = threading.Event()
@@ -174,6 +179,7 @@ class AsyncEngine:
     def _main(self, model: str | None, device: str, dtype: str, progress: ProgressFn | None, kwargs: dict) -> None:
         try:
             self.engine = LLMEngine(model, device=device, dtype=dtype, progress=progress, **kwargs)
+            self._publish_at_launch = self.engine.setup.device.type == "cuda"
             if self.engine.thread_tuner is not None:  # this thread is the engine's alone
                 self.engine.thread_tuner.place_team()
             self._stats, self._stats_at = self.engine.stats(), time.monotonic()
@@ -193,6 +199,7 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             self._loop()
+            self._flush()
         except Exception as e:  # noqa: BLE001 - a bug in the loop: fail every stream, not hang them
             log.exception("engine loop died")
             self._dead = f"the engine stopped after an internal error ({type(e).__name__}: {e}); restart localbatch"
@@ -206,19 +213,26 @@ class AsyncEngine:
     def _loop(self) -> None:
         engine = self.engine
         while not self._stop.is_set():
-            deltas = self._drain_inbox()
+            drained = self._drain_inbox()
+            self._pending += drained
             busy = engine.has_unfinished()
+            deltas: list = []
             if busy:
                 started = time.monotonic()
-                deltas += engine.step()
+                deltas = engine.step(on_launched=self._flush if self._publish_at_launch else None)
                 self._step_s = time.monotonic() - started
             else:
                 self._wake.wait(self._idle_wait_s())
                 self._wake.clear()
-            self._publish(deltas)
+            if self._publish_at_launch and engine.has_unfinished():
+                self._flush()  # what no launch sent: the step ran no model
+                self._pending = deltas  # sent once the next step is launched
+            else:
+                self._pending += deltas
+                self._flush()
             # Idle, the snapshot only changes while the recent rates decay to zero; busy, it is
             # retaken every _STATS_PERIOD_S, and at once when the last request ends.
-            if busy or deltas or engine.metrics.window:
+            if busy or drained or engine.metrics.window:
                 now = time.monotonic()
                 if now - self._stats_at >= _STATS_PERIOD_S or not engine.has_unfinished():
                     self._stats, self._stats_at = engine.stats(), now
@@ -241,6 +255,10 @@ class AsyncEngine:
         except Exception as e:  # noqa: BLE001 - handed to the caller's stream
             return [(seq.request_id, e)]
         return []
+
+    def _flush(self) -> None:
+        items, self._pending = self._pending, []
+        self._publish(items)
 
     def _publish(self, items: list) -> None:
         """Group the deltas per event loop: one thread-safe call per loop each step, or, while

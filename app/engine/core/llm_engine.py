@@ -7,6 +7,7 @@ import functools
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -294,11 +295,13 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     # ---- the step -----------------------------------------------------------------------------
-    def step(self) -> list[StreamDelta]:
+    def step(self, on_launched: Callable[[], None] | None = None) -> list[StreamDelta]:
+        """One packed step. `on_launched`: see `ModelRunner.run` (not called for a step that runs
+        no model, or once a failed step is retried one sequence at a time)."""
         start = time.perf_counter()
         batch = self.scheduler.schedule()
         propose_s = self.speculator.propose(batch) if self.speculator is not None else 0.0
-        output = self._run(batch)
+        output = self._run(batch, on_launched)
         deltas = self._postprocess(batch, output)
         elapsed = time.perf_counter() - start
         self.metrics.record_step(batch, output.sampled, elapsed)
@@ -309,11 +312,11 @@ class LLMEngine:
             self.thread_tuner.observe(len(batch.seqs), elapsed)  # decode steps only: comparable
         return deltas
 
-    def _run(self, batch: ScheduledBatch) -> StepOutput:
+    def _run(self, batch: ScheduledBatch, on_launched: Callable[[], None] | None = None) -> StepOutput:
         if not batch.seqs:
             return StepOutput({}, {})
         try:
-            return self.runner.run(batch)
+            return self.runner.run(batch, on_launched)
         except Exception:  # noqa: BLE001 - one bad request must not fail the others or the engine
             log.exception("step failed; retrying its sequences one by one")
             return self._run_isolated(batch)

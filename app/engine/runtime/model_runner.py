@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -125,9 +126,13 @@ class ModelRunner:
                  len(self.graphs.sizes), self.graphs.sizes, time.perf_counter() - start,
                  (free_before - torch.cuda.mem_get_info()[0]) / 2**20)
 
-    def run(self, batch: ScheduledBatch) -> StepOutput:
+    def run(self, batch: ScheduledBatch, on_launched: Callable[[], None] | None = None) -> StepOutput:
+        """The step's forward and sampling. `on_launched` is called once the forward is queued and
+        before anything waits for it: on a GPU, what the caller does then overlaps the device's work."""
         inputs = self.prepare(batch)
         hidden = self._hidden_states(inputs)
+        if on_launched is not None:
+            on_launched()
         prompt_logprobs = self._prompt_logprobs(hidden, inputs)
         seqs = inputs.sample_seqs
         if not seqs:

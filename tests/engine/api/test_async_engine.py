@@ -112,6 +112,33 @@ async def test_held_deltas_arrive_in_fewer_wake_ups_and_complete(engine, monkeyp
     wait_idle(engine)
 
 
+async def test_deltas_sent_at_the_next_launch_arrive_whole_and_in_order(engine, monkeypatch):
+    """As on a GPU: a step's deltas go out once the next step's forward is queued, and at once when
+    nothing is left to run; every token arrives, in order, and every stream ends."""
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    alone = await collect(engine, "the world is", params)
+    sent_at_launch = []
+    step = engine.engine.step
+
+    def counting(on_launched=None):
+        def launched():
+            sent_at_launch.append(len(engine._pending))
+            on_launched()
+        return step(on_launched=launched if on_launched is not None else None)
+
+    monkeypatch.setattr(engine.engine, "step", counting)
+    monkeypatch.setattr(engine, "_publish_at_launch", True)
+    results = await asyncio.gather(*(collect(engine, "the world is", params) for _ in range(4)))
+    expected = [t for d in alone for t in d.token_ids]
+    for deltas in results:
+        assert [t for d in deltas for t in d.token_ids] == expected
+        assert deltas[-1].finish_reason == "length" and deltas[-1].num_output_tokens == 24
+    assert max(sent_at_launch) >= 1  # some steps' deltas rode on the next launch
+    lone = await collect(engine, "the world is", params)  # its last delta: sent with nothing left to launch
+    assert [t for d in lone for t in d.token_ids] == expected
+    wait_idle(engine)
+
+
 def test_merged_deltas_keep_everything_of_both():
     from app.engine.types.outputs import StreamDelta
 

@@ -297,3 +297,18 @@ def test_prompt_logprobs_in_slices_equal_one_slice(model_path, monkeypatch):
     monkeypatch.setattr(model_runner, "PROMPT_LOGPROB_ROWS", 7)
     assert same(run(), whole)
     assert same(run(max_num_batched_tokens=16), whole)
+
+
+def test_on_launched_is_called_once_per_model_run_before_its_outputs(model_path, reference):
+    """`step(on_launched)` (the GPU's overlap): called once a step runs the model, after the forward
+    is queued and before the step's tokens exist; the tokens are the same."""
+    reqs, alone = reference
+    engine = make_engine(model_path, enable_prefix_caching=False, max_num_batched_tokens=16)
+    seqs = [engine.add_request(p, SamplingParams(max_tokens=12, **GREEDY)) for p in reqs[:3]]
+    calls, steps = [], 0
+    while engine.has_unfinished():
+        before = [len(s.output_token_ids) for s in seqs]
+        engine.step(on_launched=lambda before=before: calls.append(before == [len(s.output_token_ids) for s in seqs]))
+        steps += 1
+    assert len(calls) == steps and all(calls)
+    assert [s.output_token_ids for s in seqs] == alone[:3]

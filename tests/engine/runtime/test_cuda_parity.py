@@ -54,3 +54,34 @@ def test_cuda_engine_matches_plain_fp32_on_the_cpu(tiny_gguf_factory, monkeypatc
         assert ids == ref_ids
         for ref_top, top in zip(ref_lps, lps):
             assert max(abs(ref_top[t] - top[t]) for t in top.keys() & ref_top.keys()) < LOGPROB_TOLERANCE
+
+
+def test_async_engine_on_cuda_streams_the_offline_tokens(tiny_gguf_factory) -> None:
+    """On a GPU a step's deltas go out once the next step is launched: 8 streams at once still get
+    every token of the offline run, in order, and each its finish."""
+    import asyncio
+
+    from app.engine.api.async_engine import AsyncEngine
+
+    path = tiny_gguf_factory("llama")
+    reqs = prompts(8, seed=2, hi=30)
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    offline = make_engine(path, device="cuda")
+    seqs = [offline.add_request(p, params) for p in reqs]
+    while offline.has_unfinished():
+        offline.step()
+    engine = AsyncEngine(str(path), device="cuda", dtype="float32", block_size=4, kv_cache_blocks=2048)
+    try:
+        assert engine._publish_at_launch
+
+        async def one(prompt):
+            return [d async for d in engine.stream(prompt, params)]
+
+        async def together():
+            return await asyncio.gather(*(one(p) for p in reqs))
+
+        for seq, deltas in zip(seqs, asyncio.run(together())):
+            assert [t for d in deltas for t in d.token_ids] == seq.output_token_ids
+            assert deltas[-1].finish_reason == "length"
+    finally:
+        engine.close()
