@@ -150,20 +150,21 @@ class ThreadTuner:
         else:
             self._slow_run, self._slow_time = 0, 0.0
         slow_run = self._slow_run >= 2 and self._slow_time >= SLOW_RUN_S
+        # The median speaks once this batch's steps cover RECENT_S (one step of a second does): a
+        # reply's first steps, when the app lays out its new message, are no baseline: a probe
+        # they started ran every reply of the app's one tab a stretch on one thread.
+        covered = now - recent[0][0] + recent[0][1] >= RECENT_S
         # One thread slowing down is no sign that more would help; the periodic probe finds the
         # neighbour gone.
         slowing = (best is not None and self.current == self.max_threads
-                   and (typical > SLOWDOWN * best or slow_run))
+                   and ((covered and typical > SLOWDOWN * best) or slow_run))
         if not slowing:
             self._slowed_since = None
         elif self._slowed_since is None:
             self._slowed_since = now - seconds
         slowed = (slowing and now - self._last_probe >= MIN_PROBE_GAP_S
                   and now - self._slowed_since >= self._slow_hold)
-        # The periodic probe waits until this batch's steps cover RECENT_S (one step of a second
-        # does): a reply's first steps, when the app lays out its new message, are no baseline.
-        covered = now - recent[0][0] + recent[0][1] >= RECENT_S
-        periodic = now >= self._next_probe and covered
+        periodic = now >= self._next_probe and covered  # after a pause, too, on a covered window
         if periodic or slowed:
             self._slowdown_probe = not periodic
             # A periodic probe's confirmation counts the steps of its baseline too; a slowdown's,

@@ -171,6 +171,28 @@ def test_a_periodic_probe_after_an_idle_stretch_waits_for_a_baseline() -> None:
     assert clock.now - start >= threads.RECENT_S - 0.01
 
 
+def test_a_replys_first_slow_steps_after_an_idle_stretch_start_no_probe() -> None:
+    """After a pause, the new reply's first steps are slowed by the app laying out its message:
+    they are too few to say the machine slowed down, so no probe starts; a lasting slowdown
+    still starts one once the steps cover RECENT_S."""
+    clock, applied = Clock(), []
+    tuner = ThreadTuner(2, clock=clock, set_threads=applied.append)
+    drive(tuner, clock, {2: 0.005, 1: 0.008}, 5_000)  # 25 s: the periodic probes back off
+    for _ in range(3):  # three replies, each after a pause
+        clock.now += 1.5
+        applied.clear()
+        for seconds in [0.030] * 4 + [0.005] * 100:
+            clock.now += seconds
+            tuner.observe(1, seconds)
+        assert applied == [], "a probe started at a reply's start"
+    clock.now += 1.5
+    start = clock.now
+    while not applied:
+        clock.now += 0.030
+        tuner.observe(1, 0.030)
+    assert clock.now - start <= threads.RECENT_S + 0.05
+
+
 def test_slowdown_probes_that_lose_back_off_and_a_neighbour_is_still_answered() -> None:
     """The app's UI thread slows a stretch of all-core steps now and then (a layout, a burst of
     frames): each stretch long enough to look like a neighbour started a probe, which lost (one
