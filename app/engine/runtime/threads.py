@@ -151,8 +151,8 @@ class ThreadTuner:
             self._slow_run, self._slow_time = 0, 0.0
         slow_run = self._slow_run >= 2 and self._slow_time >= SLOW_RUN_S
         # The median speaks once this batch's steps cover RECENT_S (one step of a second does): a
-        # reply's first steps, when the app lays out its new message, are no baseline: a probe
-        # they started ran every reply of the app's one tab a stretch on one thread.
+        # reply's first steps, when the app lays out its new message, are no baseline (a probe
+        # they started could run a lone tab's reply on one thread for a stretch).
         covered = now - recent[0][0] + recent[0][1] >= RECENT_S
         # One thread slowing down is no sign that more would help; the periodic probe finds the
         # neighbour gone.
