@@ -1,18 +1,21 @@
 """Decode speed with busy neighbour processes, with the thread tuner on and off.
 
     python benchmarks/contention.py --model smollm2-135m-instruct [--neighbours 0,1] [--concurrency 1,4]
-        [--seconds 20]
+        [--seconds 20] [--rounds 1]
 
 For each neighbour count it starts that many `while True: pass` processes (a browser tab, a build),
 then decodes `--concurrency` sequences for `--seconds` with a fixed thread count and again with
-`adaptive_threads` (what the app and `serve` use), and prints decode tok/s of both. The neighbours
-are stopped before the next count. Run it on an otherwise quiet machine."""
+`adaptive_threads` (what the app and `serve` use), and prints decode tok/s of both. With `--rounds`
+above 1 the two alternate which goes first and the medians are printed, with the median of each
+round's adaptive / fixed ratio (paired within seconds, so a drift of the machine's speed cancels).
+The neighbours are stopped before the next count. Run it on an otherwise quiet machine."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import random
+import statistics
 import subprocess
 import sys
 import time
@@ -47,26 +50,36 @@ def main() -> int:
     p.add_argument("--neighbours", default="0,1")
     p.add_argument("--concurrency", default="1,4")
     p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--rounds", type=int, default=1, help="alternated pairs of fixed and adaptive runs (medians)")
     p.add_argument("--json", action="store_true", help="print one JSON list of the results last")
     args = p.parse_args()
     results = []
     threads = torch.get_num_threads()
     engines = {False: LLMEngine(args.model, device="cpu"), True: LLMEngine(args.model, device="cpu", adaptive_threads=True)}
-    print(f"{'neighbours':>10} {'seqs':>5} {'fixed tok/s':>12} {'adaptive tok/s':>15} {'threads at end':>15}")
+    print(f"{'neighbours':>10} {'seqs':>5} {'fixed tok/s':>12} {'adaptive tok/s':>15} {'ratio':>6} {'threads at end':>15}")
     for n in (int(x) for x in args.neighbours.split(",")):
         procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
         try:
             time.sleep(1)
             for c in (int(x) for x in args.concurrency.split(",")):
+                rates = {False: [], True: []}
+                at_end = []
+                for r in range(args.rounds):
+                    for adaptive in (False, True) if r % 2 == 0 else (True, False):
+                        # Each run starts from the configured count; the tuner forgets the last run.
+                        torch.set_num_threads(threads)
+                        engines[True].thread_tuner.__init__(threads)
+                        rates[adaptive].append(decode_rate(engines[adaptive], c, args.seconds))
+                        if adaptive:
+                            at_end.append(engines[True].thread_tuner.current)
                 torch.set_num_threads(threads)
-                fixed = decode_rate(engines[False], c, args.seconds)
-                adaptive = decode_rate(engines[True], c, args.seconds)
-                at_end = engines[True].thread_tuner.current
-                torch.set_num_threads(threads)
-                engines[True].thread_tuner.__init__(threads)
-                print(f"{n:>10} {c:>5} {fixed:>12.1f} {adaptive:>15.1f} {at_end:>15}", flush=True)
+                fixed, adaptive = statistics.median(rates[False]), statistics.median(rates[True])
+                ratio = statistics.median(a / f for a, f in zip(rates[True], rates[False]))
+                print(f"{n:>10} {c:>5} {fixed:>12.1f} {adaptive:>15.1f} {ratio:>6.2f} "
+                      f"{','.join(map(str, at_end)):>15}", flush=True)
                 results.append({"neighbours": n, "seqs": c, "fixed": fixed, "adaptive": adaptive,
-                                "threads_at_end": at_end})
+                                "paired_ratio": ratio, "threads_at_end": at_end[-1],
+                                "fixed_runs": rates[False], "adaptive_runs": rates[True]})
         finally:
             for proc in procs:
                 proc.kill()

@@ -13,7 +13,8 @@ Sections (each against the engine alone, `localbatch bench`, at the same concurr
   mean of bench runs just before and after (`--app-rounds` pairs, medians of the pairs' ratios).
   The tabs decode greedily (tmux_tabs.py writes temperature 0 into the app's config), as bench does.
 - contention: decode tok/s at 1 and 4 sequences with 0 and 2 `while True: pass` neighbours, fixed
-  thread count against the app's adaptive one (contention.py).
+  thread count against the app's adaptive one, alternated in `--contention-rounds` pairs (contention.py).
+  The idle row's ratio is the median of the pairs' adaptive / fixed ratios.
 
 The machine must be otherwise quiet (the load average is printed). Linux only (tmux, /proc)."""
 
@@ -240,16 +241,19 @@ def section_app(args: argparse.Namespace, rows: list[dict]) -> None:
 
 def section_contention(args: argparse.Namespace, rows: list[dict]) -> None:
     out = subprocess.run([sys.executable, str(HERE / "contention.py"), "--model", args.model, "--neighbours", "0,2",
-                          "--concurrency", "1,4", "--seconds", str(args.contention_s), "--json"],
+                          "--concurrency", "1,4", "--seconds", str(args.contention_s),
+                          "--rounds", str(args.contention_rounds), "--json"],
                          check=True, capture_output=True, text=True, cwd=HERE.parent).stdout
     results = json.loads(out.strip().splitlines()[-1])
     idle = {r["seqs"]: r["fixed"] for r in results if r["neighbours"] == 0}
     for r in results:
         base = idle[r["seqs"]]
+        # Idle, the rounds' paired ratios; with neighbours, against the idle fixed figure.
+        ratio = r["paired_ratio"] if r["neighbours"] == 0 else r["adaptive"] / base
         rows.append({"where": f"decode, {r['seqs']} seqs, {r['neighbours']} neighbours, adaptive threads",
-                     "tok_s": r["adaptive"], "engine": base, "ratio": r["adaptive"] / base,
+                     "tok_s": r["adaptive"], "engine": base, "ratio": ratio,
                      "note": f"fixed threads {r['fixed']:.1f} tok/s ({r['fixed'] / base:.2f}x); "
-                             f"threads at end {r['threads_at_end']}"})
+                             f"threads at end {r['threads_at_end']}; {args.contention_rounds} rounds"})
 
 
 def main() -> int:
@@ -268,6 +272,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3, help="paired rounds of bench and serve (medians are reported)")
     p.add_argument("--app-rounds", type=int, default=1, help="paired rounds of bench and the app (medians are reported)")
     p.add_argument("--contention-s", type=float, default=10.0)
+    p.add_argument("--contention-rounds", type=int, default=3, help="alternated fixed / adaptive pairs per row")
     p.add_argument("--port", type=int, default=8061)
     p.add_argument("--llama-server", default=None, help="llama-server binary: its 16-stream ITL beside ours")
     p.add_argument("--json", default=None, help="also write the rows to this file")
