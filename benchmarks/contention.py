@@ -72,7 +72,6 @@ def main() -> int:
                         rates[adaptive].append(decode_rate(engines[adaptive], c, args.seconds))
                         if adaptive:
                             at_end.append(engines[True].thread_tuner.current)
-                torch.set_num_threads(threads)
                 fixed, adaptive = statistics.median(rates[False]), statistics.median(rates[True])
                 ratio = statistics.median(a / f for a, f in zip(rates[True], rates[False]))
                 print(f"{n:>10} {c:>5} {fixed:>12.1f} {adaptive:>15.1f} {ratio:>6.2f} "
