@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from collections.abc import Iterable
@@ -60,10 +61,15 @@ class ModelConfig:
         """Bytes of K and V one step's attention reads for sequences of these context lengths:
         each layer reads its window (sliding-window layers at most `sliding_window` tokens)."""
         per_layer_token = 2 * self.num_kv_heads * (self.head_dim * dtype_size + scale_bytes)
-        windows = Counter(self.layer_window(i) for i in range(self.num_layers))
         return per_layer_token * sum(
-            layers * min(ctx, window or ctx) for ctx in context_lens for window, layers in windows.items()
+            layers * min(ctx, window or ctx) for ctx in context_lens for window, layers in self.layer_windows
         )
+
+    @functools.cached_property
+    def layer_windows(self) -> tuple[tuple[int | None, int], ...]:
+        """(window or None, how many layers have it): counted once, not on every step's
+        `kv_bytes_read`."""
+        return tuple(Counter(self.layer_window(i) for i in range(self.num_layers)).items())
 
     @classmethod
     def from_metadata(cls, md: dict[str, Any], vocab_size: int | None = None) -> "ModelConfig":
