@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from app.engine.types.outputs import EngineStats
 from app.engine.types.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -140,6 +141,13 @@ def run_requests(engine: LLMEngine, requests: list[tuple[list[int], int]], concu
                      full_steps * concurrency, full_time)
 
 
+def step_gap_us(before: EngineStats, after: EngineStats) -> float:
+    """The mean time between a step and the next while requests were unfinished, in µs: the
+    host's work between steps (`localbatch serve` and the app add their hand-offs to it)."""
+    gaps = after.num_step_gaps - before.num_step_gaps
+    return round(1e6 * (after.total_step_gap_s - before.total_step_gap_s) / gaps, 1) if gaps else 0.0
+
+
 def build_engine(args: argparse.Namespace, engine_kwargs: dict[str, Any],
                  progress: Callable[[str, float | None], None] | None = None) -> LLMEngine:
     from app.engine.core.llm_engine import LLMEngine
@@ -169,10 +177,12 @@ def run_bench(args: argparse.Namespace, engine_kwargs: dict[str, Any],
     if args.concurrency:
         sweep = []
         for c in (int(x) for x in args.concurrency.split(",")):
+            before = engine.stats()
             r = run_requests(engine, make_requests(args, c, vocab, args.seed + c), c)
             s = r.summary()
             sweep.append({"concurrency": c, "decode_tok_s": s["decode_tok_s"], "output_tok_s": s["output_tok_s"],
-                          "ttft_ms_p50": s["ttft_ms"]["p50"], "tpot_ms_p50": s["tpot_ms"]["p50"]})
+                          "ttft_ms_p50": s["ttft_ms"]["p50"], "tpot_ms_p50": s["tpot_ms"]["p50"],
+                          "step_gap_us": step_gap_us(before, engine.stats())})
         report["sweep"] = sweep
     if schema is not None:
         report["structured"] = structured_sweep(engine, args, vocab, schema)
@@ -233,7 +243,8 @@ def _format(r: dict) -> str:
         lines.append(f"{k.split('_')[0].upper():<8}(ms)        mean {d['mean']:.1f}  p50 {d['p50']:.1f}  p99 {d['p99']:.1f}")
     for s in r.get("sweep", []):
         lines.append(f"concurrency {s['concurrency']:>4}    decode {s['decode_tok_s']:8.1f} tok/s   "
-                     f"output {s['output_tok_s']:8.1f} tok/s   TTFT p50 {s['ttft_ms_p50']:.0f} ms   TPOT p50 {s['tpot_ms_p50']:.1f} ms")
+                     f"output {s['output_tok_s']:8.1f} tok/s   TTFT p50 {s['ttft_ms_p50']:.0f} ms   TPOT p50 {s['tpot_ms_p50']:.1f} ms"
+                     f"   between steps {s['step_gap_us']:.0f} us")
     for s in r.get("structured", []):
         slow = "n/a" if s["slowdown_pct"] is None else f"{s['slowdown_pct']:+.1f}% slower"
         lines.append(f"json schema c={s['concurrency']:<3} half constrained: decode "

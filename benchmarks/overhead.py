@@ -75,6 +75,31 @@ def run_bench(model: str, levels: list[int], max_tokens: int, prompt_len: int,
     return {r["concurrency"]: r for r in json.loads(out.strip().splitlines()[-1])["sweep"]}
 
 
+GAP, GAPS, STEP_TIME, STEPS = ("localbatch:step_gap_seconds_total", "localbatch:step_gaps_total",
+                               "localbatch:step_time_seconds_total", "localbatch:num_steps_total")
+
+
+def step_counters(text: str) -> dict[str, float]:
+    """The step-time counters of a /metrics page (one model: no labels to tell apart)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in (GAP, GAPS, STEP_TIME, STEPS):
+            out[name] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def fetch_counters(url: str) -> dict[str, float]:
+    return step_counters(httpx.get(f"{url}/metrics", timeout=10).text)
+
+
+def step_split(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean step time and mean time between busy steps (the host's hand-offs) over a stretch."""
+    gaps, steps = after.get(GAPS, 0) - before.get(GAPS, 0), after.get(STEPS, 0) - before.get(STEPS, 0)
+    return {"step_gap_us": 1e6 * (after.get(GAP, 0) - before.get(GAP, 0)) / gaps if gaps else float("nan"),
+            "step_ms": 1e3 * (after.get(STEP_TIME, 0) - before.get(STEP_TIME, 0)) / steps if steps else float("nan")}
+
+
 class Scraper:
     """GETs /metrics every `period` s on its own thread over one kept-alive connection; keeps each
     scrape's latency. The stdlib client: httpx alone added ~1.3 ms a request on a 2-core VM, more
@@ -82,6 +107,7 @@ class Scraper:
 
     def __init__(self, url: str, period: float) -> None:
         self.url, self.period, self.latencies = url, period, []
+        self.counters: dict[str, float] = {}  # the step counters of the last scrape
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -101,9 +127,10 @@ class Scraper:
             try:
                 conn.request("GET", "/metrics")
                 response = conn.getresponse()
-                response.read()
+                body = response.read()
                 if response.status == 200:
                     self.latencies.append(time.perf_counter() - t0)
+                    self.counters = step_counters(body.decode())
             except (OSError, http.client.HTTPException):  # the app is still starting
                 conn.close()
             self._stop.wait(max(0.0, self.period - (time.perf_counter() - t0)))
@@ -136,6 +163,13 @@ def stream_level(url: str, clients: int, args: argparse.Namespace, seed: int = 0
     return asyncio.run(serve_bench.level(url, clients, 1, args.prompt_len, args.max_tokens, 30000, seed=seed))
 
 
+def split_level(url: str, clients: int, args: argparse.Namespace, seed: int) -> dict:
+    """`stream_level` with the engine's step time and time between steps over it."""
+    before = fetch_counters(url)
+    result = stream_level(url, clients, args, seed)
+    return {**result, **step_split(before, fetch_counters(url))}
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
@@ -160,10 +194,10 @@ def paired_rounds(args: argparse.Namespace, sections: set[str]) -> tuple[list[di
                 bench_runs.append(before)
                 continue
             for clients in args.serve_levels:
-                serve_runs.setdefault(f"{clients}", []).append((stream_level(url, clients, args, seed=100 * i + clients), None))
+                serve_runs.setdefault(f"{clients}", []).append((split_level(url, clients, args, seed=100 * i + clients), None))
             for hz in (1, 20):
                 with Scraper(url, 1 / hz) as scraper:
-                    r = stream_level(url, 1, args, seed=100 * i + 50 + hz)
+                    r = split_level(url, 1, args, seed=100 * i + 50 + hz)
                 serve_runs.setdefault(f"1@{hz}", []).append((r, scraper.latencies))
             after = run_bench(args.model, levels, args.max_tokens, args.prompt_len, args.device)
             bench_runs.append(sandwich(before, after))
@@ -186,6 +220,9 @@ def serve_rows(bench_runs: list[dict[int, dict]], serve_runs: dict[str, list], r
         else:
             note = (f"ITL p50 {median([r['itl_p50_ms'] for r, _ in runs]):.1f} / "
                     f"p99 {median([r['itl_p99_ms'] for r, _ in runs]):.1f} ms")
+        note += (f"; between steps {median([r['step_gap_us'] for r, _ in runs]):.0f} us "
+                 f"(bench {median([b[clients].get('step_gap_us', float('nan')) for b in bench_runs]):.0f} us), "
+                 f"step {median([r['step_ms'] for r, _ in runs]):.2f} ms")
         rows.append({"where": where, "tok_s": median(rates), "engine": median([b[clients]["output_tok_s"] for b in bench_runs]),
                      "ratio": median(ratios), "note": note + f"; ratios {', '.join(f'{x:.2f}' for x in ratios)}"})
 
@@ -225,8 +262,10 @@ def section_app(args: argparse.Namespace, rows: list[dict]) -> None:
             with Scraper(f"http://127.0.0.1:{port}", 1.0) as scraper:
                 run = tmux_tabs.run_tabs(targs, tabs)
             total = sum(rate for _, rate in run.replies)
+            split = step_split({}, scraper.counters)  # the app starts afresh: its totals are this run's
             note = (f"replies of {min(n for n, _ in run.replies)}-{max(n for n, _ in run.replies)} tok; "
-                    f"UI thread {run.ui_cpu:.0%}; {scraper.summary()}; load {run.load_after:.2f}")
+                    f"UI thread {run.ui_cpu:.0%}; between steps {split['step_gap_us']:.0f} us, "
+                    f"step {split['step_ms']:.2f} ms; {scraper.summary()}; load {run.load_after:.2f}")
             measured.append((tabs, total, note))
         bench = sandwich(before, run_bench(args.model, args.app_levels, args.max_tokens, args.prompt_len))
         for tabs, total, note in measured:

@@ -133,6 +133,12 @@ def _engine_lines(stats: EngineStats, labels: dict[str, str]) -> list[str]:
         ("localbatch:num_preemptions_total", "counter", "Sequences preempted (recomputed later).",
          stats.num_preemptions),
         ("localbatch:num_steps_total", "counter", "Engine steps run.", stats.num_steps),
+        ("localbatch:step_time_seconds_total", "counter", "Time spent in engine steps.", stats.total_step_time_s),
+        ("localbatch:step_gap_seconds_total", "counter",
+         "Time between a step that left requests unfinished and the next step: the host's work between "
+         "steps (hand-offs to clients, the step loop).", stats.total_step_gap_s),
+        ("localbatch:step_gaps_total", "counter", "Steps that followed a step with requests unfinished.",
+         stats.num_step_gaps),
     ]
     if stats.speculative is not None:
         spec = stats.speculative

@@ -554,6 +554,10 @@ def test_metrics(client: httpx.Client, engine: FakeEngine) -> None:
     assert 0 <= value("localbatch:kv_cache_usage_perc") <= 1
     assert value("localbatch:generation_tokens_total") == engine.stats().total_output_tokens > 0
     assert value("localbatch:prompt_tokens_total") > 0
+    stats = engine.stats()
+    assert value("localbatch:step_time_seconds_total") == stats.total_step_time_s
+    assert value("localbatch:step_gap_seconds_total") == stats.total_step_gap_s
+    assert value("localbatch:step_gaps_total") == stats.num_step_gaps
     for hist in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"):
         buckets = [v for _, v in m[f"localbatch:{hist}_bucket"]]
         assert buckets == sorted(buckets) and m[f"localbatch:{hist}_bucket"][-1][0]["le"] == "+Inf"

@@ -131,6 +131,7 @@ class LLMEngine:
         )
         self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, self.kv_spec)
         self.metrics = EngineMetrics(self._kv_info(), self._memory_traffic(kv_dtype))
+        self._unfinished_since: float | None = None  # when the last step ended with requests left
         self.outputs = OutputProcessor(self.tokenizer)
         self.constraints = ConstraintCompiler(self.tokenizer, self.model_config.vocab_size)
         self.seqs: dict[str, Sequence] = {}
@@ -289,6 +290,8 @@ class LLMEngine:
         if seq is None:
             return None
         self.scheduler.finish(seq, "abort")
+        if not self.has_unfinished():  # idle until the next request: no gap to count
+            self._unfinished_since = None
         return self.outputs.finish(seq)
 
     def has_unfinished(self) -> bool:
@@ -299,12 +302,14 @@ class LLMEngine:
         """One packed step. `on_launched`: see `ModelRunner.run` (not called for a step that runs
         no model, or once a failed step is retried one sequence at a time)."""
         start = time.perf_counter()
+        gap = None if self._unfinished_since is None else start - self._unfinished_since
         batch = self.scheduler.schedule()
         propose_s = self.speculator.propose(batch) if self.speculator is not None else 0.0
         output = self._run(batch, on_launched)
         deltas = self._postprocess(batch, output)
         elapsed = time.perf_counter() - start
-        self.metrics.record_step(batch, output.sampled, elapsed)
+        self._unfinished_since = start + elapsed if self.has_unfinished() else None
+        self.metrics.record_step(batch, output.sampled, elapsed, gap)
         self.prefill_budget.observe(batch.num_decode_tokens, batch.total_tokens - batch.num_decode_tokens, elapsed)
         if self.speculator is not None:
             self.speculator.observe(batch, elapsed, propose_s)

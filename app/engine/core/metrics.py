@@ -60,11 +60,16 @@ class EngineMetrics:
         self.num_steps = 0
         self.total_prompt_tokens = 0
         self.total_output_tokens = 0
+        self.total_step_time_s = 0.0
+        self.total_step_gap_s = 0.0
+        self.num_step_gaps = 0
         self.last = StepRecord(0.0, 0.0, 0, 0, 0)
 
-    def record_step(self, batch: ScheduledBatch, sampled: dict[str, list[int]], duration: float) -> None:
+    def record_step(self, batch: ScheduledBatch, sampled: dict[str, list[int]], duration: float,
+                    gap: float | None = None) -> None:
         """After postprocess. A decode is a sequence that had output before this step: its positions
-        (1, or 1 + k verified drafts) are not prefill, and it gained the tokens it kept."""
+        (1, or 1 + k verified drafts) are not prefill, and it gained the tokens it kept. `gap`: the
+        time since the previous step ended, when that step left requests unfinished."""
         now = time.monotonic()
         decode_positions = decode = 0
         for s, n in zip(batch.seqs, batch.num_tokens):
@@ -78,6 +83,10 @@ class EngineMetrics:
         self.window.append(self.last)
         self._prune(now)
         self.num_steps += 1
+        self.total_step_time_s += duration
+        if gap is not None:
+            self.total_step_gap_s += gap
+            self.num_step_gaps += 1
         self.total_prompt_tokens += self.last.prefill_tokens
         self.total_output_tokens += sum(len(t) for t in sampled.values())
 
@@ -114,6 +123,9 @@ class EngineMetrics:
             last_num_tokens=self.last.num_tokens,
             last_step_time_s=self.last.duration_s,
             num_steps=self.num_steps,
+            total_step_time_s=self.total_step_time_s,
+            total_step_gap_s=self.total_step_gap_s,
+            num_step_gaps=self.num_step_gaps,
             num_preemptions=sched.num_preemptions,
             total_prompt_tokens=self.total_prompt_tokens,
             total_output_tokens=self.total_output_tokens,

@@ -91,6 +91,11 @@ class EngineStats:
     last_num_tokens: int = 0  # tokens in the last step
     last_step_time_s: float = 0.0
     num_steps: int = 0
+    # Where a client's per-token work shows: the time in steps, and the time between a step that
+    # left requests unfinished and the next one (hand-offs to the event loops, the step loop).
+    total_step_time_s: float = 0.0
+    total_step_gap_s: float = 0.0
+    num_step_gaps: int = 0
     num_preemptions: int = 0
     total_prompt_tokens: int = 0
     total_output_tokens: int = 0
