@@ -141,11 +141,12 @@ def run_requests(engine: LLMEngine, requests: list[tuple[list[int], int]], concu
                      full_steps * concurrency, full_time)
 
 
-def step_gap_us(before: EngineStats, after: EngineStats) -> float:
-    """The mean time between a step and the next while requests were unfinished, in µs: the
-    host's work between steps (`localbatch serve` and the app add their hand-offs to it)."""
-    gaps = after.num_step_gaps - before.num_step_gaps
-    return round(1e6 * (after.total_step_gap_s - before.total_step_gap_s) / gaps, 1) if gaps else 0.0
+def step_split(before: EngineStats, after: EngineStats) -> dict[str, float]:
+    """The mean step time (ms) and the mean time between a step and the next while requests were
+    unfinished (µs: the host's work between steps; `serve` and the app add their hand-offs to it)."""
+    gaps, steps = after.num_step_gaps - before.num_step_gaps, after.num_steps - before.num_steps
+    return {"step_ms": round(1e3 * (after.total_step_time_s - before.total_step_time_s) / steps, 3) if steps else 0.0,
+            "step_gap_us": round(1e6 * (after.total_step_gap_s - before.total_step_gap_s) / gaps, 1) if gaps else 0.0}
 
 
 def build_engine(args: argparse.Namespace, engine_kwargs: dict[str, Any],
@@ -182,7 +183,7 @@ def run_bench(args: argparse.Namespace, engine_kwargs: dict[str, Any],
             s = r.summary()
             sweep.append({"concurrency": c, "decode_tok_s": s["decode_tok_s"], "output_tok_s": s["output_tok_s"],
                           "ttft_ms_p50": s["ttft_ms"]["p50"], "tpot_ms_p50": s["tpot_ms"]["p50"],
-                          "step_gap_us": step_gap_us(before, engine.stats())})
+                          **step_split(before, engine.stats())})
         report["sweep"] = sweep
     if schema is not None:
         report["structured"] = structured_sweep(engine, args, vocab, schema)
@@ -244,7 +245,7 @@ def _format(r: dict) -> str:
     for s in r.get("sweep", []):
         lines.append(f"concurrency {s['concurrency']:>4}    decode {s['decode_tok_s']:8.1f} tok/s   "
                      f"output {s['output_tok_s']:8.1f} tok/s   TTFT p50 {s['ttft_ms_p50']:.0f} ms   TPOT p50 {s['tpot_ms_p50']:.1f} ms"
-                     f"   between steps {s['step_gap_us']:.0f} us")
+                     f"   step {s['step_ms']:.2f} ms + {s['step_gap_us']:.0f} us between")
     for s in r.get("structured", []):
         slow = "n/a" if s["slowdown_pct"] is None else f"{s['slowdown_pct']:+.1f}% slower"
         lines.append(f"json schema c={s['concurrency']:<3} half constrained: decode "

@@ -222,7 +222,8 @@ def serve_rows(bench_runs: list[dict[int, dict]], serve_runs: dict[str, list], r
                     f"p99 {median([r['itl_p99_ms'] for r, _ in runs]):.1f} ms")
         note += (f"; between steps {median([r['step_gap_us'] for r, _ in runs]):.0f} us "
                  f"(bench {median([b[clients].get('step_gap_us', float('nan')) for b in bench_runs]):.0f} us), "
-                 f"step {median([r['step_ms'] for r, _ in runs]):.2f} ms")
+                 f"step {median([r['step_ms'] for r, _ in runs]):.2f} ms "
+                 f"(bench {median([b[clients].get('step_ms', float('nan')) for b in bench_runs]):.2f} ms)")
         rows.append({"where": where, "tok_s": median(rates), "engine": median([b[clients]["output_tok_s"] for b in bench_runs]),
                      "ratio": median(ratios), "note": note + f"; ratios {', '.join(f'{x:.2f}' for x in ratios)}"})
 
@@ -269,7 +270,9 @@ def section_app(args: argparse.Namespace, rows: list[dict]) -> None:
             measured.append((tabs, total, note))
         bench = sandwich(before, run_bench(args.model, args.app_levels, args.max_tokens, args.prompt_len))
         for tabs, total, note in measured:
-            runs[tabs].append((total, bench[tabs]["decode_tok_s"], note))
+            b = bench[tabs]
+            note += f"; bench step {b.get('step_ms', float('nan')):.2f} ms, {b.get('step_gap_us', float('nan')):.0f} us between"
+            runs[tabs].append((total, b["decode_tok_s"], note))
     for tabs, results in runs.items():
         ratios = [total / base for total, base, _ in results]
         rows.append({"where": f"app in tmux, {tabs} tabs, endpoint on, /metrics 1 Hz",
