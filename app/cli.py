@@ -19,7 +19,7 @@ from app.engine.types.speculative_config import SpeculativeConfig
 ENGINE_FLAGS: dict[str, tuple[type, str]] = {
     "max_num_batched_tokens": (int, "token budget of one step (default 512 on CPU, 8192 on CUDA)"),
     "itl_target_ms": (float, ("while replies stream, size prompt chunks so a step takes about this long "
-                              "(default: 3 decode steps, at least 100 ms; 0: only --max-num-batched-tokens)")),
+                              "(default: 2 decode steps, at least 60 ms; 0: only --max-num-batched-tokens)")),
     "max_num_seqs": (int, "most sequences running at once (default 64)"),
     "block_size": (int, "tokens per KV block (default 16)"),
     "kv_cache_bytes": (int, "CPU KV pool size in bytes (default: what max-num-seqs sequences at the full context use, at most 25%% of available RAM)"),

@@ -9,8 +9,11 @@ from the steps the engine runs, and gives prefill what is left of the target."""
 
 from __future__ import annotations
 
-ITL_FLOOR_S = 0.1  # the default target: this, or ITL_FACTOR decode steps when those are longer
-ITL_FACTOR = 3.0
+# The default target: this, or ITL_FACTOR decode steps when those are longer. At 16 streams of
+# SmolLM2 on 2 cores (30-35 ms decode steps) 3 steps and 100 ms put the inter-token p99 at 94-103 ms,
+# above llama-server's 88; 2 steps and 60 ms at 63-75 ms, for the same TTFT p50 (docs/benchmarks.md).
+ITL_FLOOR_S = 0.06
+ITL_FACTOR = 2.0
 MIN_CHUNK = 32  # below this a prompt's matrix products lose their row-blocking and TTFT suffers
 MIN_SAMPLE = 16  # prompt tokens a step needs before its time says what one costs
 EMA = 0.3

@@ -16,7 +16,7 @@ KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8_e4m3")
 class EngineConfig:
     max_num_batched_tokens: int | None = None  # None: 512 on CPU, 8192 on CUDA
     # While replies stream, prompt chunks are sized so that a step takes about this long
-    # (core/step_budget.py). None: 3 decode steps, at least 100 ms; 0: only max_num_batched_tokens.
+    # (core/step_budget.py). None: 2 decode steps, at least 60 ms; 0: only max_num_batched_tokens.
     itl_target_ms: float | None = None
     max_num_seqs: int = 64
     block_size: int = 16

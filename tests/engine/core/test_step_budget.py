@@ -24,8 +24,8 @@ def test_unmeasured_or_without_decodes_the_whole_budget():
     assert trained().cap(0) == 512  # nothing is waiting on the step: prefill as fast as it goes
 
 
-def test_default_target_is_three_decode_steps_and_a_chunk_floor():
-    assert abs(trained().cap(4) - 80) <= 1  # 3 x 40 ms = 120 ms, 40 for the decodes, 80 x 1 ms
+def test_default_target_is_two_decode_steps_and_a_chunk_floor():
+    assert abs(trained().cap(4) - 40) <= 1  # 2 x 40 ms = 80 ms, 40 for the decodes, 40 x 1 ms
     assert abs(trained(0.3).cap(4) - 260) <= 1
     assert trained(0.045).cap(4) == step_budget.MIN_CHUNK
     assert trained(0).cap(4) == 512  # 0: no latency target
