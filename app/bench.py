@@ -18,11 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from app.engine.types.outputs import EngineStats
 from app.engine.types.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from app.engine.core.llm_engine import LLMEngine
+    from app.engine.types.outputs import EngineStats
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
