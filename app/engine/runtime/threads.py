@@ -94,7 +94,7 @@ class ThreadTuner:
         self._next_probe = self._last_probe + FIRST_PROBE_S
         # batch size -> (when, step time) of the current count's steps over the last RECENT_S
         self._recent: dict[int, _Window] = {}
-        self._history: dict[int, deque[tuple[float, float]]] = {}  # the same over BASELINE_S
+        self._history: dict[int, _Window] = {}  # the same over BASELINE_S (unsorted: read at probes only)
         self._best: dict[int, float] = {}  # batch size -> the lowest median of those seen at this count
         # (count, batch size, its step times, the current count's step time to beat)
         self._probe: tuple[int, int, list[float], float] | None = None
@@ -139,10 +139,11 @@ class ThreadTuner:
         """The step time a probe must beat, when one is due: periodically, or at once when all
         cores slow down (a neighbour arrived)."""
         now = self._clock()
-        recent_window = self._recent.setdefault(key, _Window())
-        recent_window.add(now, seconds, RECENT_S)
+        recent_window = self._recent.setdefault(key, _Window(RECENT_S))
+        recent_window.add(now, seconds)
         recent = recent_window.steps
-        history = _window(self._history.setdefault(key, deque()), now, seconds, BASELINE_S)
+        history = self._history.setdefault(key, _Window(BASELINE_S, keep_sorted=False))
+        history.add(now, seconds)
         typical = recent_window.median()
         if len(recent) >= PROBE_STEPS:
             self._best[key] = min(self._best.get(key, typical), typical)
@@ -172,7 +173,7 @@ class ThreadTuner:
             self._slowdown_probe = not periodic
             # A periodic probe's confirmation counts the steps of its baseline too; a slowdown's,
             # only fresh ones (the slow stretch may have been the UI's).
-            self._baseline_steps = [s for _, s in history] if periodic else []
+            self._baseline_steps = [s for _, s in history.steps] if periodic else []
             if periodic:
                 return _mean(self._baseline_steps)
             return _mean([s for _, s in list(recent)[-2:]] if slow_run else [s for _, s in recent])
@@ -316,36 +317,31 @@ class ThreadTuner:
         self.affinity.apply(self._applied)
 
 
-def _window(steps: deque[tuple[float, float]], now: float, seconds: float, span: float) -> deque[tuple[float, float]]:
-    """`steps` with this one added, keeping PROBE_STEPS and `span` seconds of them (none from
-    before a pause: the engine was idle or ran other batches)."""
-    if steps and now - seconds - steps[-1][0] > RECENT_S:
-        steps.clear()
-    steps.append((now, seconds))
-    while len(steps) > PROBE_STEPS and now - steps[0][0] > span:
-        steps.popleft()
-    return steps
-
-
 class _Window:
-    """`_window`'s steps with their times also kept sorted: the median every step is a bisect,
-    not a sort of the half second's ~100 steps (~40 us a step, the app's and serve's alone)."""
+    """The steps of the last `span` seconds, PROBE_STEPS at least (none from before a pause: the
+    engine was idle or ran other batches). With `keep_sorted` their times are also kept sorted: the
+    median every step is then a bisect, not a sort of the half second's ~100 steps (~40 us a step
+    in the app's and serve's step thread)."""
 
-    __slots__ = ("steps", "_sorted")
+    __slots__ = ("steps", "span", "keep_sorted", "_sorted")
 
-    def __init__(self) -> None:
+    def __init__(self, span: float, keep_sorted: bool = True) -> None:
         self.steps: deque[tuple[float, float]] = deque()
-        self._sorted: list[float] = []
+        self.span, self.keep_sorted = span, keep_sorted
+        self._sorted: list[float] = []  # stays empty unless keep_sorted
 
-    def add(self, now: float, seconds: float, span: float) -> None:
+    def add(self, now: float, seconds: float) -> None:
         steps, ordered = self.steps, self._sorted
         if steps and now - seconds - steps[-1][0] > RECENT_S:
             steps.clear()
             ordered.clear()
         steps.append((now, seconds))
-        bisect.insort(ordered, seconds)
-        while len(steps) > PROBE_STEPS and now - steps[0][0] > span:
-            del ordered[bisect.bisect_left(ordered, steps.popleft()[1])]
+        if self.keep_sorted:
+            bisect.insort(ordered, seconds)
+        while len(steps) > PROBE_STEPS and now - steps[0][0] > self.span:
+            old = steps.popleft()[1]
+            if self.keep_sorted:
+                del ordered[bisect.bisect_left(ordered, old)]
 
     def median(self) -> float:
         s = self._sorted

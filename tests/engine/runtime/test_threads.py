@@ -300,11 +300,11 @@ def test_a_switch_to_one_thread_on_an_idle_machine_is_undone_within_seconds() ->
 
 def test_window_median_matches_a_sort_of_the_steps_it_keeps() -> None:
     rng = random.Random(0)
-    window, now = threads._Window(), 0.0
+    window, now = threads._Window(threads.RECENT_S), 0.0
     for i in range(3000):
         seconds = rng.choice([0.004, 0.005, rng.uniform(0.001, 0.2)])
         now += seconds + (1.0 if i and i % 700 == 0 else 0.0)  # now and then a pause clears the window
-        window.add(now, seconds, threads.RECENT_S)
+        window.add(now, seconds)
         kept = sorted(s for _, s in window.steps)
         assert window.median() == (kept[(len(kept) - 1) // 2] + kept[len(kept) // 2]) / 2
         assert len(kept) >= min(i % 700 + 1, threads.PROBE_STEPS)
