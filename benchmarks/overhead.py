@@ -36,6 +36,8 @@ from types import SimpleNamespace
 
 import httpx
 
+from app.clients.prometheus_text import parse_metrics
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import serve_bench
@@ -75,29 +77,18 @@ def run_bench(model: str, levels: list[int], max_tokens: int, prompt_len: int,
     return {r["concurrency"]: r for r in json.loads(out.strip().splitlines()[-1])["sweep"]}
 
 
-GAP, GAPS, STEP_TIME, STEPS = ("localbatch:step_gap_seconds_total", "localbatch:step_gaps_total",
-                               "localbatch:step_time_seconds_total", "localbatch:num_steps_total")
-
-
-def step_counters(text: str) -> dict[str, float]:
-    """The step-time counters of a /metrics page (one model: no labels to tell apart)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in (GAP, GAPS, STEP_TIME, STEPS):
-            out[name] = float(line.rsplit(" ", 1)[1])
-    return out
-
-
 def fetch_counters(url: str) -> dict[str, float]:
-    return step_counters(httpx.get(f"{url}/metrics", timeout=10).text)
+    return parse_metrics(httpx.get(f"{url}/metrics", timeout=10).text)
 
 
 def step_split(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """Mean step time and mean time between busy steps (the host's hand-offs) over a stretch."""
-    gaps, steps = after.get(GAPS, 0) - before.get(GAPS, 0), after.get(STEPS, 0) - before.get(STEPS, 0)
-    return {"step_gap_us": 1e6 * (after.get(GAP, 0) - before.get(GAP, 0)) / gaps if gaps else float("nan"),
-            "step_ms": 1e3 * (after.get(STEP_TIME, 0) - before.get(STEP_TIME, 0)) / steps if steps else float("nan")}
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    gaps, steps = delta("step_gaps"), delta("steps")
+    return {"step_gap_us": 1e6 * delta("step_gap_total") / gaps if gaps else float("nan"),
+            "step_ms": 1e3 * delta("step_time_total") / steps if steps else float("nan")}
 
 
 class Scraper:
@@ -107,7 +98,7 @@ class Scraper:
 
     def __init__(self, url: str, period: float) -> None:
         self.url, self.period, self.latencies = url, period, []
-        self.counters: dict[str, float] = {}  # the step counters of the last scrape
+        self.counters: dict[str, float] = {}  # the last scrape's series (parse_metrics)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -130,7 +121,7 @@ class Scraper:
                 body = response.read()
                 if response.status == 200:
                     self.latencies.append(time.perf_counter() - t0)
-                    self.counters = step_counters(body.decode())
+                    self.counters = parse_metrics(body.decode())
             except (OSError, http.client.HTTPException):  # the app is still starting
                 conn.close()
             self._stop.wait(max(0.0, self.period - (time.perf_counter() - t0)))

@@ -31,6 +31,9 @@ _METRIC_KEYS = MappingProxyType({
     "tokens_predicted_total": "generation_total",
     "num_preemptions_total": "preemptions",
     "num_steps_total": "steps",
+    "step_time_seconds_total": "step_time_total",
+    "step_gap_seconds_total": "step_gap_total",
+    "step_gaps_total": "step_gaps",
 })
 _PREFIXES = ("localbatch:", "vllm:", "sglang:", "llamacpp:")
 
