@@ -5,7 +5,8 @@
 One `AsyncEngine` (adaptive threads, as the app and `serve` run it) and one event loop in this
 process. Each round runs the same request twice, alternating which goes first:
 - per-token: the stream's deltas go to the loop after every step (`max_delay_s=0`, as `serve` reads them);
-- held: they wait until the request's last step (`max_delay_s=inf`), so the loop wakes once.
+- held: after the first token (which never waits) they wait for the request's last step
+  (`max_delay_s=inf`), so the loop wakes twice.
 The consumer only reads the deltas, so the difference is the hand-off itself (the loop's wake-up,
 its Python, the GIL and the CPU it takes from the step thread), not HTTP or a client. Per mode:
 tok/s, the engine's mean step and mean time between steps, and per token the loop thread's CPU
@@ -21,6 +22,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from app.bench import step_split
 from app.engine.api.async_engine import AsyncEngine
@@ -37,8 +39,9 @@ class ThreadTimes:
 
     @classmethod
     def read(cls, tid: int) -> ThreadTimes:
-        run, wait = open(f"/proc/self/task/{tid}/schedstat").read().split()[:2]
-        fields = dict(line.split(":", 1) for line in open(f"/proc/self/task/{tid}/status").read().splitlines())
+        task = Path(f"/proc/self/task/{tid}")
+        run, wait = (task / "schedstat").read_text().split()[:2]
+        fields = dict(line.split(":", 1) for line in (task / "status").read_text().splitlines())
         return cls(int(run), int(wait), int(fields["nonvoluntary_ctxt_switches"]))
 
 
