@@ -115,3 +115,17 @@ def test_quantized_weights_match_reference(weight_type, tiny_gguf_factory):
     _close(run.step([s], [12])[0], ref.forward(ids))
 
 
+
+
+def test_weight_bytes_per_step_is_counted_once_per_row_count(tiny_gguf_factory, monkeypatch):
+    """Every stats snapshot asks for it; the kernels are fixed once loaded, so the count is kept."""
+    model = PagedRun(tiny_gguf_factory("llama")).model
+    counted = {rows: model._count_weight_bytes(rows) for rows in (1, 64)}
+    assert [model.weight_bytes_per_step(rows) for rows in (1, 64)] == [counted[1], counted[64]]
+    assert counted[1] > 0
+
+    def recount(rows: int) -> int:
+        raise AssertionError("counted again")
+
+    monkeypatch.setattr(model, "_count_weight_bytes", recount)
+    assert [model.weight_bytes_per_step(rows) for rows in (1, 64, 1)] == [counted[1], counted[64], counted[1]]
