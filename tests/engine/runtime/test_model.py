@@ -115,8 +115,6 @@ def test_quantized_weights_match_reference(weight_type, tiny_gguf_factory):
     _close(run.step([s], [12])[0], ref.forward(ids))
 
 
-
-
 def test_weight_bytes_per_step_is_counted_once_per_row_count(tiny_gguf_factory, monkeypatch):
     """Every stats snapshot asks for it; the kernels are fixed once loaded, so the count is kept."""
     model = PagedRun(tiny_gguf_factory("llama")).model
