@@ -3,15 +3,17 @@
     python benchmarks/overhead.py --model smollm2-135m-instruct [--sections bench,serve,app,contention]
         [--llama-server PATH/llama-server] [--max-tokens 256] [--device cuda] [--json FILE]
 
-Sections (each against the engine alone, `localbatch bench`, at the same concurrency, same run):
+Sections (each against the engine alone, as `localbatch bench` runs it, at the same concurrency):
 - bench: `localbatch bench --concurrency 1,4,8,16`: output tok/s (prompt included) and decode tok/s.
 - serve: `localbatch serve`, streaming /v1/completions at 1 / 4 / 16 clients (serve_bench.py), then
-  again while /metrics is scraped at 1 Hz and at 20 Hz (scrape latency reported); ITL p50/p99; with
-  `--llama-server`, llama-server `-np 16 -t NCPU` on the same GGUF and the same 16-client load.
+  at one while /metrics is scraped at 1 Hz and at 20 Hz (scrape latency reported); ITL p50/p99;
+  against bench's output tok/s, the server and a bench worker kept loaded and taking turns seconds
+  apart (pairs.py; `--rounds` pairs, medians of the pairs' ratios); with `--llama-server`,
+  llama-server `-np 16 -t NCPU` on the same GGUF and the same 16-client load.
 - app: the app in tmux at 160x48 (tmux_tabs.py) with the embedded endpoint on and /metrics scraped
-  once a second: the replies' summed tok/s at 1 / 4 / 8 tabs against bench's decode tok/s, the
-  mean of bench runs just before and after (`--app-rounds` pairs, medians of the pairs' ratios).
-  The tabs decode greedily (tmux_tabs.py writes temperature 0 into the app's config), as bench does.
+  once a second: the replies' summed tok/s at 1 / 4 / 8 tabs against bench's decode tok/s, the app
+  and a bench worker kept loaded and taking turns seconds apart (pairs.py; `--app-rounds` pairs,
+  medians of the pairs' ratios). The tabs decode greedily, as bench does.
 - contention: decode tok/s at 1 and 4 sequences with 0 and 2 `while True: pass` neighbours, fixed
   thread count against the app's adaptive one, alternated in `--contention-rounds` pairs (contention.py).
   The idle row's ratio is the median of the pairs' adaptive / fixed ratios.
@@ -41,20 +43,12 @@ from app.clients.prometheus_text import parse_metrics
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import serve_bench
-import tmux_tabs
 
 MODEL_DIR = Path.home() / ".local/share/localbatch/models"
 
 
 def load() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
-
-
-def sandwich(before: dict[int, dict], after: dict[int, dict]) -> dict[int, dict]:
-    """The engine-alone figures of a stretch: the mean of a bench run before it and one after, so
-    a drift of this VM's speed (20-30% within minutes) cancels to first order."""
-    return {c: {k: (v + after[c][k]) / 2 if isinstance(v, float) else v for k, v in r.items()}
-            for c, r in before.items()}
 
 
 ENGINE_ARGS: list[str] = []  # --engine-args, for bench and serve alike
@@ -154,69 +148,42 @@ def stream_level(url: str, clients: int, args: argparse.Namespace, seed: int = 0
     return asyncio.run(serve_bench.level(url, clients, 1, args.prompt_len, args.max_tokens, 30000, seed=seed))
 
 
-def split_level(url: str, clients: int, args: argparse.Namespace, seed: int) -> dict:
-    """`stream_level` with the engine's step time and time between steps over it."""
-    before = fetch_counters(url)
-    result = stream_level(url, clients, args, seed)
-    return {**result, **step_split(before, fetch_counters(url))}
-
-
 def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def paired_rounds(args: argparse.Namespace, sections: set[str]) -> tuple[list[dict[int, dict]], dict[str, list]]:
-    """`--rounds` times: `localbatch bench`, then (with the serve section) each serve level, then
-    `localbatch bench` again: every serve figure has an engine-alone figure from the same minutes,
-    the mean of the runs before and after it (this VM drifts by 20-30%)."""
-    bench_runs: list[dict[int, dict]] = []
-    serve_runs: dict[str, list] = {}
-    levels = sorted(set(args.serve_levels) | set(args.app_levels))  # the bench rows show every level
-    proc = None
-    url = f"http://127.0.0.1:{args.port}"
-    if "serve" in sections:
-        proc = start_server([sys.executable, "-m", "app.cli", "serve", "--model", args.model,
-                             *device_args(args.device), "--port", str(args.port)], url)
-        stream_level(url, 2, args, seed=99)  # warm-up: the first requests pay one-time costs
-    try:
-        for i in range(args.rounds):
-            before = run_bench(args.model, levels, args.max_tokens, args.prompt_len, args.device)
-            if proc is None:
-                bench_runs.append(before)
-                continue
-            for clients in args.serve_levels:
-                serve_runs.setdefault(f"{clients}", []).append((split_level(url, clients, args, seed=100 * i + clients), None))
-            for hz in (1, 20):
-                with Scraper(url, 1 / hz) as scraper:
-                    r = split_level(url, 1, args, seed=100 * i + 50 + hz)
-                serve_runs.setdefault(f"1@{hz}", []).append((r, scraper.latencies))
-            after = run_bench(args.model, levels, args.max_tokens, args.prompt_len, args.device)
-            bench_runs.append(sandwich(before, after))
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait()
-    return bench_runs, serve_runs
+def section_bench(args: argparse.Namespace, rows: list[dict]) -> None:
+    """`localbatch bench` `--rounds` times at every level of the other sections: medians."""
+    levels = sorted(set(args.serve_levels) | set(args.app_levels))
+    runs = [run_bench(args.model, levels, args.max_tokens, args.prompt_len, args.device) for _ in range(args.rounds)]
+    for c in levels:
+        out = median([b[c]["output_tok_s"] for b in runs])
+        dec = median([b[c]["decode_tok_s"] for b in runs])
+        rows.append({"where": f"bench, {c} seqs", "tok_s": out, "engine": out, "ratio": 1.0,
+                     "note": f"decode {dec:.1f} tok/s, TPOT p50 {median([b[c]['tpot_ms_p50'] for b in runs]):.1f} ms"})
 
 
-def serve_rows(bench_runs: list[dict[int, dict]], serve_runs: dict[str, list], rows: list[dict]) -> None:
-    for key, runs in serve_runs.items():
-        clients = int(key.split("@")[0])
-        rates = [r["output_tok_s"] for r, _ in runs]
-        ratios = [r["output_tok_s"] / b[clients]["output_tok_s"] for (r, _), b in zip(runs, bench_runs, strict=True)]
-        where = f"serve, {clients} streams" if "@" not in key else f"serve, 1 stream, /metrics at {key.split('@')[1]} Hz"
-        if "@" in key:
-            ms = sorted(1e3 * x for _, lat in runs for x in lat)
+def section_serve(args: argparse.Namespace, rows: list[dict]) -> None:
+    """At each level, then at one stream with /metrics scraped at 1 and at 20 Hz, `--rounds` pairs of
+    `serve` and the engine alone, both kept loaded and taking turns (pairs.py); medians of the
+    pairs' ratios of output tok/s."""
+    import pairs  # it imports this module
+
+    pargs = SimpleNamespace(model=args.model, device=args.device, max_tokens=args.max_tokens,
+                            prompt_len=args.prompt_len, port=args.port, rounds=args.rounds)
+    runs = pairs.measure_serve(pargs, [(n, 0.0) for n in args.serve_levels] + [(1, 1.0), (1, 20.0)])
+    for (clients, hz), prs in runs.items():
+        if hz:
+            ms = sorted(1e3 * x for p in prs for x in p.target.result["scrapes"])
+            where = f"serve, 1 stream, /metrics at {hz:g} Hz"
             note = f"{len(ms)} scrapes, p50 {median(ms):.1f} ms, p90 {ms[int(0.9 * len(ms))]:.1f}, max {ms[-1]:.1f} ms"
         else:
-            note = (f"ITL p50 {median([r['itl_p50_ms'] for r, _ in runs]):.1f} / "
-                    f"p99 {median([r['itl_p99_ms'] for r, _ in runs]):.1f} ms")
-        note += (f"; between steps {median([r['step_gap_us'] for r, _ in runs]):.0f} us "
-                 f"(bench {median([b[clients].get('step_gap_us', float('nan')) for b in bench_runs]):.0f} us), "
-                 f"step {median([r['step_ms'] for r, _ in runs]):.2f} ms "
-                 f"(bench {median([b[clients].get('step_ms', float('nan')) for b in bench_runs]):.2f} ms)")
-        rows.append({"where": where, "tok_s": median(rates), "engine": median([b[clients]["output_tok_s"] for b in bench_runs]),
-                     "ratio": median(ratios), "note": note + f"; ratios {', '.join(f'{x:.2f}' for x in ratios)}"})
+            where = f"serve, {clients} streams"
+            note = (f"ITL p50 {median([p.target.result['itl_p50_ms'] for p in prs]):.1f} / "
+                    f"p99 {median([p.target.result['itl_p99_ms'] for p in prs]):.1f} ms")
+        rows.append({"where": where, "tok_s": median([p.target.tok_s for p in prs]),
+                     "engine": median([p.bench.tok_s for p in prs]), "ratio": median([p.ratio for p in prs]),
+                     "note": f"{note}; {pairs.split_note(prs)}; ratios {', '.join(f'{p.ratio:.2f}' for p in prs)}"})
 
 
 def section_llama_server(args: argparse.Namespace, rows: list[dict]) -> None:
@@ -237,39 +204,19 @@ def section_llama_server(args: argparse.Namespace, rows: list[dict]) -> None:
 
 
 def section_app(args: argparse.Namespace, rows: list[dict]) -> None:
-    """`--app-rounds` times: `localbatch bench` at the tab counts, the app at each, `localbatch bench`
-    again: each app figure has an engine-alone figure from the same minutes (the mean of the runs
-    before and after); medians of the paired ratios."""
-    port = args.port + 2
-    targs = SimpleNamespace(model=args.model, max_tokens=args.max_tokens, timeout=300, idle=0, idle_after=0,
-                            cwd=str(HERE.parent), pyspy=None, env=None, remote=None,
-                            extra=["--serve", "--port", str(port)])
-    if args.app_prompt:
-        tmux_tabs.PROMPT = args.app_prompt
-    runs: dict[int, list[tuple[float, float, str]]] = {tabs: [] for tabs in args.app_levels}
-    for _ in range(args.app_rounds):
-        before = run_bench(args.model, args.app_levels, args.max_tokens, args.prompt_len)
-        measured = []
-        for tabs in args.app_levels:
-            with Scraper(f"http://127.0.0.1:{port}", 1.0) as scraper:
-                run = tmux_tabs.run_tabs(targs, tabs)
-            total = sum(rate for _, rate in run.replies)
-            split = step_split({}, scraper.counters)  # the app starts afresh: its totals are this run's
-            note = (f"replies of {min(n for n, _ in run.replies)}-{max(n for n, _ in run.replies)} tok; "
-                    f"UI thread {run.ui_cpu:.0%}; between steps {split['step_gap_us']:.0f} us, "
-                    f"step {split['step_ms']:.2f} ms; {scraper.summary()}; load {run.load_after:.2f}")
-            measured.append((tabs, total, note))
-        bench = sandwich(before, run_bench(args.model, args.app_levels, args.max_tokens, args.prompt_len))
-        for tabs, total, note in measured:
-            b = bench[tabs]
-            note += f"; bench step {b.get('step_ms', float('nan')):.2f} ms, {b.get('step_gap_us', float('nan')):.0f} us between"
-            runs[tabs].append((total, b["decode_tok_s"], note))
-    for tabs, results in runs.items():
-        ratios = [total / base for total, base, _ in results]
+    """At each tab count, `--app-rounds` pairs of the app and the engine alone, both kept loaded and
+    taking turns (pairs.py); medians of the pairs' ratios."""
+    import pairs  # it imports this module
+
+    pargs = SimpleNamespace(model=args.model, device="cpu", max_tokens=args.max_tokens, prompt_len=args.prompt_len,
+                            prompt=args.app_prompt, timeout=300, port=args.port + 2, rounds=args.app_rounds)
+    for tabs in args.app_levels:
+        runs = pairs.measure_app(pargs, tabs)
+        last = runs[-1].target
         rows.append({"where": f"app in tmux, {tabs} tabs, endpoint on, /metrics 1 Hz",
-                     "tok_s": median([t for t, _, _ in results]), "engine": median([b for _, b, _ in results]),
-                     "ratio": median(ratios),
-                     "note": results[-1][2] + f"; ratios {', '.join(f'{x:.2f}' for x in ratios)}"})
+                     "tok_s": median([p.target.tok_s for p in runs]), "engine": median([p.bench.tok_s for p in runs]),
+                     "ratio": median([p.ratio for p in runs]),
+                     "note": f"{pairs.split_note(runs)}; last: {last.note}; ratios {', '.join(f'{p.ratio:.2f}' for p in runs)}"})
 
 
 def section_contention(args: argparse.Namespace, rows: list[dict]) -> None:
@@ -302,8 +249,9 @@ def main() -> int:
     p.add_argument("--serve-levels", default="1,4,16")
     p.add_argument("--app-levels", default="1,4,8")
     p.add_argument("--app-prompt", default=None, help="what the tabs are asked (default: tmux_tabs.py's long story)")
-    p.add_argument("--rounds", type=int, default=3, help="paired rounds of bench and serve (medians are reported)")
-    p.add_argument("--app-rounds", type=int, default=1, help="paired rounds of bench and the app (medians are reported)")
+    p.add_argument("--rounds", type=int, default=6,
+                   help="bench runs, pairs of serve and bench per level, llama-server runs (medians are reported)")
+    p.add_argument("--app-rounds", type=int, default=8, help="pairs of the app and bench per tab count (medians are reported)")
     p.add_argument("--contention-s", type=float, default=10.0)
     p.add_argument("--contention-rounds", type=int, default=3, help="alternated fixed / adaptive pairs per row")
     p.add_argument("--port", type=int, default=8061)
@@ -317,18 +265,14 @@ def main() -> int:
     print(f"{args.model} on {args.device}, {os.cpu_count()} CPUs, load {load():.2f}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}", flush=True)
     rows: list[dict] = []
-    if sections & {"bench", "serve", "app"}:
-        bench_runs, serve_runs = paired_rounds(args, sections)
-        for c in sorted(bench_runs[0]):
-            out = median([b[c]["output_tok_s"] for b in bench_runs])
-            dec = median([b[c]["decode_tok_s"] for b in bench_runs])
-            rows.append({"where": f"bench, {c} seqs", "tok_s": out, "engine": out, "ratio": 1.0,
-                         "note": f"decode {dec:.1f} tok/s, TPOT p50 {median([b[c]['tpot_ms_p50'] for b in bench_runs]):.1f} ms"})
-        serve_rows(bench_runs, serve_runs, rows)
-        if "serve" in sections and args.llama_server:
+    if "bench" in sections:
+        section_bench(args, rows)
+    if "serve" in sections:
+        section_serve(args, rows)
+        if args.llama_server:
             section_llama_server(args, rows)
-        if "app" in sections:
-            section_app(args, rows)
+    if "app" in sections:
+        section_app(args, rows)
     if "contention" in sections:
         section_contention(args, rows)
     print("\n| where | tok/s | engine alone | ratio | notes |\n|---|---|---|---|---|")
