@@ -174,13 +174,10 @@ class App:
             time.sleep(0.3)  # the chat's rows deleted
         raise RuntimeError(f"{len(tmux_tabs.replies(self._db))} replies left after deleting the tabs")
 
-    def _keys(self, *keys: str, pause: float) -> None:
-        for key in keys:
-            tmux_tabs.tmux("send-keys", "-t", tmux_tabs.SESSION, key)
-            time.sleep(pause)
-
     def _open_tabs(self, n: int) -> None:
-        self._keys(*["C-n"] * n, pause=0.4)
+        for _ in range(n):
+            tmux_tabs.tmux("send-keys", "-t", tmux_tabs.SESSION, "C-n")
+            time.sleep(0.4)
         time.sleep(0.3)
 
     def _broadcast(self) -> list[tuple[int, float]]:
