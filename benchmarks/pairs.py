@@ -26,7 +26,6 @@ pairs' ratios. Linux only (tmux, /proc, signals)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
@@ -44,7 +43,6 @@ from types import SimpleNamespace
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import overhead
-import serve_bench
 import tmux_tabs
 
 
@@ -135,12 +133,12 @@ class App:
     """The app in tmux; each turn asks N fresh tabs the same question at once."""
 
     def __init__(self, args: argparse.Namespace, tabs: int, data: Path) -> None:
-        self.tabs, self.url, self._db = tabs, f"http://127.0.0.1:{args.port}", data / "data"
+        self.tabs, self.url, self._data = tabs, f"http://127.0.0.1:{args.port}", data / "data"
         self._prompt, self._timeout = args.prompt or tmux_tabs.PROMPT, args.timeout
         targs = SimpleNamespace(model=args.model, max_tokens=args.max_tokens, remote=None, cwd=str(HERE.parent),
                                 env=None, extra=["--serve", "--port", str(args.port)])
         self.pid = tmux_tabs.start_app(targs, data)
-        self._open_tabs(tabs - 1)
+        tmux_tabs.open_tabs(tabs - 1)
         self._broadcast()  # warm-up
         os.kill(self.pid, signal.SIGSTOP)
 
@@ -148,8 +146,8 @@ class App:
         os.kill(self.pid, signal.SIGCONT)
         time.sleep(1.0)  # Textual takes the terminal back on SIGCONT: keys sent meanwhile can be lost
         self._delete_tabs()
-        self._open_tabs(self.tabs - 1)
-        time.sleep(0.5)
+        tmux_tabs.open_tabs(self.tabs - 1)
+        time.sleep(0.8)
         before = overhead.fetch_counters(self.url)
         with overhead.Scraper(self.url, 1.0) as scraper:
             replies = self._broadcast()
@@ -162,7 +160,7 @@ class App:
         """Every tab with a reply deleted (ctrl+w, then y once the app asks); the last one deleted
         leaves a new empty tab."""
         for _ in range(2 * self.tabs + 2):
-            if not tmux_tabs.replies(self._db):
+            if not tmux_tabs.replies(self._data):
                 return
             tmux_tabs.tmux("send-keys", "-t", tmux_tabs.SESSION, "C-w")
             try:
@@ -172,23 +170,15 @@ class App:
             tmux_tabs.tmux("send-keys", "-t", tmux_tabs.SESSION, "y")
             tmux_tabs.wait_for(lambda s: "Delete “" not in s, 10)
             time.sleep(0.3)  # the chat's rows deleted
-        raise RuntimeError(f"{len(tmux_tabs.replies(self._db))} replies left after deleting the tabs")
-
-    def _open_tabs(self, n: int) -> None:
-        for _ in range(n):
-            tmux_tabs.tmux("send-keys", "-t", tmux_tabs.SESSION, "C-n")
-            time.sleep(0.4)
-        time.sleep(0.3)
+        raise RuntimeError(f"{len(tmux_tabs.replies(self._data))} replies left after deleting the tabs")
 
     def _broadcast(self) -> list[tuple[int, float]]:
         """The prompt typed and sent to every tab at once; the replies' (tokens, tok/s) once all have ended."""
-        tmux_tabs.tmux("send-keys", "-t", tmux_tabs.SESSION, "-l", self._prompt)
-        time.sleep(0.3)
-        tmux_tabs.tmux("send-keys", "-t", tmux_tabs.SESSION, "C-b")
+        tmux_tabs.broadcast(self._prompt)
         tmux_tabs.wait_for(tmux_tabs.busy, 30)
         tmux_tabs.wait_for(lambda s: not tmux_tabs.busy(s), self._timeout)
         time.sleep(0.5)  # the replies' rows committed
-        replies = tmux_tabs.replies(self._db)
+        replies = tmux_tabs.replies(self._data)
         if len(replies) != self.tabs:
             raise RuntimeError(f"expected {self.tabs} replies, found {len(replies)}")
         return replies
@@ -228,8 +218,7 @@ class Server:
 
     def _stream(self, clients: int) -> dict:
         self._seed += 1
-        a = self._args
-        return asyncio.run(serve_bench.level(self.url, clients, 1, a.prompt_len, a.max_tokens, 30000, seed=self._seed))
+        return overhead.stream_level(self.url, clients, self._args, self._seed)
 
     def close(self) -> None:
         self.proc.send_signal(signal.SIGCONT)

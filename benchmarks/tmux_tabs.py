@@ -118,12 +118,8 @@ def run_tabs(args: argparse.Namespace, n: int) -> Run:
     with tempfile.TemporaryDirectory(prefix="lbtmux") as tmp:
         pid = start_app(args, Path(tmp))
         try:
-            for _ in range(n - 1):
-                tmux("send-keys", "-t", SESSION, "C-n")
-                time.sleep(0.4)
-            tmux("send-keys", "-t", SESSION, "-l", PROMPT)
-            time.sleep(0.3)
-            tmux("send-keys", "-t", SESSION, "C-b")
+            open_tabs(n - 1)
+            broadcast(PROMPT)
             sample(run, pid, n, args)
             wait_for(lambda s: not busy(s), args.timeout)  # no tab title marked busy
             run.replies = replies(Path(tmp) / "data")
@@ -135,6 +131,20 @@ def run_tabs(args: argparse.Namespace, n: int) -> Run:
             subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
     run.load_after = load()
     return run
+
+
+def open_tabs(n: int) -> None:
+    """`n` more tabs (ctrl+n); the last one opened is shown."""
+    for _ in range(n):
+        tmux("send-keys", "-t", SESSION, "C-n")
+        time.sleep(0.4)
+
+
+def broadcast(prompt: str) -> None:
+    """`prompt` typed into the shown tab's input and sent to every idle tab (ctrl+b)."""
+    tmux("send-keys", "-t", SESSION, "-l", prompt)
+    time.sleep(0.3)
+    tmux("send-keys", "-t", SESSION, "C-b")
 
 
 def busy(text: str) -> bool:
