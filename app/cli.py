@@ -228,7 +228,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     from app.engine.gguf.catalog import CATALOG, installed_path
     from app.engine.runtime.device import resolve_device
-    from app.kernels import cpu_build, triton_available
+    from app.kernels import cpu_build, cpu_qgemm, triton_available
 
     flags = cpu_build.cpu_flags()
     wanted = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
@@ -240,7 +240,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         ("python / torch", f"{platform.python_version()} / {torch.__version__}"),
         ("CPU", f"{cpu}, {os.cpu_count()} threads; {' '.join(f for f in wanted if f in flags) or 'no x86 flags'}"),
         ("C compiler", kernels.compiler or "none found (install gcc or set CC)"),
-        ("C kernels", f"{built}: {kernels.path}" if kernels.lib is not None else f"off: {kernels.reason}"),
+        ("C kernels", f"{built}, GEMM tiles {cpu_qgemm.isa()}: {kernels.path}" if kernels.lib is not None
+         else f"off: {kernels.reason}"),
         ("CUDA", torch.cuda.get_device_name(0) if triton_available() else "not available"),
         ("--device auto", f"{setup.device.type} · {str(setup.dtype).removeprefix('torch.')} · {setup.backend}"),
         ("models", ", ".join(name for name in CATALOG if installed_path(name)) or "none pulled"),

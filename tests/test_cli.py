@@ -137,7 +137,7 @@ def test_the_backend_is_named_and_says_why_the_c_kernels_are_off(monkeypatch):
     from app.kernels import cpu_build, cpu_qgemm
 
     if cpu_qgemm.enabled():
-        assert DeviceSetup(torch.device("cpu"), torch.float32).backend == "C kernels (AVX2)"
+        assert DeviceSetup(torch.device("cpu"), torch.float32).backend == f"C kernels ({cpu_qgemm.isa()})"
     monkeypatch.setattr(cpu_qgemm, "enabled", lambda: False)
     monkeypatch.setattr(cpu_build, "library", lambda: cpu_build.KernelLibrary(None, "no C compiler found"))
     assert DeviceSetup(torch.device("cpu"), torch.float32).backend == "torch kernels: no C compiler found"

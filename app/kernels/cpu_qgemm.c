@@ -27,6 +27,7 @@
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define QK 32
 
@@ -135,127 +136,31 @@ static inline __m256i fifth_bits(__m256i h, const int k) {
     return _mm256_and_si256(h, bit4);
 }
 
-/* q4 / q5: a group's 128 bytes of nibbles are 4 vectors; in vector s, lane j holds row j's levels
- * 4s .. 4s+3 in its low nibbles and 16+4s .. 16+4s+3 in its high ones. q5 adds a group's 32 bytes
- * of 5th bits (fifth_bits). A group's weights are unpacked into registers once; each row then loads
- * its 32 levels as two 16-byte halves and takes the four-level pieces out of them with in-lane
- * shuffles (faster than a broadcast load per piece).
- * The int16 sums stay below 8 * 2 * 15 * 127 = 30480 (q4) and 4 * 2 * 31 * 127 = 31496 (q5,
- * widened after the second vector): exact. */
-ALWAYS_INLINE void q4_tile(const gemm_args *a, int64_t t, int64_t r, const int R, const int q5) {
-    const int64_t G = a->G, K = a->K;
-    const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    const uint8_t *w = (const uint8_t *)a->qs + t * G * TILE * 16, *qh = q5 ? a->qh + t * G * 32 : NULL;
-    const uint16_t *dt = a->d + t * G * TILE, *mt = a->m + t * G * TILE;
-    const int8_t *xg = a->xq + x_at(r, K);
-    const float *xd = a->xd + tab_at(r, G), *xs = a->xs + tab_at(r, G);
-    __m256 acc[R], mac[R];
-    for (int i = 0; i < R; i++) acc[i] = mac[i] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < G; g++, w += TILE * 16, qh += q5 ? 32 : 0, xg += 32 * TILE, xd += TILE, xs += TILE) {
-        __m256i lo[4], hi[4];
-        prefetch_ahead(w, TILE * 16);
-        if (q5)
-            prefetch_ahead(qh, 32);
-        const __m256i h = q5 ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
-        for (int s = 0; s < 4; s++) {
-            __m256i b = _mm256_loadu_si256((const __m256i *)(w + s * 32));
-            lo[s] = _mm256_and_si256(b, mask), hi[s] = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
-            if (q5) {
-                lo[s] = _mm256_or_si256(lo[s], fifth_bits(h, 2 * s));
-                hi[s] = _mm256_or_si256(hi[s], fifth_bits(h, 2 * s + 1));
-            }
-        }
-        __m256 d = load_ph(dt + g * TILE), m = load_ph(mt + g * TILE);
-        for (int i = 0; i < R; i++) {
-            const __m256i xl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xg + 32 * i)));
-            const __m256i xh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xg + 32 * i + 16)));
-            __m256i p = _mm256_setzero_si256(), dot = _mm256_setzero_si256();
-#define Q4_STEP(s, imm)                                                                                          \
-    p = _mm256_add_epi16(p, _mm256_add_epi16(_mm256_maddubs_epi16(lo[s], _mm256_shuffle_epi32(xl, imm)),           \
-                                             _mm256_maddubs_epi16(hi[s], _mm256_shuffle_epi32(xh, imm))));
-            Q4_STEP(0, 0x00) Q4_STEP(1, 0x55)
-            if (q5) {
-                dot = _mm256_madd_epi16(p, ones);
-                p = _mm256_setzero_si256();
-            }
-            Q4_STEP(2, 0xAA) Q4_STEP(3, 0xFF)
-#undef Q4_STEP
-            dot = _mm256_add_epi32(dot, _mm256_madd_epi16(p, ones));
-            __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(xd[i]));
-            acc[i] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(dot), acc[i]);
-            mac[i] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs[i]), mac[i]);
-        }
-    }
-    for (int i = 0; i < R; i++) {
-        float out[TILE];
-        _mm256_storeu_ps(out, _mm256_add_ps(acc[i], mac[i]));
-        for (int j = 0; j < TILE && t * TILE + j < a->N; j++) a->y[(r + i) * a->N + t * TILE + j] = out[j];
-    }
-}
+/* The tile kernels, once per instruction set: AVX2 here, AVX-512 VNNI below for the CPUs that have it
+ * (chosen once at run time, see qgemm_isa). Both sum the same exact integer dots and then run the
+ * same float operations in the same order: their outputs are identical, bit for bit. */
+#define QG_VNNI 0
+#define QG(name) name##_avx2
+#include "cpu_qgemm_tiles.h"
+#undef QG_VNNI
+#undef QG
 
-/* q8: a group's 256 bytes are 8 vectors; in vector s, lane j holds row j's levels 4s .. 4s+3.
- * Signed times signed: maddubs wants one operand unsigned, so |w| times x with w's signs (|w| is
- * shared by the R rows). The int16 pair sums stay below 2 * 127 * 127: exact. */
-ALWAYS_INLINE void q8_tile(const gemm_args *a, int64_t t, int64_t r, const int R) {
-    const int64_t G = a->G, K = a->K;
-    const __m256i ones = _mm256_set1_epi16(1);
-    const int8_t *w = (const int8_t *)a->qs + t * G * TILE * 32;
-    const uint16_t *dt = a->d + t * G * TILE;
-    const int8_t *xg = a->xq + x_at(r, K);
-    const float *xd = a->xd + tab_at(r, G);
-    __m256 acc[R];
-    for (int i = 0; i < R; i++) acc[i] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < G; g++, w += TILE * 32, xg += 32 * TILE, xd += TILE) {
-        prefetch_ahead(w, TILE * 32);
-        __m256i p[R];
-        for (int i = 0; i < R; i++) p[i] = _mm256_setzero_si256();
-        for (int s = 0; s < 8; s++) {
-            __m256i v = _mm256_loadu_si256((const __m256i *)(w + s * 32)), av = _mm256_sign_epi8(v, v);
-            for (int i = 0; i < R; i++) {
-                __m256i sx = _mm256_sign_epi8(bcast4(xg + 32 * i + 4 * s), v);
-                p[i] = _mm256_add_epi32(p[i], _mm256_madd_epi16(_mm256_maddubs_epi16(av, sx), ones));
-            }
-        }
-        __m256 d = load_ph(dt + g * TILE);
-        for (int i = 0; i < R; i++)
-            acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xd[i])), _mm256_cvtepi32_ps(p[i]), acc[i]);
-    }
-    for (int i = 0; i < R; i++) {
-        float out[TILE];
-        _mm256_storeu_ps(out, acc[i]);
-        for (int j = 0; j < TILE && t * TILE + j < a->N; j++) a->y[(r + i) * a->N + t * TILE + j] = out[j];
-    }
-}
+/* Only the functions below may use AVX-512 instructions; nothing runs them on a CPU without them. */
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni")
+#define QG_VNNI 1
+#define QG(name) name##_vnni
+#include "cpu_qgemm_tiles.h"
+#undef QG_VNNI
+#undef QG
+#pragma GCC pop_options
 
-/* Tile t against rows r .. r+R-1, in the matrix's format (a branch per tile, not per group). */
-ALWAYS_INLINE void tile(const gemm_args *a, int64_t t, int64_t r, const int R) {
-    if (a->qh)
-        q4_tile(a, t, r, R, 1);
-    else if (a->m)
-        q4_tile(a, t, r, R, 0);
-    else
-        q8_tile(a, t, r, R);
-}
-
-/* Tile t against rows r .. end-1, eight at a time, then the rest in one pass: a tile's unpacking
- * is paid once for them (a verify step's 1 + k rows are rarely a power of two). */
-static void tile_rows(const gemm_args *a, int64_t t, int64_t r, int64_t end) {
-    for (; r + 8 <= end; r += 8) tile(a, t, r, 8);
-    switch (end - r) {
-    case 7: tile(a, t, r, 7); break;
-    case 6: tile(a, t, r, 6); break;
-    case 5: tile(a, t, r, 5); break;
-    case 4: tile(a, t, r, 4); break;
-    case 3: tile(a, t, r, 3); break;
-    case 2: tile(a, t, r, 2); break;
-    case 1: tile(a, t, r, 1); break;
-    }
-}
+typedef void (*tile_rows_fn)(const gemm_args *, int64_t, int64_t, int64_t);
 
 /* Quantize x, then every tile. Each thread owns a contiguous share of the weight tiles; x is
  * walked in blocks of rows whose levels fit in L2 while the thread's weights pass over each block,
  * each tile staying in L1 for the block's rows. */
-static inline void run_gemm(const gemm_args *a, const float *x, int nthreads) {
+static inline void run_gemm(const gemm_args *a, const float *x, int nthreads, tile_rows_fn tile_rows) {
     const int64_t M = a->M, G = a->G, tiles = (a->N + TILE - 1) / TILE;
     int64_t block = ROW_BLOCK_BYTES / a->K / TILE * TILE;
     if (block < TILE) block = TILE;
@@ -292,6 +197,37 @@ static void *scratch_for(size_t bytes) {
     return scratch;
 }
 
+/* The instruction set the tiles run with: AVX-512 VNNI where the CPU (and the OS, for its registers)
+ * has it, else AVX2; LOCALBATCH_CPU_ISA=avx2 keeps AVX2 anyway. Chosen at the first call. Some VMs
+ * list features that fault (AMX): only what __builtin_cpu_supports confirms is used. */
+enum { ISA_AVX2 = 0, ISA_VNNI = 1 };
+static int isa_choice = -1;
+
+static int isa_detect(void) {
+    const char *forced = getenv("LOCALBATCH_CPU_ISA");
+    if (forced && forced[0] && strcmp(forced, "avx512vnni") != 0)
+        return ISA_AVX2;
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                   __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni")
+               ? ISA_VNNI
+               : ISA_AVX2;
+}
+
+int qgemm_isa(void) {
+    if (isa_choice < 0)
+        isa_choice = isa_detect();
+    return isa_choice;
+}
+
+/* Tests run both paths on one machine: `isa` if this CPU has it (returns 0), else -1. */
+int qgemm_set_isa(int isa) {
+    if (isa == ISA_VNNI && isa_detect() != ISA_VNNI)
+        return -1;
+    isa_choice = isa == ISA_VNNI ? ISA_VNNI : ISA_AVX2;
+    return 0;
+}
+
 /* y [M, N] = x [M, K] fp32 @ W^T. Returns 0, or -1 when the scratch cannot be allocated. */
 int qgemm(const qweight *w, const float *x, int64_t M, float *y, int nthreads) {
     const int64_t G = w->K / QK, blocks = (M + TILE - 1) / TILE;
@@ -301,6 +237,6 @@ int qgemm(const qweight *w, const float *x, int64_t M, float *y, int nthreads) {
         return -1;
     gemm_args a = {M, w->K, G, w->N, w->qs, w->d, w->m, w->qh, (int8_t *)buf, (float *)(buf + levels),
                    (float *)(buf + levels + table), y};
-    run_gemm(&a, x, nthreads);
+    run_gemm(&a, x, nthreads, qgemm_isa() == ISA_VNNI ? tile_rows_vnni : tile_rows_avx2);
     return 0;
 }

@@ -1,4 +1,5 @@
-"""Weight-quantized CPU GEMMs (`cpu_qgemm.c`) for fp32 compute on x86 CPUs with AVX2: 4- and 5-bit
+"""Weight-quantized CPU GEMMs (`cpu_qgemm.c`) for fp32 compute on x86 CPUs with AVX2 (and AVX-512
+VNNI's vpdpbusd where the CPU has it, chosen at run time: `isa`): 4- and 5-bit
 (Q4_1 / Q5_1-style, d * level + m) and 8-bit (d * level) weights in groups of 32, with the activations
 quantized per group of 32 to int8 inside the kernel, as llama.cpp multiplies on the CPU.
 
@@ -54,8 +55,28 @@ def enabled() -> bool:
 @functools.lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL | None:
     ptr = ctypes.c_void_p
-    return cpu_build.load({"qgemm": [ptr, ptr, ctypes.c_int64, ptr, ctypes.c_int]},
-                          restypes={"qgemm": ctypes.c_int})
+    return cpu_build.load({"qgemm": [ptr, ptr, ctypes.c_int64, ptr, ctypes.c_int], "qgemm_isa": [],
+                           "qgemm_set_isa": [ctypes.c_int]},
+                          restypes={"qgemm": ctypes.c_int, "qgemm_isa": ctypes.c_int, "qgemm_set_isa": ctypes.c_int})
+
+
+ISA_NAMES = {0: "AVX2", 1: "AVX-512 VNNI"}
+ISA_ENV = "LOCALBATCH_CPU_ISA"  # "avx2": the AVX2 tiles even where the CPU has AVX-512 VNNI
+
+
+def isa() -> str | None:
+    """The instruction set the GEMM tiles run with here ("AVX2", "AVX-512 VNNI"), None without the
+    kernels. Chosen once from what the CPU confirms (cpuid and the OS's saved registers)."""
+    lib = _library()
+    return None if lib is None else ISA_NAMES[lib.qgemm_isa()]
+
+
+def set_isa(name: str) -> bool:
+    """Run the tiles with `name` from now on ("AVX2" or "AVX-512 VNNI"); False where this CPU
+    lacks it (nothing changes then). Both give the same bits: tests run each where it can."""
+    lib = _library()
+    code = {v: k for k, v in ISA_NAMES.items()}[name]
+    return lib is not None and lib.qgemm_set_isa(code) == 0
 
 
 class _QWeight(ctypes.Structure):

@@ -11,7 +11,7 @@ import torch
 from app.engine.gguf.quants import dequantize
 from app.engine.runtime import kernel_choice
 from app.engine.runtime.linear import Linear, grid_weight, group_weight
-from app.kernels import cpu_qgemm
+from app.kernels import cpu_build, cpu_qgemm
 from app.kernels.cpu_qgemm import Q4Weight, Q5Weight, Q8Weight, fake_quantize
 
 pytestmark = pytest.mark.skipif(
@@ -138,3 +138,41 @@ def test_linear_takes_the_c_kernels_unless_turned_off(monkeypatch: pytest.Monkey
     assert isinstance(Linear(torch.randn(64, 96)).packed, Q8Weight)  # finer than 4 bits
     assert [id(t) for t in linear.resident()] == [id(linear.packed)]  # the only copy
     assert grid_weight(torch.randn(64, 96), 4) is None and grid_weight(torch.randn(64, 96), 5) is None
+
+
+_VNNI = "AVX-512 VNNI"
+
+
+@pytest.fixture
+def each_isa():
+    """Runs a test's kernels with the AVX2 tiles, then the AVX-512 VNNI ones where this CPU has them
+    (skipped with the reason elsewhere); the machine's own choice is restored after."""
+    chosen = cpu_qgemm.isa()
+    yield lambda name: cpu_qgemm.set_isa(name) or pytest.skip(f"this CPU lacks {name} (cpuid or the OS's registers)")
+    cpu_qgemm.set_isa(chosen)
+
+
+@pytest.mark.parametrize("isa", ["AVX2", _VNNI])
+@pytest.mark.parametrize("make", [_q4, _q5, _q8], ids=["q4", "q5", "q8"])
+def test_each_instruction_set_gives_the_reference_and_the_same_bits(make, isa, each_isa):
+    """Every row count a tile sees (1..8, blocks of 8 and a rest) against the torch reference; the
+    VNNI tiles' integer dots are exact too, so their outputs equal AVX2's bit for bit."""
+    w = make(100, 96)
+    x = torch.randn(21, w.in_features) * 2
+    cpu_qgemm.set_isa("AVX2")
+    avx2 = [w(x[:rows]) for rows in (1, 2, 3, 5, 8, 13, 21)]
+    each_isa(isa)
+    assert cpu_qgemm.isa() == isa
+    ref = (fake_quantize(x).double() @ w.dequantize_ref().double().T).float()
+    for got in [w(x[:rows]) for rows in (1, 2, 3, 5, 8, 13, 21)]:
+        assert (got - ref[: len(got)]).abs().max() <= 1e-6 * ref.abs().max()
+    for rows, (got, want) in enumerate(zip([w(x[:rows]) for rows in (1, 2, 3, 5, 8, 13, 21)], avx2)):
+        assert torch.equal(got, want), rows
+
+
+def test_the_isa_is_named_and_an_absent_one_is_refused(each_isa):
+    assert cpu_qgemm.isa() in cpu_qgemm.ISA_NAMES.values()
+    assert cpu_qgemm.set_isa("AVX2")
+    if "avx512_vnni" not in cpu_build.cpu_flags():
+        assert not cpu_qgemm.set_isa(_VNNI)
+        assert cpu_qgemm.isa() == "AVX2"

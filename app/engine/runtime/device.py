@@ -35,7 +35,7 @@ class DeviceSetup:
         if self.dtype != torch.float32:
             return f"torch kernels: {str(self.dtype).removeprefix('torch.')} compute"
         if cpu_qgemm.enabled():
-            return "C kernels (AVX2)"
+            return f"C kernels ({cpu_qgemm.isa()})"
         reason = cpu_build.library().reason or f"{cpu_qgemm.ENABLE_ENV}=0"
         return f"torch kernels: {reason}"
 

@@ -9,7 +9,7 @@ import torch
 from app.engine.core.llm_engine import LLMEngine
 from app.engine.runtime.kernel_plan import KernelPlan
 from app.engine.runtime.kv_pool import allocate_kv_caches
-from app.kernels import cpu_forward
+from app.kernels import cpu_forward, cpu_qgemm
 
 needs_c = pytest.mark.skipif(cpu_forward._library() is None, reason="no C compiler or no AVX2/FMA/F16C here")
 
@@ -19,7 +19,7 @@ def test_fp32_on_a_cpu_runs_everything_in_c_in_one_call(tiny_gguf_factory) -> No
     engine = LLMEngine(str(tiny_gguf_factory("llama")), device="cpu", dtype="float32", kv_cache_blocks=64)
     plan = engine.model.plan
     assert (plan.rows, plan.attention, plan.one_call, plan.kv_dtype) == ("c", "c", True, torch.float16)
-    assert engine.backend == "C kernels (AVX2)"
+    assert engine.backend == f"C kernels ({cpu_qgemm.isa()})"
 
 
 @needs_c
@@ -28,7 +28,7 @@ def test_an_int8_kv_cache_keeps_the_c_rows_and_says_why_attention_is_torch(tiny_
                        kv_cache_dtype="int8")
     plan = engine.model.plan
     assert (plan.rows, plan.attention, plan.one_call) == ("c", "torch", False)
-    assert engine.backend == "C kernels (AVX2); attention in torch (the C attention reads fp32 or fp16 KV caches, not int8)"
+    assert engine.backend == f"C kernels ({cpu_qgemm.isa()}); attention in torch (the C attention reads fp32 or fp16 KV caches, not int8)"
 
 
 def test_bf16_compute_runs_torch_throughout(tiny_gguf_factory) -> None:

@@ -1,0 +1,218 @@
+/* The tile kernels of cpu_qgemm.c, included there once per instruction set: QG(name) names this
+ * copy's functions, QG_VNNI picks how a group's integer dot is summed:
+ *   0 (AVX2): maddubs (u8 x s8 -> pairs summed into int16) and madd with ones (-> int32);
+ *   1 (AVX-512 VNNI): vpdpbusd, u8 x s8 summed four at a time straight into int32.
+ * Either way the dot is exact, and the float operations after it are the same in the same order,
+ * so both copies, and the fused and split kernels below, produce the same bits. */
+
+#define QG_FUSED_ROWS 4 /* up to this many rows (decode, a short verify): the fused kernels */
+#define QG_CHUNK 16     /* groups whose integer dots the split kernels keep before scaling them */
+
+/* Four activation levels (k .. k+3 of a row) broadcast to every lane, for vector s of a group:
+ * with many rows one broadcast load each (a load port, no shuffle); a row or two load their 32
+ * levels as two 16-byte halves and shuffle the pieces out (faster at one row, where the weights'
+ * stream is what counts). */
+#ifndef QG_ROW_DEFINED
+#define QG_ROW_DEFINED
+typedef struct {
+    const int8_t *x;
+    __m256i lo, hi;
+} qg_row;
+#endif
+
+ALWAYS_INLINE qg_row QG(row_at)(const int8_t *x, const int R) {
+    qg_row q = {x, _mm256_setzero_si256(), _mm256_setzero_si256()};
+    if (R <= 2) {
+        q.lo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)x));
+        q.hi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(x + 16)));
+    }
+    return q;
+}
+
+/* Levels 4s .. 4s+3 (half 0) or 16+4s .. 16+4s+3 (half 1) of the row. */
+ALWAYS_INLINE __m256i QG(piece)(const qg_row *q, const int half, const int s, const int R) {
+    if (R > 2)
+        return bcast4(q->x + 16 * half + 4 * s);
+    const __m256i v = half ? q->hi : q->lo;
+    switch (s) {
+    case 0: return _mm256_shuffle_epi32(v, 0x00);
+    case 1: return _mm256_shuffle_epi32(v, 0x55);
+    case 2: return _mm256_shuffle_epi32(v, 0xAA);
+    default: return _mm256_shuffle_epi32(v, 0xFF);
+    }
+}
+
+/* q4 / q5: a group's 128 bytes of nibbles are 4 vectors; in vector s, lane j holds row j's levels
+ * 4s .. 4s+3 in its low nibbles and 16+4s .. 16+4s+3 in its high ones. q5 adds a group's 32 bytes
+ * of 5th bits (fifth_bits). A group's weights are unpacked into registers once for the R rows. */
+ALWAYS_INLINE void QG(q4_unpack)(const uint8_t *w, const uint8_t *qh, const int q5, __m256i lo[4], __m256i hi[4]) {
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    prefetch_ahead(w, TILE * 16);
+    if (q5)
+        prefetch_ahead(qh, 32);
+    const __m256i h = q5 ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
+    for (int s = 0; s < 4; s++) {
+        __m256i b = _mm256_loadu_si256((const __m256i *)(w + s * 32));
+        lo[s] = _mm256_and_si256(b, mask), hi[s] = _mm256_and_si256(_mm256_srli_epi16(b, 4), mask);
+        if (q5) {
+            lo[s] = _mm256_or_si256(lo[s], fifth_bits(h, 2 * s));
+            hi[s] = _mm256_or_si256(hi[s], fifth_bits(h, 2 * s + 1));
+        }
+    }
+}
+
+/* One row's dot with an unpacked q4 / q5 group, lane j: weight row j. AVX2's int16 sums stay below
+ * 8 * 2 * 15 * 127 = 30480 (q4) and 4 * 2 * 31 * 127 = 31496 (q5, widened after the second
+ * vector): exact. */
+ALWAYS_INLINE __m256i QG(q4_dot)(const __m256i lo[4], const __m256i hi[4], const int8_t *x, const int R, const int q5) {
+    const qg_row q = QG(row_at)(x, R);
+#if QG_VNNI
+    (void)q5;
+    __m256i dot = _mm256_setzero_si256();
+    for (int s = 0; s < 4; s++) {
+        dot = _mm256_dpbusd_epi32(dot, lo[s], QG(piece)(&q, 0, s, R));
+        dot = _mm256_dpbusd_epi32(dot, hi[s], QG(piece)(&q, 1, s, R));
+    }
+    return dot;
+#else
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i p = _mm256_setzero_si256(), dot = _mm256_setzero_si256();
+    for (int s = 0; s < 4; s++) {
+        if (q5 && s == 2) {
+            dot = _mm256_madd_epi16(p, ones);
+            p = _mm256_setzero_si256();
+        }
+        p = _mm256_add_epi16(p, _mm256_add_epi16(_mm256_maddubs_epi16(lo[s], QG(piece)(&q, 0, s, R)),
+                                                 _mm256_maddubs_epi16(hi[s], QG(piece)(&q, 1, s, R))));
+    }
+    return _mm256_add_epi32(dot, _mm256_madd_epi16(p, ones));
+#endif
+}
+
+/* q8: a group's 256 bytes are 8 vectors; in vector s, lane j holds row j's levels 4s .. 4s+3.
+ * Signed times signed: maddubs / vpdpbusd want one operand unsigned, so |w| times x with w's signs
+ * (|w| is shared by the R rows). AVX2's int16 pair sums stay below 2 * 127 * 127: exact. All R
+ * rows' dots of one group at once: each weight vector is loaded once. */
+ALWAYS_INLINE void QG(q8_dots)(const int8_t *w, const int8_t *x, const int R, __m256i *dots) {
+    prefetch_ahead(w, TILE * 32);
+    for (int i = 0; i < R; i++) dots[i] = _mm256_setzero_si256();
+    for (int s = 0; s < 8; s++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(w + s * 32)), av = _mm256_sign_epi8(v, v);
+        for (int i = 0; i < R; i++) {
+            __m256i sx = _mm256_sign_epi8(bcast4(x + 32 * i + 4 * s), v);
+#if QG_VNNI
+            dots[i] = _mm256_dpbusd_epi32(dots[i], av, sx);
+#else
+            dots[i] = _mm256_add_epi32(dots[i], _mm256_madd_epi16(_mm256_maddubs_epi16(av, sx), _mm256_set1_epi16(1)));
+#endif
+        }
+    }
+}
+
+/* Every output y[r, n] is, over the groups g in order,
+ *     acc = fma(d[n, g] * xd[r, g], (float)dot(w[n, g], x[r, g]), acc)
+ *     mac = fma(m[n, g], xs[r, g], mac)            (q4 and q5: m != NULL)
+ * and then acc + mac, in lane n % 8 of a tile. This is that float half for one group of R rows. */
+ALWAYS_INLINE void QG(scale_group)(const __m256i *dots, const uint16_t *d, const uint16_t *m, const float *xd,
+                                   const float *xs, const int R, __m256 *acc, __m256 *mac) {
+    const __m256 dv = load_ph(d);
+    for (int i = 0; i < R; i++)
+        acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(xd[i])), _mm256_cvtepi32_ps(dots[i]), acc[i]);
+    if (m) {
+        const __m256 mv = load_ph(m);
+        for (int i = 0; i < R; i++) mac[i] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xs[i]), mac[i]);
+    }
+}
+
+ALWAYS_INLINE void QG(store_tile)(const gemm_args *a, int64_t t, int64_t r, const int R, const __m256 *acc,
+                                  const __m256 *mac) {
+    for (int i = 0; i < R; i++) {
+        float out[TILE];
+        _mm256_storeu_ps(out, a->m ? _mm256_add_ps(acc[i], mac[i]) : acc[i]);
+        for (int j = 0; j < TILE && t * TILE + j < a->N; j++) a->y[(r + i) * a->N + t * TILE + j] = out[j];
+    }
+}
+
+#ifndef QG_FORMATS_DEFINED
+#define QG_FORMATS_DEFINED
+enum { QG_Q8, QG_Q4, QG_Q5 }; /* a matrix's format: a constant in each copy of the tile loops */
+#endif
+
+/* A group's integer dots for R rows: q4 / q5 unpack the group once for all of them. */
+ALWAYS_INLINE void QG(group_dots)(const int fmt, const void *w, const uint8_t *qh, const int8_t *x, const int R,
+                                  __m256i *dots) {
+    if (fmt == QG_Q8) {
+        QG(q8_dots)((const int8_t *)w, x, R, dots);
+        return;
+    }
+    __m256i lo[4], hi[4];
+    const int q5 = fmt == QG_Q5;
+    QG(q4_unpack)((const uint8_t *)w, qh, q5, lo, hi);
+    for (int i = 0; i < R; i++) dots[i] = QG(q4_dot)(lo, hi, x + 32 * i, R, q5);
+}
+
+/* Tile t against rows r .. r+R-1. A few rows: each group's dots and float sums in one pass, which
+ * streams the weights fastest. Many rows (prefill): QG_CHUNK groups' integer dots first, then
+ * their float sums, four rows at a time with the accumulators in registers: two short loops the
+ * core overlaps, where one long one (~300 instructions a group) stalled on its own latencies. */
+ALWAYS_INLINE void QG(tile_in)(const gemm_args *a, int64_t t, int64_t r, const int R, const int fmt) {
+    const int64_t G = a->G, K = a->K;
+    const int64_t wbytes = fmt == QG_Q8 ? TILE * 32 : TILE * 16; /* a group's weight bytes in a tile */
+    const char *w = (const char *)a->qs + t * G * wbytes;
+    const uint8_t *qh = fmt == QG_Q5 ? a->qh + t * G * 32 : NULL;
+    const uint16_t *dt = a->d + t * G * TILE, *mt = fmt == QG_Q8 ? NULL : a->m + t * G * TILE;
+    const int8_t *xg = a->xq + x_at(r, K);
+    const float *xd = a->xd + tab_at(r, G), *xs = a->xs + tab_at(r, G);
+    __m256 acc[R], mac[R];
+    for (int i = 0; i < R; i++) acc[i] = mac[i] = _mm256_setzero_ps();
+    if (R <= QG_FUSED_ROWS) {
+        for (int64_t g = 0; g < G; g++) {
+            __m256i dots[R];
+            QG(group_dots)(fmt, w + g * wbytes, qh ? qh + g * 32 : NULL, xg + g * 32 * TILE, R, dots);
+            QG(scale_group)(dots, dt + g * TILE, mt ? mt + g * TILE : NULL, xd + g * TILE, xs + g * TILE, R, acc, mac);
+        }
+    } else {
+        __m256i dots[QG_CHUNK][R];
+        for (int64_t g0 = 0; g0 < G; g0 += QG_CHUNK) {
+            const int gn = G - g0 < QG_CHUNK ? (int)(G - g0) : QG_CHUNK;
+            for (int c = 0; c < gn; c++) {
+                const int64_t g = g0 + c;
+                QG(group_dots)(fmt, w + g * wbytes, qh ? qh + g * 32 : NULL, xg + g * 32 * TILE, R, dots[c]);
+            }
+            for (int i0 = 0; i0 < R; i0 += 4) {
+                const int n = R - i0 < 4 ? R - i0 : 4;
+                for (int c = 0; c < gn; c++) {
+                    const int64_t g = g0 + c;
+                    QG(scale_group)(dots[c] + i0, dt + g * TILE, mt ? mt + g * TILE : NULL, xd + g * TILE + i0,
+                                    xs + g * TILE + i0, n, acc + i0, mac + i0);
+                }
+            }
+        }
+    }
+    QG(store_tile)(a, t, r, R, acc, mac);
+}
+
+/* Tile t against rows r .. r+R-1, in the matrix's format (a branch per tile, not per group). */
+ALWAYS_INLINE void QG(tile)(const gemm_args *a, int64_t t, int64_t r, const int R) {
+    if (a->qh)
+        QG(tile_in)(a, t, r, R, QG_Q5);
+    else if (a->m)
+        QG(tile_in)(a, t, r, R, QG_Q4);
+    else
+        QG(tile_in)(a, t, r, R, QG_Q8);
+}
+
+/* Tile t against rows r .. end-1, eight at a time, then the rest in one pass: a tile's unpacking
+ * is paid once for them (a verify step's 1 + k rows are rarely a power of two). */
+static void QG(tile_rows)(const gemm_args *a, int64_t t, int64_t r, int64_t end) {
+    for (; r + 8 <= end; r += 8) QG(tile)(a, t, r, 8);
+    switch (end - r) {
+    case 7: QG(tile)(a, t, r, 7); break;
+    case 6: QG(tile)(a, t, r, 6); break;
+    case 5: QG(tile)(a, t, r, 5); break;
+    case 4: QG(tile)(a, t, r, 4); break;
+    case 3: QG(tile)(a, t, r, 3); break;
+    case 2: QG(tile)(a, t, r, 2); break;
+    case 1: QG(tile)(a, t, r, 1); break;
+    }
+}
