@@ -1,13 +1,16 @@
 """localbatch against llama.cpp on the same GGUF, back to back, on this machine.
 
     python benchmarks/compare_llama_cpp.py --model smollm2-135m-instruct [--batches 1,4,8,16]
-        [--rounds 3] [--svg assets/scaling_smollm2.svg] [--json]
+        [--rounds 3] [--prefill-len 512,2048,4096] [--svg assets/scaling_smollm2.svg] [--json]
 
 Runs `../shared/bench/llama_cpp_anchor.sh` (llama-batched-bench: 128-token prompts, 64 generated,
 all cores; it builds llama.cpp once, ~10 min) and then `localbatch bench --concurrency` with the same
 workload, prints the decode tok/s of both and their ratio per concurrency, draws the scaling curve
 in the terminal, and writes it as an SVG for the README. Nothing else should run meanwhile: on two
 cores any other process shows up in both figures.
+
+`--prefill-len` times one prompt of each length to its first token on both engines, then 32 tokens
+decoded after it: the prompt rate and the decode rate at that context (`--batches 0`: only these).
 
 `--rounds N` repeats the pair N times, alternating which engine goes first, and reports the median
 of each figure and of the per-round ratios: on a shared VM the machine's speed drifts by tens of
@@ -36,8 +39,9 @@ def main() -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--bench-args", default="", help="extra `localbatch bench` arguments, e.g. '--dtype float32'")
     p.add_argument("--rounds", type=int, default=1, help="pairs of runs, alternating which goes first")
-    p.add_argument("--prefill-len", type=int, default=512,
-                   help="also time one prompt of this many tokens to its first token (0: skip)")
+    p.add_argument("--prefill-len", default="512",
+                   help="also time one prompt of each of these lengths (e.g. 512,2048,4096) to its first token, and "
+                        f"then {LONG_GEN} tokens decoded after it (decode at that context); 0: skip")
     args = p.parse_args()
     from app.engine.gguf.catalog import resolve_model
 
@@ -46,24 +50,32 @@ def main() -> int:
         from app.engine.gguf.default_model import default_model_path
 
         path = str(default_model_path())
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = [int(b) for b in args.batches.split(",") if b.strip() and int(b) > 0]  # none ("0"): prefill only
+    prefill_lens = [int(n) for n in args.prefill_len.split(",") if int(n) > 0]
     # Other processes on a 2-core machine slow both engines unevenly (descheduled OpenMP threads
     # stall every parallel op): the load average before the runs says whether the figures count
     # (after them it is mostly the runs' own).
     load_before = os.getloadavg()[0]
     rounds = []  # (llama.cpp, localbatch) per round
-    prefill = []  # (llama.cpp, localbatch) prompt tok/s per round
+    prefill = []  # (prompt tokens, llama.cpp, localbatch) per length and round: (prompt tok/s, decode tok/s) each
+    extra = args.bench_args.split()
     for i in range(args.rounds):
-        if i % 2 == 0:
+        if batches and i % 2 == 0:
             peer_run = run_llama_cpp(path, args.batches)
-            ours_run = run_localbatch(path, args.batches, args.bench_args.split())
-        else:
-            ours_run = run_localbatch(path, args.batches, args.bench_args.split())
+            ours_run = run_localbatch(path, args.batches, extra)
+        elif batches:
+            ours_run = run_localbatch(path, args.batches, extra)
             peer_run = run_llama_cpp(path, args.batches)
-        rounds.append((peer_run, ours_run))
-        if args.prefill_len:
-            pair = (prefill_llama_cpp(path, args.prefill_len), prefill_localbatch(path, args.prefill_len, args.bench_args.split()))
-            prefill.append(pair)
+        if batches:
+            rounds.append((peer_run, ours_run))
+        for n in prefill_lens:
+            if i % 2 == 0:
+                peer_pp = prefill_llama_cpp(path, n)
+                ours_pp = prefill_localbatch(path, n, extra)
+            else:
+                ours_pp = prefill_localbatch(path, n, extra)
+                peer_pp = prefill_llama_cpp(path, n)
+            prefill.append((n, peer_pp, ours_pp))
     peer = {b: statistics.median(r[0].get(b, 0.0) for r in rounds) for b in batches}
     ours = {b: statistics.median(r[1].get(b, 0.0) for r in rounds) for b in batches}
     ratios = {b: [r[1].get(b, 0.0) / r[0][b] if r[0].get(b) else 0.0 for r in rounds] for b in batches}
@@ -74,22 +86,19 @@ def main() -> int:
          "round_ratios": [round(r, 3) for r in ratios[b]]}
         for b, o, l in rows]}
     if prefill:
-        peer_pp, ours_pp = (statistics.median(p[i] for p in prefill) for i in (0, 1))
-        report["prefill"] = {"prompt_tokens": args.prefill_len, "localbatch_tok_s": round(ours_pp, 1),
-                             "llama_cpp_tok_s": round(peer_pp, 1), "ratio": round(statistics.median(p[1] / p[0] for p in prefill), 3),
-                             "localbatch_ttft_s": round(args.prefill_len / ours_pp, 2),
-                             "llama_cpp_ttft_s": round(args.prefill_len / peer_pp, 2)}
+        report["prefill"] = [prefill_row(n, [(p[1], p[2]) for p in prefill if p[0] == n]) for n in prefill_lens]
     if args.svg:
         args.svg.write_text(scaling_svg(rows, Path(path).stem, report["cpu"]))
     load = f"load average (1 min) before the runs: {load_before:.2f}"
     per_round = "" if args.rounds == 1 else "\n" + "\n".join(
         f"c={b:<3} ratio per round: {' '.join(f'{r:.2f}' for r in ratios[b])}, median {statistics.median(ratios[b]):.2f}"
         for b in batches)
-    pp = report.get("prefill")
-    pp_line = "" if not pp else (
+    pp_line = "".join(
         f"\nprefill, one {pp['prompt_tokens']}-token prompt: localbatch {pp['localbatch_tok_s']:.1f} tok/s "
         f"({pp['localbatch_ttft_s']:.2f} s), llama.cpp {pp['llama_cpp_tok_s']:.1f} tok/s ({pp['llama_cpp_ttft_s']:.2f} s): "
-        f"{pp['ratio']:.2f}x")
+        f"{pp['ratio']:.2f}x; then decode {pp['localbatch_decode_tok_s']:.1f} against {pp['llama_cpp_decode_tok_s']:.1f} "
+        f"tok/s: {pp['decode_ratio']:.2f}x"
+        for pp in report.get("prefill", []))
     print(json.dumps(report) if args.json else format_table(rows) + per_round + pp_line + "\n" + load + "\n\n" + terminal_chart(rows))
     return 0
 
@@ -114,23 +123,40 @@ def llama_bench_binary() -> Path:
     return Path(home) / "llama.cpp" / "build" / "bin" / "llama-batched-bench"
 
 
-def prefill_llama_cpp(model: str, prompt_len: int) -> float:
-    """llama.cpp's prompt tok/s for one prompt of `prompt_len` tokens (S_PP of batched-bench)."""
-    cmd = [str(llama_bench_binary()), "-m", model, "-c", str(prompt_len + 64), "-b", "2048", "-ub", "512",
-           "-npp", str(prompt_len), "-ntg", "1", "-npl", "1", "-t", str(os.cpu_count() or 1)]
+LONG_GEN = 32  # tokens decoded after each timed prompt: the decode rate at that context
+
+
+def prefill_row(prompt_tokens: int, pairs: list[tuple[tuple[float, float], tuple[float, float]]]) -> dict:
+    """One prompt length's figures over its rounds: medians, and the median of the per-round ratios."""
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    peer_pp, ours_pp = med([p[0][0] for p in pairs]), med([p[1][0] for p in pairs])
+    return {"prompt_tokens": prompt_tokens, "localbatch_tok_s": round(ours_pp, 1), "llama_cpp_tok_s": round(peer_pp, 1),
+            "ratio": round(med([p[1][0] / p[0][0] for p in pairs]), 3),
+            "localbatch_ttft_s": round(prompt_tokens / ours_pp, 2), "llama_cpp_ttft_s": round(prompt_tokens / peer_pp, 2),
+            "localbatch_decode_tok_s": round(med([p[1][1] for p in pairs]), 1),
+            "llama_cpp_decode_tok_s": round(med([p[0][1] for p in pairs]), 1),
+            "decode_ratio": round(med([p[1][1] / p[0][1] for p in pairs]), 3)}
+
+
+def prefill_llama_cpp(model: str, prompt_len: int) -> tuple[float, float]:
+    """llama.cpp's prompt tok/s for one prompt of `prompt_len` tokens and its decode tok/s after it
+    (S_PP and S_TG of batched-bench)."""
+    cmd = [str(llama_bench_binary()), "-m", model, "-c", str(prompt_len + LONG_GEN + 64), "-b", "2048", "-ub", "512",
+           "-npp", str(prompt_len), "-ntg", str(LONG_GEN), "-npl", "1", "-t", str(os.cpu_count() or 1)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("|") and line.split("|")[1].strip().isdigit()]
-    return float(rows[0][5])
+    return float(rows[0][5]), float(rows[0][7])
 
 
-def prefill_localbatch(model: str, prompt_len: int, extra: list[str]) -> float:
-    """localbatch's prompt tok/s for one prompt of `prompt_len` tokens: the prompt over its
-    time to first token (median of three prompts run one after another)."""
-    cmd = [sys.executable, "-m", "app.cli", "bench", "--model", model, "--input-len", str(prompt_len), "--output-len", "1",
+def prefill_localbatch(model: str, prompt_len: int, extra: list[str]) -> tuple[float, float]:
+    """localbatch's prompt tok/s for one prompt of `prompt_len` tokens (the prompt over its time to
+    first token, median of three prompts run one after another), and its decode tok/s after it."""
+    cmd = [sys.executable, "-m", "app.cli", "bench", "--model", model, "--input-len", str(prompt_len), "--output-len", str(LONG_GEN),
            "--range-ratio", "0", "--num-prompts", "3", "--concurrency", "1", "--json", *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO)
     report = json.loads(out.stdout.strip().splitlines()[-1])
-    return prompt_len / (report["sweep"][0]["ttft_ms_p50"] / 1000)
+    row = report["sweep"][0]
+    return prompt_len / (row["ttft_ms_p50"] / 1000), float(row["decode_tok_s"])
 
 
 def cpu_name() -> str:

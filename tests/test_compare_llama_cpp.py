@@ -35,8 +35,16 @@ def test_prefill_figures_from_both_engines(monkeypatch):
     table = ("|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |      T s |    S t/s |\n"
              "|-------|--------|------|--------|----------|----------|----------|----------|----------|----------|\n"
              "|   512 |      1 |    1 |    513 |    4.400 |   116.36 |    0.050 |    20.00 |    4.450 |   115.28 |\n")
-    sweep = json.dumps({"sweep": [{"concurrency": 1, "ttft_ms_p50": 4000.0}]})
+    sweep = json.dumps({"sweep": [{"concurrency": 1, "ttft_ms_p50": 4000.0, "decode_tok_s": 25.0}]})
     outputs = iter([table, sweep])
     monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, next(outputs), ""))
-    assert compare.prefill_llama_cpp("m.gguf", 512) == 116.36
-    assert compare.prefill_localbatch("m.gguf", 512, []) == 128.0
+    assert compare.prefill_llama_cpp("m.gguf", 512) == (116.36, 20.0)
+    assert compare.prefill_localbatch("m.gguf", 512, []) == (128.0, 25.0)
+
+
+def test_a_prompt_length_row_takes_medians_and_per_round_ratios():
+    row = compare.prefill_row(2048, [((100.0, 20.0), (150.0, 30.0)), ((80.0, 20.0), (160.0, 25.0)),
+                                     ((90.0, 10.0), (99.0, 30.0))])
+    assert (row["llama_cpp_tok_s"], row["localbatch_tok_s"], row["ratio"]) == (90.0, 150.0, 1.5)
+    assert (row["localbatch_decode_tok_s"], row["decode_ratio"]) == (30.0, 1.5)
+    assert row["localbatch_ttft_s"] == round(2048 / 150.0, 2)
