@@ -92,6 +92,60 @@ static inline void scale_vec(float *y, float a, int n) {
         _mm256_storeu_ps(y + i, _mm256_mul_ps(va, _mm256_loadu_ps(y + i)));
 }
 
+/* The four sums of a[0..3]'s lanes, each summed in hsum8_ps's order: four keys' scores, the same
+ * bits as when they are four of eight. */
+static inline __m128 hsum4_ps(const __m256 *a) {
+    __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+}
+
+/* Scores (times `scale`) of two query heads that read the same KV head against keys j .. j+3:
+ * each key vector is loaded (and widened from fp16) once for both. */
+static inline void scores_pair(const float *qa, const float *qb, const void *pool, const int64_t *off, int64_t kv,
+                               int d, int f16, float scale, float *sa, float *sb) {
+    __m256 a[4], b[4];
+    for (int u = 0; u < 4; u++)
+        a[u] = b[u] = _mm256_setzero_ps();
+    for (int e = 0; e < d; e += 8) {
+        __m256 qva = _mm256_loadu_ps(qa + e), qvb = _mm256_loadu_ps(qb + e);
+        for (int u = 0; u < 4; u++) {
+            __m256 k = load8(pool, off[u] + kv + e, f16);
+            a[u] = _mm256_fmadd_ps(qva, k, a[u]);
+            b[u] = _mm256_fmadd_ps(qvb, k, b[u]);
+        }
+    }
+    _mm_storeu_ps(sa, _mm_mul_ps(hsum4_ps(a), _mm_set1_ps(scale)));
+    _mm_storeu_ps(sb, _mm_mul_ps(hsum4_ps(b), _mm_set1_ps(scale)));
+}
+
+/* weigh_values for two query heads of one KV head: each value vector loaded once for both; every
+ * element's fmas in the same order as weigh_values's. */
+static inline void weigh_values_pair(float *ya, float *yb, const float *pa, const float *pb, const void *pool,
+                                     const int64_t *off, int64_t kv, int n, int d, int f16) {
+    int e0 = 0;
+    for (; e0 + 32 <= d; e0 += 32) {
+        __m256 a[4], b[4];
+        for (int u = 0; u < 4; u++)
+            a[u] = _mm256_loadu_ps(ya + e0 + 8 * u), b[u] = _mm256_loadu_ps(yb + e0 + 8 * u);
+        for (int j = 0; j < n; j++) {
+            __m256 wa = _mm256_set1_ps(pa[j]), wb = _mm256_set1_ps(pb[j]);
+            for (int u = 0; u < 4; u++) {
+                __m256 v = load8(pool, off[j] + kv + e0 + 8 * u, f16);
+                a[u] = _mm256_fmadd_ps(wa, v, a[u]);
+                b[u] = _mm256_fmadd_ps(wb, v, b[u]);
+            }
+        }
+        for (int u = 0; u < 4; u++)
+            _mm256_storeu_ps(ya + e0 + 8 * u, a[u]), _mm256_storeu_ps(yb + e0 + 8 * u, b[u]);
+    }
+    if (e0 < d) {
+        int64_t rest[KEY_CHUNK];
+        for (int j = 0; j < n; j++) rest[j] = off[j] + e0;
+        weigh_values(ya + e0, pa, pool, rest, kv, n, d - e0, f16);
+        weigh_values(yb + e0, pb, pool, rest, kv, n, d - e0, f16);
+    }
+}
+
 /* Query heads h0..h1 of one row (q/out: the row's [heads, d]) attend to positions first..last;
  * query head h reads KV head h / group. All the row's heads walk the keys together: each key row
  * of the pool (every KV head side by side) is read from memory once, not once per KV head. */
@@ -117,17 +171,24 @@ static void attend(const float *q, float *out, int h0, int h1, int group, int d,
          * computed: the rows are scattered over the pool, beyond the hardware prefetcher's reach. */
         for (int64_t pos = c0 + KEY_CHUNK; pos < c0 + 2 * KEY_CHUNK && pos <= last; pos++) {
             int64_t o = ((int64_t)blocks[pos / block_size] * block_size + pos % block_size) * row_stride;
-            for (int64_t e = (int64_t)(h0 / group) * d; e < (int64_t)((h1 - 1) / group + 1) * d; e += 16) {
+            for (int64_t e = (int64_t)(h0 / group) * d; e < (int64_t)((h1 - 1) / group + 1) * d; e += 64 / esize) {
                 _mm_prefetch((const char *)k_pool + (o + e) * esize, _MM_HINT_T0);
                 _mm_prefetch((const char *)v_pool + (o + e) * esize, _MM_HINT_T0);
             }
         }
-        for (int i = 0; i < nh; i++) {
-            int h = h0 + i;
+        /* Two query heads of one KV head at a time where the group has them (GQA): the key rows
+         * they share are read once. A lone head (or one left over) alone. */
+        for (int i = 0; i < nh;) {
+            int h = h0 + i, pair = i + 1 < nh && (h + 1) / group == h / group;
             const float *qh = q + (int64_t)h * d;
             const int64_t kv = (int64_t)(h / group) * d;
             int j = 0;
             for (; j + 8 <= n; j += 8) {  /* eight keys' dot products side by side, summed at once */
+                if (pair) {
+                    scores_pair(qh, qh + d, k_pool, off + j, kv, d, f16, scale, &s[i][j], &s[i + 1][j]);
+                    scores_pair(qh, qh + d, k_pool, off + j + 4, kv, d, f16, scale, &s[i][j + 4], &s[i + 1][j + 4]);
+                    continue;
+                }
                 __m256 acc[8];
                 for (int u = 0; u < 8; u++)
                     acc[u] = _mm256_setzero_ps();
@@ -138,11 +199,14 @@ static void attend(const float *q, float *out, int h0, int h1, int group, int d,
                 }
                 _mm256_storeu_ps(&s[i][j], _mm256_mul_ps(hsum8_ps(acc), _mm256_set1_ps(scale)));
             }
-            for (; j < n; j++)
-                s[i][j] = dot_pool(qh, k_pool, off[j] + kv, d, f16) * scale;
-            if (softcap > 0.0f)
-                for (j = 0; j < n; j++)
-                    s[i][j] = softcap * tanhf(s[i][j] / softcap);
+            for (int k = i; k <= i + pair; k++) {
+                for (int jj = j; jj < n; jj++)
+                    s[k][jj] = dot_pool(q + (int64_t)(h0 + k) * d, k_pool, off[jj] + kv, d, f16) * scale;
+                if (softcap > 0.0f)
+                    for (int jj = 0; jj < n; jj++)
+                        s[k][jj] = softcap * tanhf(s[k][jj] / softcap);
+            }
+            i += 1 + pair;
         }
         for (int i = 0; i < nh; i++) {
             float mx = m[i];
@@ -164,9 +228,14 @@ static void attend(const float *q, float *out, int h0, int h1, int group, int d,
                 sum += s[i][j];
             l[i] += sum;
         }
-        for (int i = 0; i < nh; i++) {
-            int h = h0 + i;
-            weigh_values(out + (int64_t)h * d, s[i], v_pool, off, (int64_t)(h / group) * d, n, d, f16);
+        for (int i = 0; i < nh;) {
+            int h = h0 + i, pair = i + 1 < nh && (h + 1) / group == h / group;
+            float *y = out + (int64_t)h * d;
+            if (pair)
+                weigh_values_pair(y, y + d, s[i], s[i + 1], v_pool, off, (int64_t)(h / group) * d, n, d, f16);
+            else
+                weigh_values(y, s[i], v_pool, off, (int64_t)(h / group) * d, n, d, f16);
+            i += 1 + pair;
         }
     }
     for (int i = 0; i < nh; i++)

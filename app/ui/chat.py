@@ -95,6 +95,19 @@ def meta_line(num_tokens: int, tokens_per_s: float | None, ttft_s: float | None,
     return " · ".join(parts + ([note] if note else []))
 
 
+def reading_line(status: str, computed: int, prompt: int, prefill_tok_s: float) -> str:
+    """The line under a reply while its prompt is read (a pasted file can take a minute): how far,
+    and the time left at the engine's recent prefill rate."""
+    if status == "waiting":
+        return f"waiting for the engine · {prompt:,} prompt tokens"
+    left = max(prompt - computed, 0)
+    eta = ""
+    if prefill_tok_s > 0 and left:
+        secs = max(round(left / prefill_tok_s), 1)
+        eta = f" · ~{secs} s left" if secs < 60 else f" · ~{secs // 60} min {secs % 60:02d} s left"
+    return f"reading {min(computed, prompt):,} / {prompt:,} tokens{eta}"
+
+
 def reply_meta(message: MessageRecord) -> str:
     if message.role != "assistant" or not message.num_tokens:
         return ""
@@ -134,6 +147,8 @@ class ChatPane(TabPane):
         self.metrics: ReplyMetrics | None = None
         self._writer: ReplyWriter | None = None
         self._held_view: MessageView | None = None  # the last reply, holding its streaming height
+        self._live_view: MessageView | None = None  # the reply being generated
+        self._reading = ""  # the prompt's progress line shown under that reply, until its first token
         self._first_mounted: int | None = None  # index of the oldest mounted message; None: none yet
         # The engine's (tok/s, TTFT) for the current reply, last seen while it ran: the panel keeps
         # showing the engine's measure after the reply ends instead of switching to the client's.
@@ -386,10 +401,13 @@ class ChatPane(TabPane):
     async def _generate(self, request_id: str, view: MessageView, mounted: Awaitable[None]) -> None:
         await mounted
         writer = self._writer = ReplyWriter(view.markdown, view.stream)
+        self._live_view = view
         try:
             finish, error = await self._consume(request_id, writer)
         finally:
             self._writer = None
+            self._live_view = None
+            self._reading = ""
         self._hold_reply_space(view)
         await writer.close()
         self._finish(view, writer.text, finish, error)
@@ -409,6 +427,8 @@ class ChatPane(TabPane):
                     return "abort", None
                 now = time.monotonic()
                 metrics.observe(delta, now)
+                if self._reading and delta.token_ids:
+                    self.show_reading("")
                 writer.write(delta.text)
                 if now - self._committed_at >= COMMIT_EVERY_S and writer.text:
                     self._commit(writer.text, STREAMING)
@@ -427,6 +447,15 @@ class ChatPane(TabPane):
             aclose = getattr(deltas, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+    def show_reading(self, line: str) -> None:
+        """Show the prompt's progress under the reply being generated ("" clears it); only before its
+        first token, and only when the line changes (the panels poll ~10x a second)."""
+        view = self._live_view
+        if view is None or line == self._reading or (line and self.metrics and self.metrics.num_tokens):
+            return
+        self._reading = line
+        view.set_meta(line)
 
     def _commit(self, text: str, finish: str) -> MessageRecord:
         """The reply so far (`STREAMING`) or whole, in one write: inserted once, then updated."""

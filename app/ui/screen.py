@@ -27,7 +27,7 @@ from textual.widgets import (
 from app.engine.api.engine_client import EngineClient
 from app.engine.types.errors import LocalbatchError
 from app.engine.types.outputs import EngineStats, RequestStats
-from app.ui.chat import ChatPane
+from app.ui.chat import ChatPane, reading_line
 from app.ui.cropped_compositor import CroppedCompositor
 from app.ui.dialogs import ConfirmDialog, MessagePicker, ModelPicker, RenameDialog
 from app.ui.endpoint import EmbeddedEndpoint
@@ -421,7 +421,7 @@ class ChatScreen(Screen):
 
     def _rate_rows(self, stats: EngineStats, panes: list[ChatPane], owners: dict[str, Owner]) -> list[TabRate]:
         by_id = {r.request_id: r for r in stats.requests}
-        rows = [_pane_rate(p, by_id.get(p.request_id or "")) for p in panes]
+        rows = [_pane_rate(p, by_id.get(p.request_id or ""), stats.prefill_tokens_per_s) for p in panes]
         api = [r for r in stats.requests if r.request_id not in owners]
         if api:
             rates = [r.tokens_per_s for r in api if r.tokens_per_s is not None]
@@ -439,8 +439,10 @@ class ChatScreen(Screen):
             await pane.stop_and_wait()
 
 
-def _pane_rate(pane: ChatPane, req: RequestStats | None) -> TabRate:
+def _pane_rate(pane: ChatPane, req: RequestStats | None, prefill_rate: float = 0.0) -> TabRate:
     metrics = pane.metrics
+    if req is not None and req.status in ("waiting", "prefill"):
+        pane.show_reading(reading_line(req.status, req.num_computed_tokens, req.num_prompt_tokens, prefill_rate))
     tps = metrics.tokens_per_s if metrics else None
     ttft = metrics.ttft_s if metrics else None
     if req is not None:

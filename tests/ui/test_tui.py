@@ -440,6 +440,38 @@ async def test_panels_show_tabs_api_requests_cached_blocks_and_waiting_queue(tmp
         await idle(pilot, screen)
 
 
+async def test_a_long_prompt_shows_how_far_it_is_read_and_the_time_left(tmp_path: Path) -> None:
+    """Under the coming reply: the prompt's progress at the engine's prefill rate, gone at the first token."""
+    from dataclasses import replace
+
+    from app.ui.widgets import MessageView
+
+    engine = chat_engine(step_delay=0.005)
+    app, _ = make_app(tmp_path, engine)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await chat_screen(pilot)
+        engine.paused = True
+        await type_and_send(pilot, "a pasted file")
+        await until(pilot, lambda: bool(engine.live_request_ids()))
+        pane = screen.active_pane()
+        reading = replace(decoding(pane.request_id, prompt=4096, output=0, blocks=256), status="prefill",
+                          num_computed_tokens=1536)
+        engine.frozen_stats = EngineStats(prefill_tokens_per_s=80.0, requests=(reading,))
+        screen.poll_stats()
+        await pilot.pause()
+        reply = list(pane.query(MessageView))[-1]
+        meta = str(reply.query_one(".meta").render())
+        assert "reading 1,536 / 4,096 tokens · ~32 s left" in meta
+        engine.frozen_stats = EngineStats(requests=(replace(reading, status="waiting", num_computed_tokens=0),))
+        screen.poll_stats()
+        await pilot.pause()
+        assert "waiting for the engine · 4,096 prompt tokens" in str(reply.query_one(".meta").render())
+        engine.frozen_stats = None
+        engine.paused = False
+        await idle(pilot, screen)
+        assert "reading" not in str(reply.query_one(".meta").render())
+
+
 # --- embedded endpoint --------------------------------------------------------------------------
 
 

@@ -169,4 +169,5 @@ def request_stats(seq: Sequence, bm: BlockManager | None = None) -> RequestStats
         itl_s=timing.itl_s,
         tokens_per_s=timing.tokens_per_s,
         num_shared_blocks=sum(bm.blocks[b].ref_count > 1 for b in bm.held_blocks(seq)) if bm is not None else 0,
+        num_computed_tokens=seq.num_computed_tokens,
     )

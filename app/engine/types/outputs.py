@@ -58,6 +58,7 @@ class RequestStats:
     itl_s: float | None  # mean inter-token latency so far
     tokens_per_s: float | None  # this request's decode rate
     num_shared_blocks: int = 0  # of its blocks, those another live request holds too (a forked chat, n > 1)
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache (a prompt being read: how far it is)
 
 
 @dataclass(frozen=True)
