@@ -176,3 +176,28 @@ def test_the_isa_is_named_and_an_absent_one_is_refused(each_isa):
     if "avx512_vnni" not in cpu_build.cpu_flags():
         assert not cpu_qgemm.set_isa(_VNNI)
         assert cpu_qgemm.isa() == "AVX2"
+
+
+def test_only_the_vnni_tiles_hold_avx512_instructions():
+    """A CPU without AVX-512 must never meet one: the library's AVX-512 code (vpdpbusd, zmm or
+    ymm16+ registers, mask registers) lives in `tile_rows_vnni` alone, which runs only where the
+    CPU confirmed it."""
+    import re
+    import shutil
+    import subprocess
+
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("no objdump here to read the library's instructions")
+    text = subprocess.run([objdump, "-d", "--no-show-raw-insn", str(cpu_build.library().path)], capture_output=True,
+                          text=True, check=True).stdout
+    avx512 = re.compile(r"zmm|%ymm(1[6-9]|2\d|3[01])|%k[0-7]|vpdpbusd")
+    holders, fn = set(), None
+    for line in text.splitlines():
+        head = re.match(r"[0-9a-f]+ <(.+)>:$", line)
+        if head:
+            fn = head.group(1)
+        elif avx512.search(line):
+            holders.add(fn)
+    assert holders <= {"tile_rows_vnni"}, holders
+    assert "tile_rows_vnni" in holders
