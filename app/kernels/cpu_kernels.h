@@ -7,13 +7,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* A weight as Q4Weight / Q5Weight / Q8Weight (cpu_qgemm.py) lay it out: built once per matrix, so a
+/* A weight as Q4Weight / Q5Weight / Q6Weight / Q8Weight (cpu_qgemm.py) lay it out: built once per matrix, so a
  * call passes one pointer for it. */
 typedef struct {
     int64_t K, N;
     const void *qs;
     const uint16_t *d, *m; /* m: NULL for q8 */
     const uint8_t *qh;     /* q5 only */
+    const int8_t *sc;      /* q6 only: its sub-scales */
 } qweight;
 
 /* cpu_qgemm.c */

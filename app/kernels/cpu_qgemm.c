@@ -45,9 +45,9 @@ static inline float hmax_ps(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
-/* One group of 32 floats -> 32 int8 in order (round to nearest even), its scale, and scale * the
- * sum of its levels. */
-static inline void quantize_group(const float *x, int8_t *q, float *scale, float *sum) {
+/* One group of 32 floats -> 32 int8 in order (round to nearest even), its scale, scale * the sum
+ * of its levels, and the sums of its two halves' levels as two int16 (q6's offset). */
+static inline void quantize_group(const float *x, int8_t *q, float *scale, float *sum, int32_t *halves) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 v[4], amax = _mm256_setzero_ps();
     for (int i = 0; i < 4; i++) {
@@ -70,8 +70,9 @@ static inline void quantize_group(const float *x, int8_t *q, float *scale, float
     __m256i p = _mm256_packs_epi16(p01, p23);
     _mm256_storeu_si256((__m256i *)q, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
     /* The m term multiplies the sum of the quantized activations, as a dense GEMM over them would. */
-    __m256i t = _mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3]));
-    *sum = d * (float)hsum_epi32(t);
+    const int lo = hsum_epi32(_mm256_add_epi32(i32[0], i32[1])), hi = hsum_epi32(_mm256_add_epi32(i32[2], i32[3]));
+    *sum = d * (float)(lo + hi);
+    *halves = (int32_t)(uint16_t)(int16_t)lo | (int32_t)((uint32_t)(uint16_t)(int16_t)hi << 16);
 }
 
 #define TILE 8 /* weight rows per tile: one per lane of an 8 x fp32 vector */
@@ -84,6 +85,8 @@ typedef struct {
     const uint8_t *qh;     /* q5's 5th bits; NULL for q4 and q8 */
     int8_t *xq;            /* activation levels, rows interleaved in blocks of 8: see x_at */
     float *xd, *xs;        /* activation scales, and scale * level sums: [M/8][G][8] */
+    int32_t *xb;           /* the level sums of each group's two halves, int16 each: [M/8][G][8] */
+    const int8_t *sc;      /* q6's sub-scales; NULL for the others */
     float *y;
 } gemm_args;
 
@@ -170,7 +173,7 @@ static inline void run_gemm(const gemm_args *a, const float *x, int nthreads, ti
         for (int64_t r = 0; r < M; r++)
             for (int64_t g = 0; g < G; g++)
                 quantize_group(x + r * a->K + g * QK, a->xq + x_at(r, a->K) + g * QK * TILE, a->xd + tab_at(r, G) + g * TILE,
-                               a->xs + tab_at(r, G) + g * TILE);
+                               a->xs + tab_at(r, G) + g * TILE, a->xb + tab_at(r, G) + g * TILE);
         int th = omp_get_thread_num(), nt = omp_get_num_threads();
         int64_t t0 = tiles * th / nt, t1 = tiles * (th + 1) / nt;
         for (int64_t b = 0; b < M; b += block) {
@@ -232,11 +235,11 @@ int qgemm_set_isa(int isa) {
 int qgemm(const qweight *w, const float *x, int64_t M, float *y, int nthreads) {
     const int64_t G = w->K / QK, blocks = (M + TILE - 1) / TILE;
     const size_t levels = ((size_t)blocks * TILE * w->K + 63) / 64 * 64, table = ((size_t)blocks * TILE * G * 4 + 63) / 64 * 64;
-    char *buf = scratch_for(levels + 2 * table);
+    char *buf = scratch_for(levels + 3 * table);
     if (!buf)
         return -1;
     gemm_args a = {M, w->K, G, w->N, w->qs, w->d, w->m, w->qh, (int8_t *)buf, (float *)(buf + levels),
-                   (float *)(buf + levels + table), y};
+                   (float *)(buf + levels + table), (int32_t *)(buf + levels + 2 * table), w->sc, y};
     run_gemm(&a, x, nthreads, qgemm_isa() == ISA_VNNI ? tile_rows_vnni : tile_rows_avx2);
     return 0;
 }

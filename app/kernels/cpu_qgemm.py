@@ -83,7 +83,7 @@ class _QWeight(ctypes.Structure):
     """The kernel's `qweight`: a matrix's shape and tensors, passed as one pointer a call."""
 
     _fields_ = [("K", ctypes.c_int64), ("N", ctypes.c_int64), ("qs", ctypes.c_void_p), ("d", ctypes.c_void_p),
-                ("m", ctypes.c_void_p), ("qh", ctypes.c_void_p)]
+                ("m", ctypes.c_void_p), ("qh", ctypes.c_void_p), ("sc", ctypes.c_void_p)]
 
 
 def fake_quantize(x: torch.Tensor) -> torch.Tensor:
@@ -130,9 +130,9 @@ class _GroupWeight(abc.ABC):
 
     def _describe(self) -> None:
         """The C side's view of this matrix (again whenever its tensors move)."""
-        m, qh = getattr(self, "m", None), getattr(self, "qh", None)
+        m, qh, sc = (getattr(self, name, None) for name in ("m", "qh", "sc"))
         self._desc = _QWeight(self.in_features, self.out_features, self.qs.data_ptr(), self.d.data_ptr(),
-                              None if m is None else m.data_ptr(), None if qh is None else qh.data_ptr())
+                              *(None if t is None else t.data_ptr() for t in (m, qh, sc)))
         self._desc_ptr = ctypes.addressof(self._desc)
 
     @abc.abstractmethod
@@ -214,6 +214,57 @@ class Q5Weight(Q4Weight):
     @property
     def nbytes(self) -> int:
         return super().nbytes + self.qh.numel()
+
+
+class Q6Weight(_GroupWeight):
+    """A Q6_K tensor at its own bits: w = d * sc * (level - 32), level 0..63, an int8 sub-scale `sc`
+    per 16 weights and d (fp16) per group of 32 (a Q6_K block's d, repeated): 7 bits a weight (8.5
+    as 8-bit groups), and exact. Laid out for the kernel: `qs [tiles, G, 192]` bytes, q4's 128
+    bytes of low nibbles then 64 of the top two bits (vector s // 2, byte 4j+b, bits 2k..2k+1 with
+    k = 2 (s % 2) + p: row j's level 16p+4s+b); `sc [tiles, G, 8, 2]`; d tiled as `tile_rows`."""
+
+    _TENSORS = ("qs", "sc", "d")
+
+    def __init__(self, levels: torch.Tensor, scales: torch.Tensor, d: torch.Tensor) -> None:
+        """levels uint8 `[n, k]` (0..63), scales int8 `[n, k / 16]`, d `[n, k / 32]`."""
+        n, k = levels.shape
+        self.out_features, self.in_features, self.groups = n, k, k // GROUP
+        g = levels.to(torch.uint8).view(n, self.groups, 2, GROUP // 2)
+        nibbles = _lanes((g[:, :, 0] & 0x0F) | ((g[:, :, 1] & 0x0F) << 4), 4).view(-1, self.groups, 128)
+        top = (levels.to(torch.uint8) >> 4).view(n, self.groups, 2, 4, 4)  # [n, G, p, s, b]
+        top = F.pad(top, (0, 0, 0, 0, 0, 0, 0, 0, 0, -n % TILE)).view(-1, TILE, self.groups, 2, 2, 2, 4)  # p, s//2, s%2
+        fields = top.permute(0, 2, 4, 1, 6, 5, 3)  # [tiles, G, s//2, j, b, s%2, p]: bits 2(2(s%2)+p)
+        shifts = torch.tensor([[0, 2], [4, 6]], dtype=torch.uint8)
+        packed = (fields << shifts).sum((-2, -1), dtype=torch.uint8).reshape(-1, self.groups, 64)
+        self.qs = torch.cat((nibbles, packed), -1).contiguous()
+        self.sc = tile_rows(scales.to(torch.int8).view(n, self.groups, 2).flatten(1).view(torch.int16)).view(torch.int8)
+        self.sc = self.sc.contiguous()
+        self.d = tile_rows(d.to(torch.float16))
+        self._describe()
+
+    def levels(self, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """uint8 levels 0..63 `[N, K/32, 32]` (of rows `ids`, if given)."""
+        ids = torch.arange(self.out_features) if ids is None else ids
+        nib = self.qs[ids // TILE, :, :128].view(len(ids), self.groups, 4, TILE, 4)[torch.arange(len(ids)), :, :, ids % TILE]
+        nib = nib.flatten(2)  # [len, G, 4s+b]
+        low = torch.cat((nib & 0x0F, nib >> 4), -1)  # [len, G, 16p+4s+b]
+        top = self.qs[ids // TILE, :, 128:].view(len(ids), self.groups, 2, TILE, 4)[torch.arange(len(ids)), :, :, ids % TILE]
+        bits = (top.unsqueeze(-1) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)) & 3  # [len, G, s//2, b, 2(s%2)+p]
+        bits = bits.view(len(ids), self.groups, 2, 4, 2, 2).permute(0, 1, 5, 2, 4, 3).flatten(2)  # [len, G, p, s//2, s%2, b]
+        return low | (bits << 4)
+
+    def scales(self, ids: torch.Tensor) -> torch.Tensor:
+        """The sub-scales of rows `ids`, int8 `[len(ids), K/16]`."""
+        return _tile_at(self.sc.view(torch.int16), ids).view(torch.int8).view(len(ids), -1)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        d = _tile_at(self.d, ids).float().repeat_interleave(2, -1)  # per 16
+        w = (self.levels(ids).float() - 32).view(len(ids), -1, 16)
+        return (w * (d * self.scales(ids).float()).unsqueeze(-1)).view(-1, self.in_features)
+
+    @property
+    def nbytes(self) -> int:
+        return self.qs.numel() + self.sc.numel() + self.d.numel() * 2
 
 
 class Q8Weight(_GroupWeight):

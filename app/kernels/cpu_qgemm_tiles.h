@@ -89,6 +89,45 @@ ALWAYS_INLINE __m256i QG(q4_dot)(const __m256i lo[4], const __m256i hi[4], const
 #endif
 }
 
+/* q6 (a Q6_K tensor at its own bits): a group's 192 bytes are q4's 128 bytes of nibbles (the levels'
+ * low four bits) and two vectors of their top two bits: in vector s / 2, byte 4j+b holds in bits
+ * 2k, 2k+1 (k = 2 (s % 2) + p) the top bits of row j's level 16p+4s+b. Levels 0..63; the weight is
+ * d * sc[half] * (level - 32), an int8 sub-scale per 16 levels (`a->sc`: [tiles][G][8 rows][2]). */
+ALWAYS_INLINE void QG(q6_unpack)(const uint8_t *w, __m256i lo[4], __m256i hi[4]) {
+    const __m256i mask = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+    prefetch_ahead(w, TILE * 24);
+    for (int s = 0; s < 4; s++) {
+        const __m256i b = _mm256_loadu_si256((const __m256i *)(w + s * 32));
+        const __m256i h = _mm256_loadu_si256((const __m256i *)(w + 128 + (s / 2) * 32));
+        /* to bits 4, 5: field k = 0, 1, 2, 3 moves left 4, left 2, not at all, right 2 (16-bit
+         * shifts: what crosses into the next byte is masked off) */
+        const __m256i hl = s % 2 == 0 ? _mm256_slli_epi16(h, 4) : h;
+        const __m256i hh = s % 2 == 0 ? _mm256_slli_epi16(h, 2) : _mm256_srli_epi16(h, 2);
+        lo[s] = _mm256_or_si256(_mm256_and_si256(b, mask), _mm256_and_si256(hl, top));
+        hi[s] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), mask), _mm256_and_si256(hh, top));
+    }
+}
+
+/* One row's dot with an unpacked q6 group: per half, sc * sum(level * x) - 32 * sc * sum(x) (the
+ * half sums come with the activations). The int16 sums of two maddubs stay below 2 * 2 * 63 *
+ * 127 = 32004: exact. `scp`: lane j = row j's (sc_lo, sc_hi) as int16. */
+ALWAYS_INLINE __m256i QG(q6_dot)(const __m256i lo[4], const __m256i hi[4], const __m256i scp, const int8_t *x,
+                                 const int32_t halves, const int R) {
+    const qg_row q = QG(row_at)(x, R);
+    const __m256i sclo = _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(scp, 0xA0), 0xA0);
+    const __m256i schi = _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(scp, 0xF5), 0xF5);
+    __m256i dot = _mm256_setzero_si256();
+    for (int s = 0; s < 4; s += 2) {
+        const __m256i pl = _mm256_add_epi16(_mm256_maddubs_epi16(lo[s], QG(piece)(&q, 0, s, R)),
+                                            _mm256_maddubs_epi16(lo[s + 1], QG(piece)(&q, 0, s + 1, R)));
+        const __m256i ph = _mm256_add_epi16(_mm256_maddubs_epi16(hi[s], QG(piece)(&q, 1, s, R)),
+                                            _mm256_maddubs_epi16(hi[s + 1], QG(piece)(&q, 1, s + 1, R)));
+        dot = _mm256_add_epi32(dot, _mm256_add_epi32(_mm256_madd_epi16(pl, sclo), _mm256_madd_epi16(ph, schi)));
+    }
+    const __m256i offset = _mm256_madd_epi16(scp, _mm256_set1_epi32(halves));
+    return _mm256_sub_epi32(dot, _mm256_slli_epi32(offset, 5));
+}
+
 /* q8: a group's 256 bytes are 8 vectors; in vector s, lane j holds row j's levels 4s .. 4s+3.
  * Signed times signed: maddubs / vpdpbusd want one operand unsigned, so |w| times x with w's signs
  * (|w| is shared by the R rows). AVX2's int16 pair sums stay below 2 * 127 * 127: exact. All R
@@ -135,17 +174,23 @@ ALWAYS_INLINE void QG(store_tile)(const gemm_args *a, int64_t t, int64_t r, cons
 
 #ifndef QG_FORMATS_DEFINED
 #define QG_FORMATS_DEFINED
-enum { QG_Q8, QG_Q4, QG_Q5 }; /* a matrix's format: a constant in each copy of the tile loops */
+enum { QG_Q8, QG_Q4, QG_Q5, QG_Q6 }; /* a matrix's format: a constant in each copy of the tile loops */
 #endif
 
 /* A group's integer dots for R rows: q4 / q5 unpack the group once for all of them. */
-ALWAYS_INLINE void QG(group_dots)(const int fmt, const void *w, const uint8_t *qh, const int8_t *x, const int R,
-                                  __m256i *dots) {
+ALWAYS_INLINE void QG(group_dots)(const int fmt, const void *w, const uint8_t *qh, const int8_t *sc, const int8_t *x,
+                                  const int32_t *xb, const int R, __m256i *dots) {
     if (fmt == QG_Q8) {
         QG(q8_dots)((const int8_t *)w, x, R, dots);
         return;
     }
     __m256i lo[4], hi[4];
+    if (fmt == QG_Q6) {
+        QG(q6_unpack)((const uint8_t *)w, lo, hi);
+        const __m256i scp = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        for (int i = 0; i < R; i++) dots[i] = QG(q6_dot)(lo, hi, scp, x + 32 * i, xb[i], R);
+        return;
+    }
     const int q5 = fmt == QG_Q5;
     QG(q4_unpack)((const uint8_t *)w, qh, q5, lo, hi);
     for (int i = 0; i < R; i++) dots[i] = QG(q4_dot)(lo, hi, x + 32 * i, R, q5);
@@ -157,18 +202,21 @@ ALWAYS_INLINE void QG(group_dots)(const int fmt, const void *w, const uint8_t *q
  * core overlaps, where one long one (~300 instructions a group) stalled on its own latencies. */
 ALWAYS_INLINE void QG(tile_in)(const gemm_args *a, int64_t t, int64_t r, const int R, const int fmt) {
     const int64_t G = a->G, K = a->K;
-    const int64_t wbytes = fmt == QG_Q8 ? TILE * 32 : TILE * 16; /* a group's weight bytes in a tile */
+    const int64_t wbytes = fmt == QG_Q8 ? TILE * 32 : fmt == QG_Q6 ? TILE * 24 : TILE * 16; /* a group's bytes */
     const char *w = (const char *)a->qs + t * G * wbytes;
     const uint8_t *qh = fmt == QG_Q5 ? a->qh + t * G * 32 : NULL;
-    const uint16_t *dt = a->d + t * G * TILE, *mt = fmt == QG_Q8 ? NULL : a->m + t * G * TILE;
+    const uint16_t *dt = a->d + t * G * TILE, *mt = fmt == QG_Q8 || fmt == QG_Q6 ? NULL : a->m + t * G * TILE;
+    const int8_t *sc = fmt == QG_Q6 ? a->sc + t * G * 16 : NULL;
     const int8_t *xg = a->xq + x_at(r, K);
     const float *xd = a->xd + tab_at(r, G), *xs = a->xs + tab_at(r, G);
+    const int32_t *xb = a->xb + tab_at(r, G);
     __m256 acc[R], mac[R];
     for (int i = 0; i < R; i++) acc[i] = mac[i] = _mm256_setzero_ps();
     if (R <= QG_FUSED_ROWS) {
         for (int64_t g = 0; g < G; g++) {
             __m256i dots[R];
-            QG(group_dots)(fmt, w + g * wbytes, qh ? qh + g * 32 : NULL, xg + g * 32 * TILE, R, dots);
+            QG(group_dots)(fmt, w + g * wbytes, qh ? qh + g * 32 : NULL, sc ? sc + g * 16 : NULL, xg + g * 32 * TILE,
+                           xb + g * TILE, R, dots);
             QG(scale_group)(dots, dt + g * TILE, mt ? mt + g * TILE : NULL, xd + g * TILE, xs + g * TILE, R, acc, mac);
         }
     } else {
@@ -177,7 +225,8 @@ ALWAYS_INLINE void QG(tile_in)(const gemm_args *a, int64_t t, int64_t r, const i
             const int gn = G - g0 < QG_CHUNK ? (int)(G - g0) : QG_CHUNK;
             for (int c = 0; c < gn; c++) {
                 const int64_t g = g0 + c;
-                QG(group_dots)(fmt, w + g * wbytes, qh ? qh + g * 32 : NULL, xg + g * 32 * TILE, R, dots[c]);
+                QG(group_dots)(fmt, w + g * wbytes, qh ? qh + g * 32 : NULL, sc ? sc + g * 16 : NULL,
+                               xg + g * 32 * TILE, xb + g * TILE, R, dots[c]);
             }
             for (int i0 = 0; i0 < R; i0 += 4) {
                 const int n = R - i0 < 4 ? R - i0 : 4;
@@ -194,7 +243,9 @@ ALWAYS_INLINE void QG(tile_in)(const gemm_args *a, int64_t t, int64_t r, const i
 
 /* Tile t against rows r .. r+R-1, in the matrix's format (a branch per tile, not per group). */
 ALWAYS_INLINE void QG(tile)(const gemm_args *a, int64_t t, int64_t r, const int R) {
-    if (a->qh)
+    if (a->sc)
+        QG(tile_in)(a, t, r, R, QG_Q6);
+    else if (a->qh)
         QG(tile_in)(a, t, r, R, QG_Q5);
     else if (a->m)
         QG(tile_in)(a, t, r, R, QG_Q4);

@@ -12,7 +12,7 @@ from app.engine.gguf.quants import dequantize
 from app.engine.runtime import kernel_choice
 from app.engine.runtime.linear import Linear, grid_weight, group_weight
 from app.kernels import cpu_build, cpu_qgemm
-from app.kernels.cpu_qgemm import Q4Weight, Q5Weight, Q8Weight, fake_quantize
+from app.kernels.cpu_qgemm import Q4Weight, Q5Weight, Q6Weight, Q8Weight, fake_quantize
 
 pytestmark = pytest.mark.skipif(
     cpu_qgemm._library() is None, reason="no C compiler or no AVX2/FMA/F16C here: the C kernels cannot build"
@@ -37,12 +37,20 @@ def _q5(n: int = 96, k: int = 128, seed: int = 0) -> Q5Weight:
     return Q5Weight(levels.view(n, k), d, m)
 
 
+def _q6(n: int = 96, k: int = 128, seed: int = 0) -> Q6Weight:
+    g = torch.Generator().manual_seed(seed)
+    levels = torch.randint(0, 64, (n, k), generator=g).to(torch.uint8)
+    levels[:, 0], levels[:, 1] = 0, 63
+    scales = torch.randint(-128, 128, (n, k // 16), generator=g).to(torch.int8)
+    return Q6Weight(levels, scales, torch.rand(n, k // 32, generator=g) * 1e-3 + 1e-4)
+
+
 def _q8(n: int = 96, k: int = 128, seed: int = 0) -> Q8Weight:
     return Q8Weight(torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05)
 
 
 @pytest.mark.parametrize("k", [128, 96])  # 96: an odd number of groups
-@pytest.mark.parametrize("make", [_q4, _q5, _q8], ids=["q4", "q5", "q8"])
+@pytest.mark.parametrize("make", [_q4, _q5, _q6, _q8], ids=["q4", "q5", "q6", "q8"])
 def test_kernel_matches_quantized_activations_times_dequantized_weights(make, k):
     w = make(k=k)
     x = torch.randn(19, w.in_features) * 3
@@ -54,7 +62,7 @@ def test_kernel_matches_quantized_activations_times_dequantized_weights(make, k)
 
 
 @pytest.mark.parametrize(("n", "k"), [(96, 128), (100, 96)])
-@pytest.mark.parametrize("make", [_q4, _q5, _q8], ids=["q4", "q5", "q8"])
+@pytest.mark.parametrize("make", [_q4, _q5, _q6, _q8], ids=["q4", "q5", "q6", "q8"])
 def test_rows_are_batch_invariant_and_empty_batches_work(make, n, k):
     """13 rows are a block of 8, one of 4 and one row; a single row only the last kind (100 weight
     rows: a last tile of 4): the same bits either way."""
@@ -111,6 +119,35 @@ def test_a_gguf_tensor_keeps_its_own_grid(kind, packed):
     assert torch.equal(w.dequantize_ref(), weight)
 
 
+def test_a_q6_k_tensor_keeps_its_own_bits():
+    """Q6_K: levels, int8 scales per 16 and d read straight from the blocks; the C kernels' copy
+    dequantizes to exactly gguf's numbers, takes 7 bits a weight, and a fused q/k/v with a Q6_K v
+    beside Q4_K q and k has no common form (8-bit groups)."""
+    from app.engine.gguf.quants import GridForm, Q6Form, grid_form
+    from app.engine.runtime.linear import Linear
+
+    rng = np.random.default_rng(2)
+    blocks = rng.integers(0, 256, (48, 210), dtype=np.uint8)
+    blocks[:, 208:210] = np.float16(rng.uniform(1e-4, 1e-3, (48, 1))).view(np.uint8)
+    raw = torch.from_numpy(blocks.reshape(-1))
+    q6 = int(gguf.GGMLQuantizationType.Q6_K)
+    weight = dequantize(raw, q6, (48, 256))
+    ref = torch.from_numpy(gguf.quants.dequantize(blocks.reshape(-1), gguf.GGMLQuantizationType.Q6_K).reshape(48, 256))
+    assert torch.equal(weight, ref)
+    form = grid_form(raw, q6, (48, 256))
+    assert isinstance(form, Q6Form)
+    lin = Linear(weight, grid=form)
+    assert isinstance(lin.packed, Q6Weight) and lin.weight is None
+    assert torch.equal(lin.packed.dequantize_ref(), weight)
+    assert lin.packed.nbytes * 8 / weight.numel() == 7.0
+    x = torch.randn(5, 256)
+    want = (fake_quantize(x).double() @ weight.double().T).float()
+    assert (lin(x) - want).abs().max() <= 1e-6 * want.abs().max()
+    q4 = GridForm(torch.zeros(48, 256, dtype=torch.uint8), torch.ones(48, 8), torch.zeros(48, 8), 4)
+    assert GridForm.cat([q4, form]) is None
+    assert isinstance(GridForm.cat([form, form]), Q6Form)
+
+
 def test_a_k_quant_sub_block_need_not_reach_either_end_of_its_grid():
     """Q4_K: w = d * scale * q - dmin * min per sub-block of 32, levels 0..15 that a sub-block need
     not span. Its 4-bit groups take the step from the smallest gap; the fp16 step and low are
@@ -153,7 +190,7 @@ def each_isa():
 
 
 @pytest.mark.parametrize("isa", ["AVX2", _VNNI])
-@pytest.mark.parametrize("make", [_q4, _q5, _q8], ids=["q4", "q5", "q8"])
+@pytest.mark.parametrize("make", [_q4, _q5, _q6, _q8], ids=["q4", "q5", "q6", "q8"])
 def test_each_instruction_set_gives_the_reference_and_the_same_bits(make, isa, each_isa):
     """Every row count a tile sees (1..8, blocks of 8 and a rest) against the torch reference; the
     VNNI tiles' integer dots are exact too, so their outputs equal AVX2's bit for bit."""

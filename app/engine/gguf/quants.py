@@ -341,14 +341,38 @@ class GridForm:
     bits: int
 
     @staticmethod
-    def cat(forms: list[GridForm | None]) -> GridForm | None:
-        """Row-wise concatenation (fused q/k/v, gate/up); 4-bit levels are valid 5-bit ones."""
+    def cat(forms: list[GridForm | Q6Form | None]) -> GridForm | Q6Form | None:
+        """Row-wise concatenation (fused q/k/v, gate/up); 4-bit levels are valid 5-bit ones. Forms
+        of both kinds (a Q6_K v beside Q4_K q and k) have no common one: None."""
         if not forms or any(f is None for f in forms):
             return None
         if len(forms) == 1:
             return forms[0]
+        if all(isinstance(f, Q6Form) for f in forms):
+            return Q6Form(*(torch.cat([getattr(f, n) for f in forms]) for n in ("levels", "scales", "d")))
+        if not all(isinstance(f, GridForm) for f in forms):
+            return None
         return GridForm(torch.cat([f.levels for f in forms]), torch.cat([f.step for f in forms]),
                         torch.cat([f.low for f in forms]), max(f.bits for f in forms))
+
+
+@dataclass(frozen=True)
+class Q6Form:
+    """A Q6_K tensor as the C kernels hold it at its own bits: w = d * scale * (level - 32), per
+    16 weights an int8 scale, per 32 the block's fp16 d (repeated)."""
+
+    levels: torch.Tensor  # uint8 [rows, k], 0..63
+    scales: torch.Tensor  # int8 [rows, k // 16]
+    d: torch.Tensor  # fp32 [rows, k // 32]
+    bits: int = 6
+
+
+def _q6_k_form(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q6_K blocks -> (levels [n, 256] uint8 as _q6_k orders them, scales [n, 16] int8, d [n, 8])."""
+    low = torch.cat(_nibble_planes(blocks[:, 0:128].reshape(-1, 2, 64)), dim=-1)
+    top = _bits(blocks[:, 128:192].reshape(-1, 32), 2, lshift=4).view(-1, 2, 128)
+    levels = low.bitwise_or_(top).view(-1, 256)
+    return levels, blocks[:, 192:208].contiguous().view(torch.int8), _f16(blocks, 208).expand(-1, 8)
 
 
 def _grid_legacy(planes: tuple[torch.Tensor, torch.Tensor], step: torch.Tensor, low: torch.Tensor) -> tuple:
@@ -375,9 +399,11 @@ _GRID_KERNELS: MappingProxyType[int, tuple[int, Callable[[torch.Tensor], tuple]]
 
 
 def grid_form(raw: np.ndarray | torch.Tensor, ggml_type: int, shape: tuple[int, ...], *,
-              name: str | None = None) -> GridForm | None:
-    """A 2-D tensor's GGUF bytes as a GridForm, or None for a type that has no 16- or 32-level
-    grid per group of 32 (F32, Q8_0, Q6_K, ...)."""
+              name: str | None = None) -> GridForm | Q6Form | None:
+    """A 2-D tensor's GGUF bytes as a GridForm (4/5-bit types), a Q6Form (Q6_K), or None for a type
+    the C kernels take as 8-bit groups (F32, Q8_0, ...)."""
+    if int(ggml_type) == int(_T.Q6_K) and len(shape) == 2:
+        return _q6_form(_as_uint8_tensor(raw), tuple(int(d) for d in shape), name)
     kernel = _GRID_KERNELS.get(int(ggml_type))
     if kernel is None or len(shape) != 2:
         return None
@@ -393,6 +419,17 @@ def grid_form(raw: np.ndarray | torch.Tensor, ggml_type: int, shape: tuple[int, 
     levels, steps, lows = (torch.cat([p[i] for p in parts]) for i in range(3))
     return GridForm(levels.reshape(rows, k).contiguous(), steps.reshape(rows, k // 32).float(),
                     lows.reshape(rows, k // 32).float(), bits)
+
+
+def _q6_form(data: torch.Tensor, shape: tuple[int, int], name: str | None) -> Q6Form:
+    _check_request(int(_T.Q6_K), shape, data.numel(), name)
+    blocks = data.view(-1, GGML_QUANT_SIZES[_T.Q6_K][1])
+    step = max(1, _CHUNK_ELEMENTS // 256)
+    parts = [_q6_k_form(blocks[start:start + step]) for start in range(0, blocks.shape[0], step)]
+    rows, k = shape
+    levels, scales, d = (torch.cat([p[i] for p in parts]) for i in range(3))
+    return Q6Form(levels.reshape(rows, k).contiguous(), scales.reshape(rows, k // 16).contiguous(),
+                  d.reshape(rows, k // 32).float().contiguous())
 
 
 def _dequantize_blocks(data: torch.Tensor, ggml_type: int, dtype: torch.dtype) -> torch.Tensor:

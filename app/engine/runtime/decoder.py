@@ -19,7 +19,7 @@ from app.engine.gguf.quants import GridForm
 from app.engine.runtime.kernel_plan import KernelPlan, plan_kernels
 from app.engine.runtime.linear import Linear, grid_packed, nbytes, storage_key
 from app.kernels import AttentionMetadata, KVCacheLayer, cpu_attention, cpu_forward, cpu_ops, cpu_qgemm
-from app.kernels.cpu_qgemm import Q4Weight, Q5Weight, Q8Weight
+from app.kernels.cpu_qgemm import Q4Weight, Q5Weight, Q6Weight, Q8Weight
 
 RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin at the step's positions
 
@@ -205,9 +205,9 @@ class DecoderLM:
         # With fp32 compute only the batch's rows are read from the table once the head keeps its
         # own copy: a tied table is read from the head's 4/5/8-bit groups (exact for Q8_0, Q4
         # and Q5 sources; Gemma 3's 262k x 640: no second copy instead of 671 MB), any other kept in fp16.
-        self.embed_rows: Q4Weight | Q5Weight | Q8Weight | None = None
+        self.embed_rows: Q4Weight | Q5Weight | Q6Weight | Q8Weight | None = None
         if self.embed.dtype == torch.float32 and self.head.weight is None:
-            if lm_head is self.embed and isinstance(self.head.packed, (Q4Weight, Q8Weight)) and self.head.dense is None:
+            if lm_head is self.embed and isinstance(self.head.packed, (Q4Weight, Q6Weight, Q8Weight)) and self.head.dense is None:
                 self.embed_rows, self.embed = self.head.packed, None
             elif grids and "token_embd.weight" in grids:  # an untied 4/5-bit table: its groups, not an fp16 copy
                 self.embed_rows, self.embed = grid_packed(grids["token_embd.weight"]), None
@@ -227,7 +227,7 @@ class DecoderLM:
             for i in range(cfg.num_layers)
         ]
         linears = [lin for layer in self.layers for lin in layer.linears()] + [self.head]
-        cpu_qgemm.consolidate([lin.packed for lin in linears if isinstance(lin.packed, (Q4Weight, Q8Weight))])
+        cpu_qgemm.consolidate([lin.packed for lin in linears if isinstance(lin.packed, (Q4Weight, Q6Weight, Q8Weight))])
         one_call = plan.rows == plan.attention == "c" and cpu_forward.takes_layers(self.layers)
         self.plan = dataclasses.replace(plan, one_call=one_call)
         self.c_layers = cpu_forward.OneCallLayers(self.layers) if one_call else None

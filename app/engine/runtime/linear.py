@@ -27,10 +27,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from app.engine.gguf.quants import GridForm
+from app.engine.gguf.quants import GridForm, Q6Form
 from app.engine.runtime.kernel_choice import PACKED_EVERYWHERE, KernelChoice, choose_packed_rows, dense_forced
 from app.kernels import cpu_qgemm
-from app.kernels.cpu_qgemm import CHUNK_ROWS, GROUP, Q4Weight, Q5Weight, Q8Weight
+from app.kernels.cpu_qgemm import CHUNK_ROWS, GROUP, Q4Weight, Q5Weight, Q6Weight, Q8Weight
 
 
 class Int8Weight:
@@ -216,8 +216,10 @@ def grid_weight(weight: torch.Tensor, bits: int) -> Q4Weight | Q5Weight | None:
     return grid_packed(GridForm(torch.cat(levels), torch.cat(steps), torch.cat(lows), bits))
 
 
-def grid_packed(grid: GridForm) -> Q4Weight | Q5Weight:
-    """The C kernels' copy of a matrix read from 4/5-bit GGUF blocks."""
+def grid_packed(grid: GridForm | Q6Form) -> Q4Weight | Q5Weight | Q6Weight:
+    """The C kernels' copy of a matrix read from 4/5-bit or Q6_K GGUF blocks."""
+    if isinstance(grid, Q6Form):
+        return Q6Weight(grid.levels, grid.scales, grid.d)
     return (Q4Weight if grid.bits == 4 else Q5Weight)(grid.levels, grid.step, grid.low)
 
 
@@ -232,7 +234,7 @@ def group_weight(weight: torch.Tensor) -> Q4Weight | Q5Weight | Q8Weight:
     return grid_weight(weight, 4) or grid_weight(weight, 5) or Q8Weight(weight)
 
 
-PackedWeight = Int8Weight | Int4Weight | Fp16Weight | Q4Weight | Q5Weight | Q8Weight
+PackedWeight = Int8Weight | Int4Weight | Fp16Weight | Q4Weight | Q5Weight | Q6Weight | Q8Weight
 
 
 class Linear:
@@ -244,10 +246,10 @@ class Linear:
 
     def __init__(
         self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, allow_packed: bool = True,
-        requantize_int4: bool = False, grid: GridForm | None = None, fit_grid: bool = True,
+        requantize_int4: bool = False, grid: GridForm | Q6Form | None = None, fit_grid: bool = True,
     ) -> None:
-        """`grid`: the weight's 4/5-bit groups as the file holds them, taken as they are by the C
-        kernels. Without one, `fit_grid` looks for a 4/5-bit grid in the values (a source read
+        """`grid`: the weight's 4/5-bit groups (or Q6_K blocks) as the file holds them, taken as they
+        are by the C kernels. Without one, `fit_grid` looks for a 4/5-bit grid in the values (a source read
         without grids); False: the loader knows there is none (Q6_K, Q8_0), so 8-bit groups."""
         self.weight: torch.Tensor | None = weight
         self.bias = bias
