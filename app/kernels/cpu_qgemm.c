@@ -1,9 +1,10 @@
 /* Weight-quantized GEMM for x86 CPUs with AVX2, FMA and F16C (llama.cpp's way of multiplying on
- * the CPU): a decode step reads 5 (q4), 6 (q5) or 8.5 (q8) bits a weight.
+ * the CPU): a decode step reads 5 (q4), 6 (q5), 7 (q6) or 8.5 (q8) bits a weight.
  *
  * y[M, N] = x[M, K] @ W[N, K]^T with W stored in groups of 32 along K:
  *   q4: w = d * level + m, level 0..15, d and m fp16 per group (a Q4_1 block's numbers);
  *   q5: the same with levels 0..31 (Q5_0 / Q5_1 blocks);
+ *   q6: w = d * sc * (level - 32), level 0..63, sc int8 per 16 weights, d fp16 per group (Q6_K);
  *   q8: w = d * level, level -127..127 (int8), d fp16 per group.
  * The weights come in tiles of 8 rows, interleaved so that a tile is read front to back (the
  * hardware prefetcher then streams it) and so that each row's partial dot product lands in its own
@@ -11,6 +12,7 @@
  *   q4: [N/8][K/32][4][8 rows][4 bytes]: byte b of row j in vector s holds level 4s+b in its low
  *       nibble and level 16+4s+b in its high one;
  *   q5: q4's nibbles, and the 5th bits in [N/8][K/32][32 bytes] (see fifth_bits);
+ *   q6: [N/8][K/32][192 bytes]: q4's nibbles, then the top two bits (cpu_qgemm_tiles.h, q6_unpack);
  *   q8: [N/8][K/32][8][8 rows][4 levels]: levels 4s .. 4s+3 in vector s.
  * Scale tables are tiled the same way, [N/8][groups][8 rows], and N is padded to whole tiles.
  * Each row of x is quantized per group of 32 to int8 (scale absmax / 127, round to nearest even),

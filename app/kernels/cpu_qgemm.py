@@ -1,5 +1,5 @@
 """Weight-quantized CPU GEMMs (`cpu_qgemm.c`) for fp32 compute on x86 CPUs with AVX2 (and AVX-512
-VNNI's vpdpbusd where the CPU has it, chosen at run time: `isa`): 4- and 5-bit
+VNNI's vpdpbusd where the CPU has it, chosen at run time: `isa`): Q6_K at its own 6 bits, 4- and 5-bit
 (Q4_1 / Q5_1-style, d * level + m) and 8-bit (d * level) weights in groups of 32, with the activations
 quantized per group of 32 to int8 inside the kernel, as llama.cpp multiplies on the CPU.
 
