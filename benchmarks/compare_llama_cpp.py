@@ -128,14 +128,13 @@ LONG_GEN = 32  # tokens decoded after each timed prompt: the decode rate at that
 
 def prefill_row(prompt_tokens: int, pairs: list[tuple[tuple[float, float], tuple[float, float]]]) -> dict:
     """One prompt length's figures over its rounds: medians, and the median of the per-round ratios."""
-    med = lambda xs: statistics.median(xs)  # noqa: E731
-    peer_pp, ours_pp = med([p[0][0] for p in pairs]), med([p[1][0] for p in pairs])
+    peer_pp, ours_pp = statistics.median([p[0][0] for p in pairs]), statistics.median([p[1][0] for p in pairs])
     return {"prompt_tokens": prompt_tokens, "localbatch_tok_s": round(ours_pp, 1), "llama_cpp_tok_s": round(peer_pp, 1),
-            "ratio": round(med([p[1][0] / p[0][0] for p in pairs]), 3),
+            "ratio": round(statistics.median([p[1][0] / p[0][0] for p in pairs]), 3),
             "localbatch_ttft_s": round(prompt_tokens / ours_pp, 2), "llama_cpp_ttft_s": round(prompt_tokens / peer_pp, 2),
-            "localbatch_decode_tok_s": round(med([p[1][1] for p in pairs]), 1),
-            "llama_cpp_decode_tok_s": round(med([p[0][1] for p in pairs]), 1),
-            "decode_ratio": round(med([p[1][1] / p[0][1] for p in pairs]), 3)}
+            "localbatch_decode_tok_s": round(statistics.median([p[1][1] for p in pairs]), 1),
+            "llama_cpp_decode_tok_s": round(statistics.median([p[0][1] for p in pairs]), 1),
+            "decode_ratio": round(statistics.median([p[1][1] / p[0][1] for p in pairs]), 3)}
 
 
 def prefill_llama_cpp(model: str, prompt_len: int) -> tuple[float, float]:

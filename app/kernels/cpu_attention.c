@@ -146,6 +146,9 @@ static inline void weigh_values_pair(float *ya, float *yb, const float *pa, cons
     }
 }
 
+/* Whether query head h and the next (`more`: one is there) read the same KV head. */
+static inline int pairs_with_next(int h, int more, int group) { return more && (h + 1) / group == h / group; }
+
 /* Query heads h0..h1 of one row (q/out: the row's [heads, d]) attend to positions first..last;
  * query head h reads KV head h / group. All the row's heads walk the keys together: each key row
  * of the pool (every KV head side by side) is read from memory once, not once per KV head. */
@@ -179,7 +182,7 @@ static void attend(const float *q, float *out, int h0, int h1, int group, int d,
         /* Two query heads of one KV head at a time where the group has them (GQA): the key rows
          * they share are read once. A lone head (or one left over) alone. */
         for (int i = 0; i < nh;) {
-            int h = h0 + i, pair = i + 1 < nh && (h + 1) / group == h / group;
+            int h = h0 + i, pair = pairs_with_next(h, i + 1 < nh, group);
             const float *qh = q + (int64_t)h * d;
             const int64_t kv = (int64_t)(h / group) * d;
             int j = 0;
@@ -229,7 +232,7 @@ static void attend(const float *q, float *out, int h0, int h1, int group, int d,
             l[i] += sum;
         }
         for (int i = 0; i < nh;) {
-            int h = h0 + i, pair = i + 1 < nh && (h + 1) / group == h / group;
+            int h = h0 + i, pair = pairs_with_next(h, i + 1 < nh, group);
             float *y = out + (int64_t)h * d;
             if (pair)
                 weigh_values_pair(y, y + d, s[i], s[i + 1], v_pool, off, (int64_t)(h / group) * d, n, d, f16);

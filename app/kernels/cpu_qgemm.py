@@ -238,17 +238,15 @@ class Q6Weight(_GroupWeight):
         packed = (fields << shifts).sum((-2, -1), dtype=torch.uint8).reshape(-1, self.groups, 64)
         self.qs = torch.cat((nibbles, packed), -1).contiguous()
         self.sc = tile_rows(scales.to(torch.int8).view(n, self.groups, 2).flatten(1).view(torch.int16)).view(torch.int8)
-        self.sc = self.sc.contiguous()
         self.d = tile_rows(d.to(torch.float16))
         self._describe()
 
     def levels(self, ids: torch.Tensor | None = None) -> torch.Tensor:
         """uint8 levels 0..63 `[N, K/32, 32]` (of rows `ids`, if given)."""
         ids = torch.arange(self.out_features) if ids is None else ids
-        nib = self.qs[ids // TILE, :, :128].view(len(ids), self.groups, 4, TILE, 4)[torch.arange(len(ids)), :, :, ids % TILE]
-        nib = nib.flatten(2)  # [len, G, 4s+b]
+        nib = _lane_rows(self.qs[:, :, :128].unflatten(2, (4, TILE, 4)), ids)  # [len, G, 4s+b]
         low = torch.cat((nib & 0x0F, nib >> 4), -1)  # [len, G, 16p+4s+b]
-        top = self.qs[ids // TILE, :, 128:].view(len(ids), self.groups, 2, TILE, 4)[torch.arange(len(ids)), :, :, ids % TILE]
+        top = _lane_rows(self.qs[:, :, 128:].unflatten(2, (2, TILE, 4)), ids)  # [len, G, 4 (s//2) + b]
         bits = (top.unsqueeze(-1) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8)) & 3  # [len, G, s//2, b, 2(s%2)+p]
         bits = bits.view(len(ids), self.groups, 2, 4, 2, 2).permute(0, 1, 5, 2, 4, 3).flatten(2)  # [len, G, p, s//2, s%2, b]
         return low | (bits << 4)

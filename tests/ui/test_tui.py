@@ -407,15 +407,21 @@ async def test_keymap_from_config_remaps_bindings_and_palette_lists_actions(tmp_
         assert "(ctrl+t)" in commands["New chat"]
 
 
+async def held_reply(pilot, engine: FakeEngine, text: str):
+    """The chat screen with `text` sent and its reply held before its first token (the engine
+    paused): (screen, the active pane)."""
+    screen = await chat_screen(pilot)
+    engine.paused = True
+    await type_and_send(pilot, text)
+    await until(pilot, lambda: bool(engine.live_request_ids()))
+    return screen, screen.active_pane()
+
+
 async def test_panels_show_tabs_api_requests_cached_blocks_and_waiting_queue(tmp_path: Path) -> None:
     engine = chat_engine(step_delay=0.005)
     app, _ = make_app(tmp_path, engine)
     async with app.run_test(size=SIZE) as pilot:
-        screen = await chat_screen(pilot)
-        engine.paused = True
-        await type_and_send(pilot, "hold on")
-        await until(pilot, lambda: bool(engine.live_request_ids()))
-        pane = screen.active_pane()
+        screen, pane = await held_reply(pilot, engine, "hold on")
         live = decoding(pane.request_id, prompt=10, output=20, blocks=2, ttft=0.05, itl=0.01, rate=31.5)
         api = decoding("chatcmpl-1", prompt=100, output=50, blocks=10, ttft=0.2, itl=0.02, rate=12.0)
         engine.frozen_stats = EngineStats(
@@ -449,11 +455,7 @@ async def test_a_long_prompt_shows_how_far_it_is_read_and_the_time_left(tmp_path
     engine = chat_engine(step_delay=0.005)
     app, _ = make_app(tmp_path, engine)
     async with app.run_test(size=SIZE) as pilot:
-        screen = await chat_screen(pilot)
-        engine.paused = True
-        await type_and_send(pilot, "a pasted file")
-        await until(pilot, lambda: bool(engine.live_request_ids()))
-        pane = screen.active_pane()
+        screen, pane = await held_reply(pilot, engine, "a pasted file")
         reading = replace(decoding(pane.request_id, prompt=4096, output=0, blocks=256), status="prefill",
                           num_computed_tokens=1536)
         engine.frozen_stats = EngineStats(prefill_tokens_per_s=80.0, requests=(reading,))
