@@ -24,7 +24,9 @@ class ChatAction:
 
 CHAT_ACTIONS: tuple[ChatAction, ...] = (
     ChatAction("new_tab", "ctrl+n", "New chat", "Open a new chat tab"),
-    ChatAction("close_tab", "ctrl+w", "Delete chat", "Close the current tab and delete its chat (asks first)", priority=True),
+    ChatAction("close_tab", "ctrl+w", "Close tab", "Close the current tab; the chat stays in the chat list", priority=True),
+    ChatAction("delete_chat", "ctrl+delete", "Delete chat", "Delete the current chat and its messages (asks first)", show=False),
+    ChatAction("chat_list", "ctrl+l", "Chats", "List every stored chat, search them all (full text), reopen one"),
     ChatAction("next_tab", "ctrl+pagedown,alt+right", "Next tab", "Switch to the next chat tab", show=False, priority=True),
     ChatAction("previous_tab", "ctrl+pageup,alt+left", "Previous tab", "Switch to the previous chat tab", show=False, priority=True),
     ChatAction("stop", "escape", "Stop", "Stop generating in the current tab"),
@@ -36,6 +38,12 @@ CHAT_ACTIONS: tuple[ChatAction, ...] = (
     ChatAction("export", "f4", "Export", "Export this chat to a Markdown file", show=False),
     ChatAction("fork", "ctrl+f", "Fork", "Fork this chat into a new tab; its prompt reuses this chat's KV blocks"),
     ChatAction("fork_at", "ctrl+g", "Fork at…", "Fork this chat after a chosen message", show=False),
+    ChatAction("copy_reply", "alt+c", "Copy reply", "Copy the last reply to the clipboard"),
+    ChatAction("copy_code", "alt+k", "Copy code", "Copy the last code block to the clipboard", show=False),
+    ChatAction("copy_pick", "alt+p", "Copy…", "Pick any message or code block of this chat to copy", show=False),
+    ChatAction("attach", "ctrl+o", "Attach", "Attach files to the next message (also: type @path and tab)"),
+    ChatAction("edit_last", "alt+e", "Edit last", "Take back your last message and its reply: the message returns to the input to edit and resend", show=False),
+    ChatAction("edit_at", "alt+f", "Edit at…", "Edit an earlier message in a fork: the chat up to it in a new tab, the message in the input", show=False),
     ChatAction("switch_model", "f5", "Model", "Switch the model: stops replies, keeps every chat"),
     ChatAction("toggle_endpoint", "f9", "Endpoint", "Start or stop the embedded OpenAI-compatible HTTP endpoint", show=False),
 )

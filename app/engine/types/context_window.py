@@ -1,0 +1,73 @@
+"""What to do when a chat no longer fits the context: the overflow policies the app and the HTTP
+endpoint share. `drop_oldest_turns` keeps the system messages and the newest turn and drops whole
+turns (a user message and the replies after it) from the oldest on, so what the model reads is
+still a well-formed conversation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from app.engine.types.errors import RequestError
+
+OVERFLOW_STOP = "stop"  # refuse with a message that says how far over it is
+OVERFLOW_DROP_OLDEST = "drop_oldest"  # drop the oldest turns, keep the system prompt
+OVERFLOW_POLICIES = (OVERFLOW_STOP, OVERFLOW_DROP_OLDEST)
+
+Message = dict[str, Any]
+
+
+class ContextOverflowError(RequestError):
+    """The prompt does not fit the context (and the policy could not make it fit)."""
+
+    def __init__(self, message: str, num_tokens: int, budget: int) -> None:
+        super().__init__(message, param="messages")
+        self.num_tokens = num_tokens
+        self.budget = budget
+
+
+def turn_starts(messages: Sequence[Message]) -> list[int]:
+    """Indices of the user messages that open a turn (system messages belong to no turn)."""
+    return [i for i, m in enumerate(messages) if m.get("role") == "user"]
+
+
+def without_turns(messages: Sequence[Message], dropped: int) -> list[Message]:
+    """`messages` less their first `dropped` turns; system messages always stay."""
+    starts = turn_starts(messages)
+    if dropped <= 0 or not starts:
+        return list(messages)
+    cut_from, cut_to = starts[0], starts[dropped] if dropped < len(starts) else len(messages)
+    return [m for i, m in enumerate(messages) if not (cut_from <= i < cut_to) or m.get("role") == "system"]
+
+
+def drop_oldest_turns(messages: Sequence[Message], count_tokens: Callable[[list[Message]], int],
+                      budget: int) -> tuple[list[Message], int]:
+    """The fewest oldest turns dropped so that `count_tokens(kept) <= budget`; returns (kept, the
+    number of messages dropped). The newest turn is never dropped: raises `ContextOverflowError`
+    when it and the system messages alone are over `budget`. Token counts fall as turns go, so a
+    binary search needs O(log turns) counts, not one per turn."""
+    total = count_tokens(list(messages))
+    if total <= budget:
+        return list(messages), 0
+    most = max(len(turn_starts(messages)) - 1, 0)
+    least_left = count_tokens(without_turns(messages, most))
+    if least_left > budget:
+        raise ContextOverflowError(
+            f"even the last message alone takes {least_left:,} tokens, over the {budget:,} the context leaves "
+            "for the prompt: shorten it, or lower max tokens", least_left, budget)
+    lo, hi = 1, most  # hi always fits
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if count_tokens(without_turns(messages, mid)) <= budget:
+            hi = mid
+        else:
+            lo = mid + 1
+    kept = without_turns(messages, hi)
+    return kept, len(messages) - len(kept)
+
+
+def overflow_message(num_tokens: int, budget: int, context: int) -> str:
+    """The one line a `stop` policy says."""
+    return (f"this chat no longer fits the context: the prompt takes {num_tokens:,} tokens, {budget:,} are left for "
+            f"it of {context:,} (after max tokens); fork at a later message, lower max tokens, or set the "
+            "overflow policy to drop the oldest turns")
