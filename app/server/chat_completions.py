@@ -10,6 +10,7 @@ from starlette.responses import Response
 
 from app.engine.types.errors import RequestError
 from app.engine.types.outputs import StreamDelta, TopLogprobs
+from app.server.context_overflow import DROPPED_HEADER, fit_conversation, truncated, truncation_length
 from app.server.logprobs import chat_logprobs
 from app.server.openai_schema import ChatCompletionRequest
 from app.server.output_schema import ToolChoice
@@ -43,12 +44,19 @@ class _Chat(Endpoint):
     def __init__(self, state: ServerState, body: ChatCompletionRequest) -> None:
         choice = body.effective_tool_choice
         self.tools_offered = choice != "none" and bool(body.tools)
-        prompt = chat_prompt(state.engine, body.messages, body.tools or [], choice)
+        max_tokens = body.requested_max_tokens()
+        messages, dropped = fit_conversation(state, body.messages, body.context_overflow, max_tokens,
+                                             body.tools or [], choice)
+        prompt = chat_prompt(state.engine, messages, body.tools or [], choice)
+        keep = truncation_length(body.truncate_prompt_tokens, state.engine.max_model_len, max_tokens)
+        prompt = truncated(state, prompt, keep)
         constraint = chat_constraint(body, choice)
         # No max_tokens: the engine generates until the context (or the KV pool) is full.
-        params = constrained_params(body, body.requested_max_tokens(), body.engine_logprobs(), constraint)
+        params = constrained_params(body, max_tokens, body.engine_logprobs(), constraint)
         renames = {"prompt": "messages", **(constraint.renames() if constraint else {})}
         super().__init__(state, [prompt], params, renames)
+        if dropped:
+            self.headers[DROPPED_HEADER] = str(dropped)
         self.body = body
         self._parsers: dict[int, ToolCallParser] = {}
         self._names = frozenset(t.function.name for t in body.tools or []) if self.tools_offered else frozenset()

@@ -9,6 +9,7 @@ from starlette.responses import Response
 
 from app.engine.api.engine_client import Prompt
 from app.engine.types.outputs import StreamDelta, TopLogprobs
+from app.server.context_overflow import truncated, truncation_length
 from app.server.logprobs import completion_logprobs
 from app.server.openai_schema import CompletionRequest
 from app.server.response_format import constrained_params, output_constraint
@@ -28,7 +29,8 @@ class _Completion(Endpoint):
     chunk_object = "text_completion"
 
     def __init__(self, state: ServerState, body: CompletionRequest) -> None:
-        prompts: list[Prompt] = list(body.prompt)
+        keep = truncation_length(body.truncate_prompt_tokens, state.engine.max_model_len, body.max_tokens)
+        prompts: list[Prompt] = [truncated(state, p, keep) for p in body.prompt]
         constraint = output_constraint(body)
         # max_tokens None: up to the end of the context.
         params = constrained_params(body, body.max_tokens, body.logprobs, constraint)

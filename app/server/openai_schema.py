@@ -173,6 +173,8 @@ class SamplingRequest(_Body):
     guided_regex: str | None = None
     guided_grammar: str | None = None
     guided_choice: list[str] | None = None
+    # vLLM's: keep only the prompt's last k tokens (-1: as many as the context leaves room for).
+    truncate_prompt_tokens: int | None = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -190,6 +192,14 @@ class SamplingRequest(_Body):
         # Beyond int32 these cannot mean anything but "no limit"; keep them out of the engine's tensors.
         if value is not None and abs(value) > 2**31 - 1:
             raise ValueError("must fit in a 32-bit integer")
+        return value
+
+    @field_validator("truncate_prompt_tokens")
+    @classmethod
+    def _truncation(cls, value: int | None) -> int | None:
+        """0 or below -1 cannot mean a number of tokens to keep."""
+        if value is not None and (value == 0 or value < -1):
+            raise ValueError(f"must be a positive number of tokens to keep, or -1 for as many as fit; got {value}")
         return value
 
     @property
@@ -220,6 +230,8 @@ class ChatCompletionRequest(SamplingRequest):
     tool_choice: Annotated[ToolChoice | None, WithJsonSchema(
         {"anyOf": [{"enum": ["none", "auto", "required"]}, {"type": "object"}, {"type": "null"}]})] = None
     parallel_tool_calls: bool = True
+    # localbatch's: what to do when the conversation does not fit the context (see `context_overflow`).
+    context_overflow: Literal["error", "drop_oldest"] = "error"
 
     @field_validator("tool_choice", mode="before")
     @classmethod

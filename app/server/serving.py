@@ -154,9 +154,9 @@ class EventStreamResponse(StreamingResponse):
     a chunk is being sent (Starlette would leave it suspended), so its `finally` aborts the engine
     requests at once."""
 
-    def __init__(self, events: AsyncIterator[bytes]) -> None:
+    def __init__(self, events: AsyncIterator[bytes], headers: dict[str, str] | None = None) -> None:
         super().__init__(events, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
         self._events = events
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -186,6 +186,8 @@ class Endpoint(ABC):
         self.renames = renames or {}
         # Per request: a token the logprobs name again and again is decoded once.
         self.texts = TokenTexts(state.engine)
+        # Extra response headers (streamed or not), e.g. that the oldest messages were dropped.
+        self.headers: dict[str, str] = {}
 
     def accepted(self) -> None:
         """Called once the engine has accepted the prompts, before anything is formatted."""
@@ -219,10 +221,10 @@ async def handle_generation(request: Request, body: Body,
     endpoint.accepted()
     meta = ResponseMeta.new(endpoint.id_prefix, model, body.include_usage)
     if body.stream:
-        return EventStreamResponse(_events(streams, meta, endpoint))
+        return EventStreamResponse(_events(streams, meta, endpoint), endpoint.headers)
     if await collect(request, streams) is None:
         return client_closed()
-    return JSONResponse(_response(streams.choices, meta, endpoint))
+    return JSONResponse(_response(streams.choices, meta, endpoint), headers=endpoint.headers or None)
 
 
 def _response(choices: list[Choice], meta: ResponseMeta, endpoint: Endpoint) -> dict[str, Any]:

@@ -36,7 +36,7 @@ def chat_prompt(engine: EngineClient, messages: list[ChatMessage], tools: list[T
     if offered or any(m.role == "tool" or m.tool_calls for m in messages):
         rendered = _native_render(engine, messages, offered)
         if rendered is not None:
-            return _encode_rendered(engine, rendered)
+            return encode_rendered(engine, rendered)
     return fallback_messages(messages, offered, choice)
 
 
@@ -81,7 +81,7 @@ def _native_message(message: ChatMessage) -> dict[str, Any]:
     return out
 
 
-def _encode_rendered(engine: EngineClient, text: str) -> list[int]:
+def encode_rendered(engine: EngineClient, text: str) -> list[int]:
     """Token ids of rendered chat text with exactly one BOS, as the engine encodes conversations."""
     bos = engine.encode("", add_bos=True)
     ids = engine.encode(text, add_bos=False)

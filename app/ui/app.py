@@ -236,6 +236,8 @@ class LocalbatchApp(App):
         yield SystemCommand("Send", "Send the input to the current tab (enter)", screen.action_send)
         yield SystemCommand("JSON mode", "Constrain this tab's replies to JSON; a schema goes in its settings",
                             screen.action_toggle_json)
+        yield SystemCommand("Search chats", "Search the messages of every chat, open or closed (full text)",
+                            partial(screen.action_chat_list, search=True))
         spec = self._speculative_stats()
         if spec is not None:
             yield SystemCommand(f"Speculative decoding: turn {'off' if spec.enabled else 'on'}",

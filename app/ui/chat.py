@@ -24,15 +24,27 @@ from textual.widgets import TabPane
 from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
 from app.engine.api.engine_client import EngineClient, Prompt
+from app.engine.types.context_window import (
+    OVERFLOW_STOP,
+    ContextOverflowError,
+    drop_oldest_turns,
+    overflow_message,
+    turn_starts,
+    without_turns,
+)
+from app.engine.types.errors import LocalbatchError
 from app.engine.types.outputs import StreamDelta
 from app.engine.types.sampling_params import SamplingParams
 from app.engine.types.timing import ReplyClock
-from app.ui.format import fmt_rate, fmt_seconds
+from app.ui.attach import Attachment, compose_message, display_text, mentioned_files, read_attachment, split_message
+from app.ui.format import fmt_rate, fmt_seconds, fmt_wait
 from app.ui.loading import first_line
 from app.ui.reply_stream import DELTA_MAX_DELAY_S, ReplyWriter
 from app.ui.store import INTERRUPTED, STREAMING, ChatRecord, ChatStore, MessageRecord
 from app.ui.widgets import (
     ChatScroll,
+    AttachmentsLine,
+    ContextMeter,
     EarlierMessages,
     MessageView,
     PromptInput,
@@ -101,10 +113,7 @@ def reading_line(status: str, computed: int, prompt: int, prefill_tok_s: float) 
     if status == "waiting":
         return f"waiting for the engine · {prompt:,} prompt tokens"
     left = max(prompt - computed, 0)
-    eta = ""
-    if prefill_tok_s > 0 and left:
-        secs = max(round(left / prefill_tok_s), 1)
-        eta = f" · ~{secs} s left" if secs < 60 else f" · ~{secs // 60} min {secs % 60:02d} s left"
+    eta = f" · ~{fmt_wait(left / prefill_tok_s)} left" if prefill_tok_s > 0 and left else ""
     return f"reading {min(computed, prompt):,} / {prompt:,} tokens{eta}"
 
 
@@ -157,6 +166,15 @@ class ChatPane(TabPane):
         # (cached, prompt) tokens of the current reply's prompt, when the prefix cache served some
         # (a forked chat's first reply): shown under the reply.
         self.cache_hit: tuple[int, int] | None = None
+        self._attachments: list[Attachment] = []  # files for the next message
+        self._left_out = 0  # oldest turns the current request leaves out to fit the context
+        self._max_tokens: int | None = None  # the current request's max tokens, when cut to fit
+        # Set by the screen's stats poll: the engine's latest prefill rate and KV pool size.
+        self.prefill_rate = 0.0
+        self.kv_pool_tokens = 0
+        self._context_tokens: int | None = None  # the chat's prompt so far; None: not counted yet
+        self._meter_timer = None
+        self._warned_full = False
 
     # state
 
@@ -179,14 +197,50 @@ class ChatPane(TabPane):
         prompt = [{"role": "system", "content": self.chat.system_prompt}] if self.chat.system_prompt.strip() else []
         return prompt + [{"role": m.role, "content": m.content} for m in self._messages]
 
+    def count_tokens(self, messages: list[dict[str, Any]]) -> int:
+        """The prompt tokens `messages` make, from the engine's own chat template and tokenizer; a
+        remote server's are not known here (an HTTP call per keystroke): about 4 characters a token."""
+        engine = self._engine
+        if engine.is_remote:
+            return sum(len(str(m["content"])) for m in messages) // 4 + 4 * len(messages)
+        text = engine.apply_chat_template(messages) if engine.chat_template else completion_prompt(messages)
+        return len(engine.encode(text))
+
+    def _fit(self, messages: list[dict[str, Any]]) -> None:
+        """Plan the next request: how many oldest turns it leaves out (`_left_out`) and its max
+        tokens (`_max_tokens`), so that the prompt fits the context with room for a reply: max
+        tokens, or a quarter of the context when max tokens is more (the reply is then cut to what
+        is left). Raises `ContextOverflowError` under the `stop` policy, or when even the last
+        message alone is too long."""
+        self._left_out, self._max_tokens = 0, None
+        # The KV pool, when smaller than the context, is what a request can really get.
+        context = min((n for n in (self._engine.max_model_len, self.kv_pool_tokens) if n), default=0)
+        if not context:
+            return  # a remote server that does not say: it answers for itself
+        settings = self.chat.settings
+        budget = context - min(settings.max_tokens, context // 4)
+        if settings.context_overflow == OVERFLOW_STOP:
+            used = self.count_tokens(messages)
+            if used > budget:
+                raise ContextOverflowError(overflow_message(used, budget, context), used, budget)
+        else:
+            kept, _ = drop_oldest_turns(messages, self.count_tokens, budget)
+            used = self.count_tokens(kept)
+            self._left_out = len(turn_starts(messages)) - len(turn_starts(kept))
+        if used + settings.max_tokens > context:
+            self._max_tokens = context - used
+
     def request(self) -> tuple[Prompt, SamplingParams]:
         """What the next reply is generated from: the chat messages for a model with a chat
         template; for a base model (`engine.chat_template` False) the plain-text transcript
         (`completion_prompt`) with BASE_MODEL_STOP added to the stop strings."""
         params = self.chat.settings.to_params()
+        if self._max_tokens is not None:
+            params = replace(params, max_tokens=self._max_tokens)
+        history = without_turns(self.history(), self._left_out)
         if self._engine.chat_template:
-            return self.history(), params
-        return completion_prompt(self.history()), replace(params, stop=[*(params.stop or []), BASE_MODEL_STOP])
+            return history, params
+        return completion_prompt(history), replace(params, stop=[*(params.stop or []), BASE_MODEL_STOP])
 
     # layout
 
@@ -198,7 +252,9 @@ class ChatPane(TabPane):
         # shown tab's first focusable), and restyling its ~130 widgets on focus and again on blur
         # was most of the switch. The wheel scrolls it; keys: shift+pageup / shift+pagedown.
         yield ChatScroll(classes="messages", can_focus=False)
-        yield PromptInput(classes="prompt")
+        yield AttachmentsLine(classes="attachments")
+        yield PromptInput(recall=self.recall_prompts, classes="prompt")
+        yield ContextMeter(classes="context-meter")
 
     def action_scroll_history(self, pages: int) -> None:
         scroll = self.query_one(".messages", VerticalScroll)
@@ -210,6 +266,8 @@ class ChatPane(TabPane):
 
     async def on_show(self) -> None:
         self._ensure_history()
+        if self._context_tokens is None:
+            self.refresh_meter(recount=True)
         await self.paint_reply()  # a tab shown mid-reply paints what it buffered while hidden
 
     def _ensure_history(self) -> None:
@@ -223,7 +281,7 @@ class ChatPane(TabPane):
         scroll = self.query_one(".messages", VerticalScroll)
         end = self._first_mounted
         self._first_mounted = start = max(end - count, 0)
-        views = [MessageView(m.role, m.content, reply_meta(m)) for m in self._messages[start:end]]
+        views = [MessageView(m.role, _shown(m), reply_meta(m)) for m in self._messages[start:end]]
         for old in scroll.query(EarlierMessages):
             old.remove()
         if start:
@@ -234,6 +292,28 @@ class ChatPane(TabPane):
     def on_earlier_messages_pressed(self, event: EarlierMessages.Pressed) -> None:
         event.stop()
         self._show_older(HISTORY_PAGE)
+
+    def reveal_message(self, index: int) -> None:
+        """Show message `index` (a search hit): mount the pages of history down to it, scroll it
+        to the top of the view and mark it for a moment so the eye finds it."""
+        if not 0 <= index < len(self._messages):
+            return
+        self._ensure_history()
+        if index < self._first_mounted:
+            pages = -(-(self._first_mounted - index) // HISTORY_PAGE)
+            self._show_older(pages * HISTORY_PAGE)
+        scroll = self.query_one(".messages", VerticalScroll)
+        view = list(scroll.query_children(MessageView))[index - self._first_mounted]
+        view.add_class("hit")
+        self.set_timer(2.0, lambda: view.remove_class("hit"))
+        self._scroll_to(view)
+
+    def _scroll_to(self, view: MessageView, tries: int = 10) -> None:
+        """Scroll `view` to the top once it is laid out (a page just mounted is not, yet)."""
+        if not view.virtual_region.size and tries:
+            self.call_after_refresh(self._scroll_to, view, tries - 1)
+            return
+        self.query_one(".messages", VerticalScroll).scroll_to_widget(view, animate=False, top=True)
 
     async def paint_reply(self) -> None:
         """Paint what the reply buffered since the last paint; the screen's frame clock calls this
@@ -301,6 +381,124 @@ class ChatPane(TabPane):
     def load_input(self, text: str) -> None:
         self.query_one(PromptInput).load_text(text)
 
+    # attachments, the context meter, prompt history, taking a turn back
+
+    @property
+    def attachments(self) -> list[Attachment]:
+        return list(self._attachments)
+
+    def set_attachments(self, attachments: list[Attachment]) -> None:
+        self._attachments = list(attachments)
+        self.query_one(AttachmentsLine).show_files(self._attachments)
+        self.refresh_meter()
+
+    def attach(self, paths: list[str]) -> list[str]:
+        """Add files for the next message; returns the one-line reasons of those refused."""
+        errors = []
+        for path in paths:
+            try:
+                file = read_attachment(path)
+            except LocalbatchError as e:
+                errors.append(str(e))
+                continue
+            self._attachments = [a for a in self._attachments if a.name != file.name] + [file]
+        self.set_attachments(self._attachments)
+        return errors
+
+    def on_text_area_changed(self, event: PromptInput.Changed) -> None:
+        if isinstance(event.text_area, PromptInput):
+            # Counted once typing pauses: a pasted file is tokenized once, not per keystroke.
+            if self._meter_timer is not None:
+                self._meter_timer.stop()
+            self._meter_timer = self.set_timer(0.3, self.refresh_meter)
+
+    def on_prompt_input_completions(self, event: PromptInput.Completions) -> None:
+        event.stop()
+        options = event.options
+        text = "no file matches" if not options else "  ".join(options[:12]) + (" …" if len(options) > 12 else "")
+        self.query_one(ContextMeter).show_hint(text)
+
+    def refresh_meter(self, recount: bool = False) -> None:
+        """Repaint the line under the input: the chat's tokens against the context, and what the
+        message being written adds and costs to read at the engine's measured prefill rate."""
+        self._meter_timer = None
+        if not self.is_attached:
+            return
+        if recount or self._context_tokens is None:
+            self._context_tokens = self.count_tokens(self.history()) if self._messages or self.chat.system_prompt else 0
+        draft = self.input_text().strip()
+        adding = 0
+        if draft or self._attachments:
+            content = compose_message(self._attachments, draft)
+            adding = self.count_tokens([{"role": "user", "content": content}])
+        context = self._engine.max_model_len
+        meter = self.query_one(ContextMeter)
+        meter.show_usage(self._context_tokens, adding, context, self.kv_pool_tokens, self.prefill_rate,
+                         approximate=self._engine.is_remote)
+        self._warn_if_nearly_full(context)
+
+    def _warn_if_nearly_full(self, context: int) -> None:
+        """Once per chat, past 80%: say what happens at 100% (the chosen overflow policy)."""
+        used = self._context_tokens or 0
+        if not context or used < 0.8 * context or self._warned_full:
+            return
+        self._warned_full = True
+        then = ("new messages are refused (stop policy)" if self.chat.settings.context_overflow == OVERFLOW_STOP
+                else "the oldest turns are left out of what the model reads")
+        self.app.notify(f"“{self.chat.title}” uses {used / context:.0%} of its {context:,}-token context; when it is "
+                        f"full, {then}. Settings ({self._settings_key}) choose.", title="Context", severity="warning",
+                        timeout=10)
+
+    def _left_out_note(self) -> str:
+        if not self._left_out:
+            return ""
+        history = self.history()
+        dropped = len(history) - len(without_turns(history, self._left_out))
+        return f" · {dropped} oldest message{'s' * (dropped != 1)} left out to fit the context"
+
+    def recall_prompts(self) -> list[str]:
+        """Prompts sent before, newest first: this tab's, then every other chat's (the store's)."""
+        own = [split_message(m.content)[1] for m in reversed(self._messages) if m.role == "user"]
+        others = self._store.recent_prompts()
+        seen: set[str] = set()
+        out = []
+        for text in own + [split_message(t)[1] for t in others]:
+            if text and text not in seen:
+                seen.add(text)
+                out.append(text)
+        return out
+
+    def take_back_last_turn(self) -> bool:
+        """Remove the last user message and the replies after it, from the store and the view, and
+        put the message (its files as attachments) back in the input to edit and resend. False
+        while a reply runs or when there is no user message."""
+        users = [i for i, m in enumerate(self._messages) if m.role == "user"]
+        if self.generating or not users:
+            return False
+        self._ensure_history()
+        self._release_reply_space()
+        for failed in self.query(".message.failed"):
+            failed.remove()
+        start = users[-1]
+        taken, self._messages = self._messages[start:], self._messages[:start]
+        views = [view for view in self.query_one(".messages", VerticalScroll).query_children(MessageView)
+                 if not view.has_class("failed")]
+        for view in views[len(views) - len(taken):]:
+            view.remove()
+        for message in taken:
+            self._store.delete_message(message.id)
+        self._first_mounted = min(self._first_mounted or 0, len(self._messages))
+        self.load_message(taken[0].content)
+        return True
+
+    def load_message(self, content: str) -> None:
+        """A stored user message into the input: its files as attachments, its text to edit."""
+        files, text = split_message(content)
+        self.load_input(text)
+        self.set_attachments(files)
+        self.refresh_meter(recount=True)
+        self.focus_input()
+
     def send_input(self) -> bool:
         if self.send(self.input_text()):
             self.clear_input()
@@ -308,16 +506,27 @@ class ChatPane(TabPane):
         return False
 
     def send(self, text: str) -> bool:
-        """Add a user message and start the reply; False (nothing sent) while a reply is running."""
+        """Add a user message (the attached files first) and start the reply; False (nothing sent,
+        the input kept) while a reply is running, or when a file or the context says no (a notice)."""
         text = text.strip()
         if not text or self.generating:
             return False
+        try:
+            files = self._attachments + [read_attachment(path) for path in mentioned_files(text)
+                                         if all(a.name != path for a in self._attachments)]
+            content = compose_message(files, text)
+            self._fit([*self.history(), {"role": "user", "content": content}])
+        except LocalbatchError as e:
+            self.app.notify(str(e), title="Not sent", severity="error", timeout=12)
+            return False
         self._ensure_history()  # a broadcast may reach a tab that was never shown
-        message = self._store.add_message(self.chat.id, "user", text)
+        message = self._store.add_message(self.chat.id, "user", content)
         self._messages.append(message)
+        self.set_attachments([])
+        shown = display_text(content)
         scroll = self.query_one(".messages", VerticalScroll)
-        reply = self._reply_view(self._user_height(scroll, text))
-        mounted = scroll.mount_all([MessageView("user", text), reply])  # together: one layout
+        reply = self._reply_view(self._user_height(scroll, shown))
+        mounted = scroll.mount_all([MessageView("user", shown), reply])  # together: one layout
         if _DEFAULT_TITLE.match(self.chat.title):
             self.rename(_title_from(text))
         self._start(reply, mounted)
@@ -351,6 +560,12 @@ class ChatPane(TabPane):
         """Drop the last reply (if any) and generate it again from the same history."""
         if self.generating or not self._messages:
             return False
+        history = self.history()
+        try:
+            self._fit(history[:-1] if history[-1]["role"] == "assistant" else history)
+        except LocalbatchError as e:
+            self.app.notify(str(e), title="Not regenerated", severity="error", timeout=12)
+            return True  # said: nothing more to say
         self._ensure_history()
         views = [view for view in self.query(MessageView) if not view.has_class("failed")]
         if self._messages[-1].role == "assistant":
@@ -482,13 +697,19 @@ class ChatPane(TabPane):
             view.set_class(not text, "failed")
         elif text:
             hit = f" · prefix cache {self.cache_hit[0]}/{self.cache_hit[1]} prompt tok" if self.cache_hit else ""
-            view.set_meta(metrics.summary(finish, self._engine.model_name) + hit)
+            view.set_meta(metrics.summary(finish, self._engine.model_name) + hit + self._left_out_note())
         else:
             view.remove()
         self.finish_reason = finish
         self.request_id = None
         self._worker = None
         self.post_message(self.Changed(self))
+        self.refresh_meter(recount=True)
+
+
+def _shown(message: MessageRecord) -> str:
+    """A message as its view shows it: a user's attached files as one line each."""
+    return display_text(message.content) if message.role == "user" else message.content
 
 
 def _height_with_margin(view: MessageView) -> int:

@@ -1,4 +1,4 @@
-"""Modal dialogs: confirm a deletion, rename a chat, pick a model."""
+"""Modal dialogs: confirm a deletion, rename a chat, pick a model, a message, or what to copy."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, OptionList
 from textual.widgets.option_list import Option
 
+from app.ui.attach import display_text
+from app.ui.clipboard import Copyable, code_blocks
 from app.ui.store import MessageRecord
 
 
@@ -115,28 +117,33 @@ class ModelPicker(ModalScreen["str | None"]):
 
 
 class MessagePicker(ModalScreen["int | None"]):
-    """Choose the message a fork ends at; dismisses with its index, or None."""
+    """Choose a message (the one a fork ends at, or one of yours to edit); dismisses with its
+    index in the chat, or None."""
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, messages: list[MessageRecord]) -> None:
+    def __init__(self, messages: list[MessageRecord], roles: tuple[str, ...] = ("user", "assistant"),
+                 question: str = "Fork this chat after which message?") -> None:
         super().__init__(classes="dialog-screen")
         self._messages = messages
+        self._roles = roles
+        self._question = question
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog model-picker"):
-            yield Label("Fork this chat after which message?", classes="dialog-question")
-            yield OptionList(*(self._option(i, m) for i, m in enumerate(self._messages)), id="messages")
+            yield Label(self._question, classes="dialog-question")
+            yield OptionList(*(self._option(i, m) for i, m in enumerate(self._messages) if m.role in self._roles),
+                             id="messages")
 
     @staticmethod
     def _option(index: int, message: MessageRecord) -> Option:
         role = "You" if message.role == "user" else "Assistant"
-        line = " ".join(message.content.split())
+        line = " ".join(display_text(message.content).split())
         return Option(f"{index + 1}. {role}: {line[:60]}{'…' if len(line) > 60 else ''}", id=str(index))
 
     def on_mount(self) -> None:
         options = self.query_one(OptionList)
-        options.highlighted = len(self._messages) - 1
+        options.highlighted = options.option_count - 1
         options.focus()
 
     @on(OptionList.OptionSelected)
@@ -145,3 +152,56 @@ class MessagePicker(ModalScreen["int | None"]):
 
     def action_cancel(self) -> None:
         self.dismiss(None)
+
+
+class CopyPicker(ModalScreen["Copyable | None"]):
+    """Choose a message, or a code block of a reply, to copy: newest first, each reply's blocks
+    under it. Starts on the newest code block (what is copied most), else on the newest reply."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, messages: list[MessageRecord]) -> None:
+        super().__init__(classes="dialog-screen")
+        self._items: list[tuple[str, Copyable]] = []
+        for message in reversed(messages):
+            role, what = ("You", "your message") if message.role == "user" else ("Assistant", "the reply")
+            self._items.append((f"{role}: {_first_line(message.content)}", Copyable(message.content, what=what)))
+            if message.role == "assistant":
+                for block in code_blocks(message.content):
+                    label = f"    {block.language or 'code'} · {block.lines} line{'s' * (block.lines != 1)} · "
+                    self._items.append((label + _first_line(block.code, 40), Copyable(block.code, block.language)))
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog model-picker"):
+            yield Label("Copy which message or code block?", classes="dialog-question")
+            options = (Option(label, id=str(i)) for i, (label, _) in enumerate(self._items))
+            yield OptionList(*options, id="copyables", markup=False)
+
+    def _start(self) -> int:
+        """The newest code block: the last block under the first reply (newest first) with any."""
+        blocks = [i for i, (_, item) in enumerate(self._items) if item.language is not None]
+        if not blocks:
+            replies = [i for i, (_, item) in enumerate(self._items) if item.what == "the reply"]
+            return replies[0] if replies else 0
+        first = blocks[0]
+        while first + 1 < len(self._items) and self._items[first + 1][1].language is not None:
+            first += 1
+        return first
+
+    def on_mount(self) -> None:
+        options = self.query_one(OptionList)
+        if self._items:
+            options.highlighted = self._start()
+        options.focus()
+
+    @on(OptionList.OptionSelected)
+    def _selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(self._items[int(event.option.id)][1])
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+def _first_line(text: str, limit: int = 60) -> str:
+    line = next((" ".join(part.split()) for part in text.splitlines() if part.strip()), "")
+    return f"{line[:limit]}{'…' if len(line) > limit else ''}"

@@ -26,3 +26,9 @@ def fmt_seconds(x: float | None) -> str:
 
 def fmt_int(n: int) -> str:
     return f"{n:,}"
+
+
+def fmt_wait(seconds: float) -> str:
+    """A wait to the whole second, as people say it: "19 s", "1 min 05 s"."""
+    secs = max(round(seconds), 1)
+    return f"{secs} s" if secs < 60 else f"{secs // 60} min {secs % 60:02d} s"

@@ -27,9 +27,13 @@ from textual.widgets import (
 from app.engine.api.engine_client import EngineClient
 from app.engine.types.errors import LocalbatchError
 from app.engine.types.outputs import EngineStats, RequestStats
+from app.ui.attach import Attachment
+from app.ui.attach_dialog import AttachDialog
 from app.ui.chat import ChatPane, reading_line
+from app.ui.chat_list import ChatListScreen
+from app.ui.clipboard import Copyable, code_blocks, copy_text
 from app.ui.cropped_compositor import CroppedCompositor
-from app.ui.dialogs import ConfirmDialog, MessagePicker, ModelPicker, RenameDialog
+from app.ui.dialogs import ConfirmDialog, CopyPicker, MessagePicker, ModelPicker, RenameDialog
 from app.ui.endpoint import EmbeddedEndpoint
 from app.ui.export import export_chat
 from app.ui.keys import chat_bindings
@@ -43,7 +47,7 @@ from app.ui.panels import (
     ThroughputPanel,
 )
 from app.ui.reply_stream import FRAME_HZ
-from app.ui.store import ChatRecord, ChatStore
+from app.ui.store import ChatRecord, ChatStore, StoreError
 from app.ui.widgets import StableFooter
 
 TAB_COLORS = ("dodger_blue1", "green3", "orange1", "medium_purple1", "deep_pink2", "cyan3", "gold1", "salmon1")
@@ -84,11 +88,12 @@ class ChatScreen(Screen):
         self.history = ThroughputHistory()
         self._endpoint_note = ""
         self._engine_busy = False  # the last stats snapshot had requests running or waiting
+        self._prefill_rate = 0.0  # tokens/s, the engine's latest nonzero prefill rate
 
     # layout
 
     def compose(self) -> ComposeResult:
-        chats = self.store.chats() or [self.store.create_chat("Chat 1", self.app.config.system_prompt)]
+        chats = self.store.open_chats() or [self.store.create_chat("Chat 1", self.app.config.system_prompt)]
         active = self.store.get_meta(ACTIVE_CHAT_KEY)
         initial = f"chat-{active}" if active and any(str(c.id) == active for c in chats) else f"chat-{chats[0].id}"
         yield Header(show_clock=False, icon="◆")
@@ -216,13 +221,14 @@ class ChatScreen(Screen):
 
         self.app.push_screen(MessagePicker(pane.messages), chosen)
 
-    async def _open(self, chat: ChatRecord) -> None:
+    async def _open(self, chat: ChatRecord) -> ChatPane:
         pane = self._pane(chat)
         tabs = self.query_one(TabbedContent)
         await tabs.add_pane(pane)
         tabs.get_tab(pane.id).label = pane.tab_label()
         tabs.active = pane.id
         pane.focus_input()
+        return pane
 
     def action_next_tab(self) -> None:
         self._cycle(1)
@@ -236,6 +242,26 @@ class ChatScreen(Screen):
             self.query_one(TabbedContent).active = panes[(panes.index(active) + step) % len(panes)].id
 
     def action_close_tab(self) -> None:
+        """Close the tab and keep its chat (the chat list reopens it): nothing is lost, so no
+        question. An empty chat is deleted: there is nothing to list."""
+        pane = self.active_pane()
+        if pane is None:
+            return
+        if not pane.messages and not pane.generating:
+            self.run_worker(self._delete(pane), group="tabs")
+        elif self.store.write_error is not None:
+            self.action_delete_chat()  # chats held only in memory: a closed one could not be listed
+        else:
+            self.run_worker(self._close(pane), group="tabs")
+
+    async def _close(self, pane: ChatPane) -> None:
+        await pane.stop_and_wait()  # its partial reply is committed: the closed chat keeps it
+        self.store.set_open(pane.chat.id, False)
+        await self._remove_tab(pane)
+        key = self.app.keys["chat_list"].split(",")[0]
+        self.notify(f"Closed “{pane.chat.title}”: {key} lists it")
+
+    def action_delete_chat(self) -> None:
         pane = self.active_pane()
         if pane is None:
             return
@@ -253,11 +279,57 @@ class ChatScreen(Screen):
     async def _delete(self, pane: ChatPane) -> None:
         await pane.stop_and_wait()
         self.store.delete_chat(pane.chat.id)
+        await self._remove_tab(pane)
+
+    async def _remove_tab(self, pane: ChatPane) -> None:
+        """Take the tab away; the last one gives way to a new empty chat."""
         await self.query_one(TabbedContent).remove_pane(pane.id)
         if not self.panes():
             await self.action_new_tab()
         else:
             self._focus_active()
+
+    # the chat list
+
+    def action_chat_list(self, query: str = "", search: bool = False) -> None:
+        """Every chat, open or closed, and a search over all their messages: the chosen one opens
+        in a tab (or its tab is shown), at the chosen message."""
+
+        def chosen(target: tuple[int, int | None] | None) -> None:
+            if target is not None:
+                self.run_worker(self.show_chat(*target), group="tabs")
+
+        self.app.push_screen(ChatListScreen(self.store, self.delete_chat_by_id, query, search), chosen)
+
+    async def show_chat(self, chat_id: int, message_index: int | None = None) -> None:
+        """Show chat `chat_id` in its tab, opening one for it if it is closed; then message
+        `message_index` (a search hit), if given."""
+        pane = self._pane_of(chat_id)
+        if pane is None:
+            self.store.set_open(chat_id, True)
+            try:
+                chat = self.store.chat(chat_id)
+            except StoreError as e:
+                self.notify(f"{e}: it was deleted", severity="warning")
+                return
+            await self._open(chat)
+            pane = self._pane_of(chat_id)
+        else:
+            self.query_one(TabbedContent).active = pane.id
+            pane.focus_input()
+        if pane is not None and message_index is not None:
+            pane.reveal_message(message_index)
+
+    async def delete_chat_by_id(self, chat_id: int) -> None:
+        """Delete a chat chosen in the chat list: its tab too, if it is open (its reply stopped first)."""
+        pane = self._pane_of(chat_id)
+        if pane is not None:
+            await self._delete(pane)
+        else:
+            self.store.delete_chat(chat_id)
+
+    def _pane_of(self, chat_id: int) -> ChatPane | None:
+        return next((pane for pane in self.panes() if pane.chat.id == chat_id), None)
 
     # generation
 
@@ -293,6 +365,52 @@ class ChatScreen(Screen):
         if len(panes) > 1 or busy:  # to a lone tab it is a plain send: its reply says so (a toast lays out the screen)
             self.notify(f"Broadcast to {sent} tab{'s' * (sent != 1)}" + (f"; {busy} busy, skipped" if busy else ""))
 
+    # composing: files, taking a turn back, editing an earlier message in a fork
+
+    def action_attach(self) -> None:
+        pane = self.active_pane()
+        if pane is None:
+            return
+
+        def chosen(files: list[Attachment] | None) -> None:
+            if files is not None:
+                pane.set_attachments(files)
+            pane.focus_input()
+
+        self.app.push_screen(AttachDialog(pane.attachments), chosen)
+
+    def action_edit_last(self) -> None:
+        pane = self.active_pane()
+        if pane is None:
+            return
+        if pane.generating:
+            self.notify("Still generating: stop it first (escape)", severity="warning")
+        elif not pane.take_back_last_turn():
+            self.notify("No message of yours to edit yet", severity="warning")
+
+    def action_edit_at(self) -> None:
+        """Pick one of your messages: a fork of the chat up to just before it opens with the
+        message in its input (this chat stays as it was); the fork's prompt reuses its KV blocks."""
+        pane = self.active_pane()
+        users = [i for i, m in enumerate(pane.messages) if m.role == "user"] if pane else []
+        if pane is None or not users:
+            self.notify("No message of yours to edit yet", severity="warning")
+            return
+
+        def chosen(index: int | None) -> None:
+            if index is not None:
+                self.run_worker(self._edit_in_fork(pane, index), group="tabs")
+
+        self.app.push_screen(MessagePicker(pane.messages, roles=("user",), question="Edit which message (in a fork)?"),
+                             chosen)
+
+    async def _edit_in_fork(self, pane: ChatPane, index: int) -> None:
+        message = pane.messages[index]
+        fork = self.store.fork_chat(pane.chat, pane.messages[:index], _fork_title(pane.chat.title))
+        new = await self._open(fork)
+        new.load_message(message.content)
+        self.notify(f"Edit message {index + 1} here and press enter; “{pane.chat.title}” keeps the original")
+
     # chat management
 
     def action_rename(self) -> None:
@@ -327,6 +445,40 @@ class ChatScreen(Screen):
             self.notify(str(e), severity="error")
             return
         self.notify(f"Exported to {path}", title="Export")
+
+    def action_copy_reply(self) -> None:
+        """The last finished reply (a streaming one is not whole yet), as its Markdown."""
+        pane = self.active_pane()
+        replies = [m for m in pane.messages if m.role == "assistant"] if pane else []
+        if not replies:
+            self.notify("No reply to copy yet", severity="warning")
+            return
+        self._copy(Copyable(replies[-1].content, what="the last reply"))
+
+    def action_copy_code(self) -> None:
+        """The last code block of the newest reply that has one."""
+        pane = self.active_pane()
+        replies = [m for m in pane.messages if m.role == "assistant"] if pane else []
+        block = next((b[-1] for b in (code_blocks(m.content) for m in reversed(replies)) if b), None)
+        if block is None:
+            self.notify("No code block in this chat yet", severity="warning")
+            return
+        self._copy(Copyable(block.code, block.language))
+
+    def action_copy_pick(self) -> None:
+        pane = self.active_pane()
+        if pane is None or not pane.messages:
+            self.notify("Nothing to copy yet", severity="warning")
+            return
+
+        def chosen(item: Copyable | None) -> None:
+            if item is not None:
+                self._copy(item)
+
+        self.app.push_screen(CopyPicker(pane.messages), chosen)
+
+    def _copy(self, item: Copyable) -> None:
+        self.notify(item.notice(copy_text(self.app, item.text)), title="Copy")
 
     # models
 
@@ -410,6 +562,11 @@ class ChatScreen(Screen):
             return
         self._engine_busy = bool(stats.num_running or stats.num_waiting)
         panes = self.panes()
+        if stats.prefill_tokens_per_s > 0:  # idle, the recent rate decays to 0: keep the last one measured
+            self._prefill_rate = stats.prefill_tokens_per_s
+        for pane in panes:
+            pane.prefill_rate = self._prefill_rate
+            pane.kv_pool_tokens = stats.num_blocks_total * stats.block_size
         tab_owners = [Owner(p.id, p.chat.title, p.color) for p in panes]
         owners = {p.request_id: owner for p, owner in zip(panes, tab_owners) if p.request_id}
         # A remote server's figures say nothing of what an idle tab holds: no row for it there.

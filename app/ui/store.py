@@ -4,7 +4,11 @@ messages. Every write commits at once. A reply being generated is committed as i
 `INTERRUPTED`, so a crash loses at most the last second of a reply.
 
 The schema version lives in `PRAGMA user_version`; opening an older file upgrades it in place
-and a newer one is refused."""
+and a newer one is refused.
+
+Closing a tab keeps its chat (`open` = 0): the chat list shows every chat, and `search` finds a
+message in any of them through an FTS5 index kept in step with `messages` by triggers (a plain
+`LIKE` scan where this SQLite has no FTS5)."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from app.engine.types.errors import LocalbatchError
@@ -22,6 +27,7 @@ from app.ui.user_config import ChatSettings
 DB_NAME = "chats.sqlite3"
 STREAMING = "streaming"  # finish_reason of a reply still being generated
 INTERRUPTED = "interrupted"  # ... of one the app never finished (killed, crashed)
+HIT_OPEN, HIT_CLOSE = "\x02", "\x03"  # around each match in a SearchHit's snippet
 
 
 class StoreError(LocalbatchError):
@@ -36,6 +42,7 @@ class ChatRecord:
     settings: ChatSettings
     position: int
     created_at: float
+    open: bool = True  # shown as a tab; a closed chat is kept, listed in the chat list
 
 
 @dataclass
@@ -52,9 +59,70 @@ class MessageRecord:
     model: str | None = None  # assistant only: the model that wrote it (None: before schema 3)
 
 
+@dataclass
+class ChatSummary:
+    """One row of the chat list."""
+
+    chat: ChatRecord
+    num_messages: int
+    num_chars: int
+    model: str | None  # of its last reply that names one
+    last_active: float  # its latest message's time, else the chat's
+
+
+@dataclass
+class SearchHit:
+    """A message that matches a search; `snippet` marks each match with HIT_OPEN / HIT_CLOSE."""
+
+    chat_id: int
+    chat_title: str
+    message_id: int
+    message_index: int  # within its chat, 0-based in id order (ChatPane's `messages`)
+    role: str
+    snippet: str
+
+
+@cache
+def fts5_available() -> bool:
+    """Whether this SQLite was built with FTS5 (asked once, on a scratch database)."""
+    try:
+        sqlite3.connect(":memory:").execute("CREATE VIRTUAL TABLE temp.probe USING fts5(x)")
+    except sqlite3.Error:
+        return False
+    return True
+
+
+# An external-content index (the text lives once, in `messages`). A streaming reply is UPDATEd
+# about once a second: the update trigger takes the old text out of the index before putting the
+# new one in, else the index would still match words the reply no longer has.
+_FTS_STATEMENTS = (
+    "CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='messages', content_rowid='id')",
+    """CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
+        INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content);
+    END""",
+    """CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
+        INSERT INTO messages_fts (messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+    END""",
+    """CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
+        INSERT INTO messages_fts (messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
+        INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content);
+    END""",
+    "INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')",  # index the messages already there
+)
+
+
+def _create_fts(db: sqlite3.Connection) -> None:
+    """The search index, where this SQLite has FTS5; without it the migration still succeeds and
+    `search` scans with LIKE (a file migrated so gets its index when opened with FTS5)."""
+    if fts5_available():
+        for statement in _FTS_STATEMENTS:
+            db.execute(statement)
+
+
 # _MIGRATIONS[i] takes the schema from version i to i + 1. Plain statements (not executescript,
-# which commits on its own) so each migration runs in one transaction.
-_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+# which commits on its own) so each migration runs in one transaction; a callable runs its own
+# statements on the connection (a step that depends on this SQLite's features).
+_MIGRATIONS: tuple[tuple[str | Callable[[sqlite3.Connection], None], ...], ...] = (
     (
         """CREATE TABLE chats (
             id INTEGER PRIMARY KEY,
@@ -85,10 +153,16 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # Models can be switched inside the app: each reply records which one wrote it.
         "ALTER TABLE messages ADD COLUMN model TEXT",
     ),
+    (
+        # Closing a tab keeps the chat; every message is searchable.
+        "ALTER TABLE chats ADD COLUMN open INTEGER NOT NULL DEFAULT 1",
+        _create_fts,
+    ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 _MESSAGE_COLUMNS = "id, chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, created_at, model"
+_CHAT_COLUMNS = "id, title, system_prompt, settings, position, created_at, open"
 
 
 class ChatStore:
@@ -108,6 +182,7 @@ class ChatStore:
             self._db = sqlite3.connect(self.path, isolation_level=None)
             self._db.execute("PRAGMA foreign_keys = ON")
             self._migrate()
+            self._fts = self._has_fts()
         except sqlite3.Error as e:
             raise StoreError(f"cannot open chat database {self.path}: {e}") from None
 
@@ -135,8 +210,17 @@ class ChatStore:
         for target in range(version + 1, SCHEMA_VERSION + 1):
             with self._transaction():
                 for statement in _MIGRATIONS[target - 1]:
-                    self._db.execute(statement)
+                    statement(self._db) if callable(statement) else self._db.execute(statement)
                 self._db.execute(f"PRAGMA user_version = {target}")
+
+    def _has_fts(self) -> bool:
+        """Whether `search` can use the FTS5 index (made here for a file migrated without one)."""
+        if not fts5_available():
+            return False
+        if self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'messages_fts'").fetchone() is None:
+            with self._transaction():
+                _create_fts(self._db)
+        return True
 
     def _write(self, sql: str, params: tuple = ()) -> int:
         """Run one write; its row id, or a new negative id where the file cannot be written."""
@@ -163,32 +247,56 @@ class ChatStore:
         position = self._db.execute("SELECT COALESCE(MAX(position), -1) + 1 FROM chats").fetchone()[0]
         now = time.time()
         chat_id = self._write(
-            "INSERT INTO chats (title, system_prompt, settings, position, created_at) VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO chats (title, system_prompt, settings, position, created_at, open) VALUES (?, ?, ?, ?, ?, 1)",
             (title, system_prompt, json.dumps(settings.to_dict()), position, now),
         )
         return ChatRecord(chat_id, title, system_prompt, settings, position, now)
 
     def chats(self) -> list[ChatRecord]:
-        rows = self._db.execute(
-            "SELECT id, title, system_prompt, settings, position, created_at FROM chats ORDER BY position, id"
-        ).fetchall()
+        """Every chat, open or closed, in tab order."""
+        rows = self._db.execute(f"SELECT {_CHAT_COLUMNS} FROM chats ORDER BY position, id").fetchall()
         return [self._chat(row) for row in rows]
 
+    def open_chats(self) -> list[ChatRecord]:
+        """The chats shown as tabs, in tab order."""
+        rows = self._db.execute(f"SELECT {_CHAT_COLUMNS} FROM chats WHERE open = 1 ORDER BY position, id").fetchall()
+        return [self._chat(row) for row in rows]
+
+    def set_open(self, chat_id: int, open: bool) -> None:
+        """Show a chat as a tab or close it (kept). A chat reopened goes after the other tabs, where
+        the screen puts it, so a restart shows the tabs in the same order."""
+        self._write(
+            "UPDATE chats SET position = CASE WHEN ?1 AND open = 0 THEN (SELECT MAX(position) + 1 FROM chats)"
+            " ELSE position END, open = ?1 WHERE id = ?2", (int(open), chat_id))
+
     def chat(self, chat_id: int) -> ChatRecord:
-        row = self._db.execute(
-            "SELECT id, title, system_prompt, settings, position, created_at FROM chats WHERE id = ?", (chat_id,)
-        ).fetchone()
+        row = self._db.execute(f"SELECT {_CHAT_COLUMNS} FROM chats WHERE id = ?", (chat_id,)).fetchone()
         if row is None:
             raise StoreError(f"chat {chat_id} does not exist")
         return self._chat(row)
 
     def _chat(self, row: tuple) -> ChatRecord:
-        chat_id, title, system_prompt, settings, position, created_at = row
+        chat_id, title, system_prompt, settings, position, created_at, is_open = row
         try:
             data = json.loads(settings)
         except json.JSONDecodeError:
             data = {}
-        return ChatRecord(chat_id, title, system_prompt, ChatSettings.from_dict(data, self.defaults), position, created_at)
+        settings = ChatSettings.from_dict(data, self.defaults)
+        return ChatRecord(chat_id, title, system_prompt, settings, position, created_at, bool(is_open))
+
+    def chat_summaries(self) -> list[ChatSummary]:
+        """Every chat with its size, last model and last activity, the most recently active first
+        (one query: the chat list is built from it when it opens)."""
+        rows = self._db.execute(
+            f"SELECT {', '.join('c.' + col for col in _CHAT_COLUMNS.split(', '))},"
+            " COUNT(m.id), COALESCE(SUM(LENGTH(m.content)), 0),"
+            " (SELECT r.model FROM messages r WHERE r.chat_id = c.id AND r.model IS NOT NULL ORDER BY r.id DESC"
+            "  LIMIT 1),"
+            " COALESCE(MAX(m.created_at), c.created_at) AS last_active"
+            " FROM chats c LEFT JOIN messages m ON m.chat_id = c.id"
+            " GROUP BY c.id ORDER BY last_active DESC, c.id DESC"
+        ).fetchall()
+        return [ChatSummary(self._chat(row[:7]), *row[7:]) for row in rows]
 
     def fork_chat(self, chat: ChatRecord, messages: list[MessageRecord], title: str) -> ChatRecord:
         """A new chat with `chat`'s system prompt and settings and copies of `messages` (one
@@ -252,11 +360,52 @@ class ChatStore:
         ).fetchall()
         return [MessageRecord(*row) for row in rows]
 
+    def recent_prompts(self, limit: int = 200) -> list[str]:
+        """The user messages of every chat, newest first (the input's up-arrow history)."""
+        rows = self._db.execute("SELECT content FROM messages WHERE role = 'user' ORDER BY id DESC LIMIT ?",
+                                (limit,)).fetchall()
+        return [row[0] for row in rows]
+
     def count_messages(self, chat_id: int) -> int:
         return self._db.execute("SELECT COUNT(*) FROM messages WHERE chat_id = ?", (chat_id,)).fetchone()[0]
 
     def delete_message(self, message_id: int) -> None:
         self._write("DELETE FROM messages WHERE id = ?", (message_id,))
+
+    # search
+
+    def search(self, query: str, limit: int = 50) -> list[SearchHit]:
+        """Messages of every chat that hold each word of `query` (the last one as a prefix, for
+        search as you type), best match first, then newest. Any text is taken literally: no
+        FTS syntax error can come of what the user types."""
+        terms = query.split()
+        if not terms:
+            return []
+        if self._fts:
+            return self._search_fts(terms, limit)
+        return self._search_like(terms, limit)
+
+    def _search_fts(self, terms: list[str], limit: int) -> list[SearchHit]:
+        match = " ".join('"' + term.replace('"', '""') + '"' for term in terms) + "*"
+        rows = self._db.execute(
+            "SELECT m.chat_id, c.title, m.id, (SELECT COUNT(*) FROM messages p WHERE p.chat_id = m.chat_id"
+            " AND p.id < m.id), m.role, snippet(messages_fts, 0, ?, ?, '…', 16)"
+            " FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid JOIN chats c ON c.id = m.chat_id"
+            " WHERE messages_fts MATCH ? ORDER BY bm25(messages_fts), m.id DESC LIMIT ?",
+            (HIT_OPEN, HIT_CLOSE, match, limit),
+        ).fetchall()
+        return [SearchHit(*row) for row in rows]
+
+    def _search_like(self, terms: list[str], limit: int) -> list[SearchHit]:
+        """Without FTS5: a scan with one LIKE per word (case-insensitive for ASCII), newest first."""
+        patterns = ["%" + term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%" for term in terms]
+        where = " AND ".join("m.content LIKE ? ESCAPE '\\'" for _ in patterns)
+        rows = self._db.execute(
+            "SELECT m.chat_id, c.title, m.id, (SELECT COUNT(*) FROM messages p WHERE p.chat_id = m.chat_id"
+            f" AND p.id < m.id), m.role, m.content FROM messages m JOIN chats c ON c.id = m.chat_id WHERE {where}"
+            " ORDER BY m.id DESC LIMIT ?", (*patterns, limit),
+        ).fetchall()
+        return [SearchHit(*row[:5], _snippet(row[5], terms)) for row in rows]
 
     # app state
 
@@ -267,6 +416,26 @@ class ChatStore:
     def set_meta(self, key: str, value: str) -> None:
         self._write("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                     (key, value))
+
+
+def _snippet(text: str, terms: list[str], width: int = 80) -> str:
+    """Up to `width` characters of `text` around the first match of `terms`, each match marked
+    as FTS5's snippet() marks it."""
+    lower = text.lower()
+    first = min((i for i in (lower.find(t.lower()) for t in terms) if i >= 0), default=0)
+    start = max(first - width // 3, 0)
+    end = min(start + width, len(text))
+    window = text[start:end]
+    marked, low, pos = [], window.lower(), 0
+    while True:
+        found = [(i, t) for t in terms if (i := low.find(t.lower(), pos)) >= 0]
+        if not found:
+            break
+        i, term = min(found)
+        marked += [window[pos:i], HIT_OPEN, window[i:i + len(term)], HIT_CLOSE]
+        pos = i + len(term)
+    marked.append(window[pos:])
+    return ("…" if start else "") + "".join(marked) + ("…" if end < len(text) else "")
 
 
 class _Transaction:

@@ -7,6 +7,7 @@ Example `config.toml` (every key optional):
     theme = "textual-dark"
     system_prompt = "You are a helpful assistant."
     export_dir = "~/chats"
+    context_overflow = "drop_oldest"   # or "stop": a message that outgrows the context is refused
 
     [sampling]
     temperature = 0.7
@@ -35,6 +36,7 @@ from typing import Any
 
 import platformdirs
 
+from app.engine.types.context_window import OVERFLOW_DROP_OLDEST, OVERFLOW_POLICIES, OVERFLOW_STOP
 from app.engine.types.errors import LocalbatchError, RequestError
 from app.engine.types.sampling_params import SamplingParams
 
@@ -57,6 +59,9 @@ class ChatSettings:
     # people try prompts here before wiring them into code that sends `response_format`.
     json_mode: bool = False
     json_schema: str = ""
+    # A message that would overflow the context: drop the oldest turns (the system prompt stays;
+    # the reply says how many were left out) or stop and say so.
+    context_overflow: str = OVERFLOW_DROP_OLDEST
 
     def to_params(self) -> SamplingParams:
         """Raises `RequestError` naming the invalid field."""
@@ -80,10 +85,13 @@ class ChatSettings:
 
     def validate(self) -> None:
         self.to_params()
+        if self.context_overflow not in OVERFLOW_POLICIES:
+            raise RequestError(f"context_overflow must be one of {', '.join(OVERFLOW_POLICIES)}, got "
+                               f"{self.context_overflow!r}", param="context_overflow")
 
     def to_dict(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens, "seed": self.seed,
-                "json_mode": self.json_mode, "json_schema": self.json_schema}
+                "json_mode": self.json_mode, "json_schema": self.json_schema, "context_overflow": self.context_overflow}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], defaults: ChatSettings | None = None) -> ChatSettings:
@@ -95,7 +103,9 @@ class ChatSettings:
     def summary(self) -> str:
         seed = "random" if self.seed is None else str(self.seed)
         json_mode = (" · JSON schema" if self.json_schema.strip() else " · JSON") if self.json_mode else ""
-        return f"temperature {self.temperature:g} · top-p {self.top_p:g} · max {self.max_tokens} · seed {seed}{json_mode}"
+        overflow = " · stop when full" if self.context_overflow == OVERFLOW_STOP else ""
+        return (f"temperature {self.temperature:g} · top-p {self.top_p:g} · max {self.max_tokens} · seed {seed}"
+                f"{json_mode}{overflow}")
 
 
 @dataclass(frozen=True)
@@ -120,7 +130,8 @@ def default_config_path() -> Path:
     return Path(platformdirs.user_config_dir(APP_NAME)) / "config.toml"
 
 
-_TOP_LEVEL = MappingProxyType({"model": str, "device": str, "theme": str, "system_prompt": str, "export_dir": str})
+_TOP_LEVEL = MappingProxyType({"model": str, "device": str, "theme": str, "system_prompt": str, "export_dir": str,
+                               "context_overflow": str})
 _SAMPLING = MappingProxyType({"temperature": (int, float), "top_p": (int, float), "max_tokens": int, "seed": int})
 _SERVER = MappingProxyType({"host": str, "port": int})
 _TABLES = frozenset({"sampling", "keymap", "server"})
@@ -149,11 +160,11 @@ def parse_config(data: dict[str, Any], path: Path | None = None) -> Config:
     top = _typed(data, _TOP_LEVEL, where, "")
     sampling = _typed(_table(data, "sampling", where), _SAMPLING, where, "sampling.")
     server = _typed(_table(data, "server", where), _SERVER, where, "server.")
-    settings = ChatSettings.from_dict(sampling)
+    settings = ChatSettings.from_dict({**sampling, **{k: top[k] for k in ("context_overflow",) if k in top}})
     try:
         settings.validate()
     except RequestError as e:
-        raise ConfigError(f"[sampling] in {where}: {e}") from None
+        raise ConfigError(f"{'[sampling]' if e.param != 'context_overflow' else 'config'} in {where}: {e}") from None
     export_dir, model = top.get("export_dir"), top.get("model")
     return Config(
         model=str(Path(model).expanduser()) if model else None,

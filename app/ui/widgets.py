@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
+from rich.text import Text
 from textual import events, on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -11,7 +13,10 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Footer, Input, Label, Markdown, Static, Switch, TextArea
 
+from app.engine.types.context_window import OVERFLOW_DROP_OLDEST, OVERFLOW_STOP
 from app.engine.types.errors import RequestError
+from app.ui.attach import Attachment, common_prefix, complete_path
+from app.ui.format import fmt_wait
 from app.ui.layout_once import LaidOutOnce
 from app.ui.reply_stream import TAIL_LINES, StreamingBody, chat_markdown_parser
 from app.ui.user_config import ChatSettings
@@ -20,7 +25,8 @@ _NEWLINE_KEYS = ("shift+enter", "ctrl+j")
 
 
 class PromptInput(TextArea):
-    """Multi-line input: enter sends, shift+enter or ctrl+j inserts a newline."""
+    """Multi-line input: enter sends, shift+enter or ctrl+j inserts a newline; up/down in an empty
+    input walk the prompts sent before (`recall`); tab after `@` completes a file path."""
 
     class Submitted(Message):
         def __init__(self, prompt_input: PromptInput, text: str) -> None:
@@ -32,16 +38,26 @@ class PromptInput(TextArea):
         def control(self) -> PromptInput:
             return self.prompt_input
 
-    def __init__(self, **kwargs: object) -> None:
+    class Completions(Message):
+        """Tab after `@` found several paths (or none): the tab shows them."""
+
+        def __init__(self, options: list[str]) -> None:
+            super().__init__()
+            self.options = options
+
+    def __init__(self, recall: Callable[[], list[str]] | None = None, **kwargs: object) -> None:
         super().__init__(
             soft_wrap=True,
             show_line_numbers=False,
-            placeholder="Message — enter sends, ctrl+j adds a line",
+            placeholder="Message — enter sends, ctrl+j adds a line, ↑ earlier prompts, @path + tab attaches a file",
             **kwargs,
         )
         # A blinking cursor repaints the input (and re-composites the screen around it) twice a
         # second, streaming or idle.
         self.cursor_blink = False
+        self._recall = recall  # the prompts sent before, newest first
+        self._recalled: list[str] | None = None  # that list while walking it
+        self._recall_at = -1  # the entry shown; -1: the empty input the walk started from
 
     async def _on_key(self, event: events.Key) -> None:
         if event.key == "enter":
@@ -55,7 +71,97 @@ class PromptInput(TextArea):
             event.prevent_default()
             self.insert("\n")
             return
+        if event.key in ("up", "down") and self._walk(1 if event.key == "up" else -1):
+            event.stop()
+            event.prevent_default()
+            return
+        if event.key == "tab" and self._complete_path():
+            event.stop()
+            event.prevent_default()
+            return
         await super()._on_key(event)
+
+    def _walk(self, step: int) -> bool:
+        """Show the next older (step 1) or newer (-1) sent prompt; False leaves the key to the
+        editor: the input holds text that is not a recalled prompt (up moves the cursor there)."""
+        walking = self._recalled is not None and self._recall_at >= 0 and self.text == self._recalled[self._recall_at]
+        if not walking:
+            if self.text or step < 0 or self._recall is None:
+                return False
+            self._recalled, self._recall_at = self._recall(), -1
+        index = self._recall_at + step
+        if index >= len(self._recalled):
+            return True  # the oldest is shown: stay there
+        self._recall_at = index
+        self.load_text(self._recalled[index] if index >= 0 else "")
+        self.move_cursor(self.document.end)
+        return True
+
+    def _complete_path(self) -> bool:
+        """Complete the `@path` word before the cursor; False when there is none (tab then moves
+        the focus, as it does elsewhere)."""
+        row, col = self.cursor_location
+        line = self.document.get_line(row)[:col]
+        word = line.rsplit(None, 1)[-1] if line.strip() else ""
+        if not word.startswith("@") or line.endswith(" "):
+            return False
+        options = complete_path(word[1:])
+        if len(options) == 1 or common_prefix(options) != word[1:]:
+            completed = options[0] if len(options) == 1 else common_prefix(options)
+            self.insert(completed[len(word) - 1:] + (" " if len(options) == 1 and not completed.endswith("/") else ""))
+        if len(options) != 1:
+            self.post_message(self.Completions(options))
+        return True
+
+
+class AttachmentsLine(Static):
+    """The files the next message carries, one line; hidden when there are none."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__("", markup=False, **kwargs)
+        self.display = False
+
+    def show_files(self, files: list[Attachment]) -> None:
+        self.update("📎 " + " · ".join(f.chip() for f in files) + "   (ctrl+o to change)" if files else "")
+        self.display = bool(files)
+
+
+class ContextMeter(Static):
+    """The line under the input: the chat's prompt tokens against the context (yellow from 80%),
+    and what the message being written adds and costs to read."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__("", markup=False, **kwargs)
+        self._usage = Text()
+
+    def show_usage(self, used: int, adding: int, context: int, kv_pool: int, prefill_tok_s: float,
+                   approximate: bool = False) -> None:
+        self._usage = usage_text(used, adding, context, kv_pool, prefill_tok_s, approximate)
+        full = context and used + adding >= context
+        self.set_class(bool(context) and used + adding >= 0.8 * context and not full, "warn")
+        self.set_class(bool(full), "full")
+        self.update(self._usage)
+
+    def show_hint(self, hint: str) -> None:
+        """A passing note (the paths a tab could complete) in place of the usage, until the next count."""
+        self.update(Text(hint, style="italic"))
+
+
+def usage_text(used: int, adding: int, context: int, kv_pool: int, prefill_tok_s: float,
+               approximate: bool = False) -> Text:
+    about = "≈" if approximate else ""
+    text = Text(f"context {about}{used:,}")
+    if context:
+        text.append(f" / {context:,} tok · {used / context:.0%}")
+        if kv_pool and kv_pool < context:
+            text.append(f" · KV pool {kv_pool:,}")
+    else:
+        text.append(" tok")
+    if adding:
+        text.append(f" · this message +{about}{adding:,} tok", style="bold")
+        if prefill_tok_s > 0:
+            text.append(f", ~{fmt_wait(adding / prefill_tok_s)} to read")
+    return text
 
 
 class ChatScroll(LaidOutOnce, VerticalScroll):
@@ -187,6 +293,11 @@ class SettingsForm(Vertical):
             yield Switch(self._settings.json_mode, classes="json-mode", tooltip="Constrain replies to JSON")
             yield Label("JSON mode · optional JSON schema below (empty: any JSON object)", classes="field-label")
         yield TextArea(self._settings.json_schema, soft_wrap=True, classes="json-schema", language=None)
+        with Horizontal(classes="json-row"):
+            yield Switch(self._settings.context_overflow == OVERFLOW_DROP_OLDEST, classes="drop-oldest",
+                         tooltip="When a message would overflow the context")
+            yield Label("When the context is full, leave the oldest turns out (off: stop and say so)",
+                        classes="field-label")
         yield Label("", classes="settings-error")
 
     def focus_first(self) -> None:
@@ -206,6 +317,7 @@ class SettingsForm(Vertical):
                 raise RequestError(f"{title} must be a number", param=name) from None
         values["json_mode"] = self.query_one(".json-mode", Switch).value
         values["json_schema"] = self.query_one(".json-schema", TextArea).text
+        values["context_overflow"] = OVERFLOW_DROP_OLDEST if self.query_one(".drop-oldest", Switch).value else OVERFLOW_STOP
         settings = replace(self._settings, **values)
         settings.validate()
         return settings
@@ -214,6 +326,7 @@ class SettingsForm(Vertical):
     @on(TextArea.Changed, ".system-prompt")
     @on(TextArea.Changed, ".json-schema")
     @on(Switch.Changed, ".json-mode")
+    @on(Switch.Changed, ".drop-oldest")
     def _changed(self, event: Message) -> None:
         event.stop()
         error = self.query_one(".settings-error", Label)

@@ -228,7 +228,7 @@ async def test_rejected_request_shows_error_and_regenerate_retries(tmp_path: Pat
         assert [m.content for m in app.store.messages(pane.chat.id)] == ["busy?", "Reply to: busy?"]
 
 
-async def test_tabs_open_switch_and_close_with_confirm(tmp_path: Path) -> None:
+async def test_tabs_open_switch_close_and_delete_with_confirm(tmp_path: Path) -> None:
     app, _ = make_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         screen = await chat_screen(pilot)
@@ -250,12 +250,12 @@ async def test_tabs_open_switch_and_close_with_confirm(tmp_path: Path) -> None:
         await until(pilot, lambda: len(screen.panes()) == 2)
         await pilot.press("alt+left")
         assert tabs.active == first.id
-        await pilot.press("ctrl+w")  # this one has messages: confirm first
+        await pilot.press("ctrl+delete")  # deleting one with messages: confirm first
         await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
         await pilot.press("escape")
         await until(pilot, lambda: app.screen is screen)
         assert len(screen.panes()) == 2 and app.store.count_messages(first.chat.id) == 2
-        await pilot.press("ctrl+w")
+        await pilot.press("ctrl+delete")
         await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
         await pilot.click("#confirm")
         await until(pilot, lambda: len(screen.panes()) == 1)
@@ -401,8 +401,8 @@ async def test_keymap_from_config_remaps_bindings_and_palette_lists_actions(tmp_
         await pilot.press("ctrl+t")
         await until(pilot, lambda: len(screen.panes()) == 2)
         commands = {c.title: c.help for c in app.get_system_commands(screen)}
-        for title in ("Send", "New chat", "Delete chat", "Next tab", "Previous tab", "Stop", "Regenerate",
-                      "Rename", "Broadcast", "Settings", "Export", "Endpoint"):
+        for title in ("Send", "New chat", "Close tab", "Delete chat", "Chats", "Search chats", "Next tab",
+                      "Previous tab", "Stop", "Regenerate", "Rename", "Broadcast", "Settings", "Export", "Endpoint"):
             assert title in commands
         assert "(ctrl+t)" in commands["New chat"]
 
@@ -622,7 +622,7 @@ def test_store_migrates_old_files_and_refuses_newer_ones(tmp_path: Path) -> None
     )
     db.close()
     store = ChatStore(path)
-    assert store.version == SCHEMA_VERSION == 3
+    assert store.version == SCHEMA_VERSION == 4
     assert store.chats()[0].settings.temperature == 0.3
     message = store.messages(1)[0]
     assert (message.content, message.finish_reason, message.num_tokens, message.model) == ("hello", None, 0, None)

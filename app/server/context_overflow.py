@@ -1,0 +1,80 @@
+"""What a request may ask for when its prompt does not fit the context. By default nothing: the
+engine's 400 (`context_length_exceeded`) stands, as OpenAI answers. Opt-ins: vLLM's
+`truncate_prompt_tokens` (keep the prompt's last k tokens; both generation routes) and localbatch's
+`context_overflow: "drop_oldest"` (chat: drop the oldest whole turns, keep the system messages and
+the newest turn; the terminal app's policy, `app.engine.types.context_window`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.engine.api.engine_client import Prompt
+from app.engine.types.context_window import ContextOverflowError, drop_oldest_turns
+from app.engine.types.errors import RequestError
+from app.server.http_errors import CONTEXT_LENGTH_EXCEEDED, ApiError
+from app.server.openai_schema import ChatMessage
+from app.server.output_schema import ToolChoice, ToolDefinition
+from app.server.serving import ServerState
+from app.server.tool_prompt import chat_prompt, encode_rendered
+
+# Set on a chat response (streamed or not) whose oldest messages were dropped to fit the context.
+DROPPED_HEADER = "x-localbatch-dropped-messages"
+TRUNCATE_PARAM = "truncate_prompt_tokens"
+
+
+def prompt_ids(state: ServerState, prompt: Prompt) -> list[int]:
+    """The token ids the engine makes of `prompt`, so that what is counted or cut is what it reads:
+    text gets a BOS, a conversation is templated with exactly one BOS, token ids stay."""
+    if isinstance(prompt, str):
+        return state.engine.encode(prompt, add_bos=True)
+    if prompt and all(isinstance(m, dict) for m in prompt):
+        return encode_rendered(state.engine, state.render_chat(prompt))  # type: ignore[arg-type]
+    return list(prompt)  # type: ignore[arg-type]
+
+
+def truncation_length(requested: int | None, context: int, max_tokens: int | None) -> int | None:
+    """How many of the prompt's last tokens `truncate_prompt_tokens` keeps; None: all of them.
+    -1 keeps as many as fit beside `max_tokens` (at least one token is generated)."""
+    if requested is None:
+        return None
+    if context and requested > context:
+        raise RequestError(f"{TRUNCATE_PARAM} is {requested}, more than the model's context of {context} "
+                           "tokens: ask for fewer, or -1 for as many as fit", param=TRUNCATE_PARAM)
+    if requested == -1:
+        return max(context - (max_tokens or 1), 1) if context else None  # a context of 0: unknown, cut nothing
+    return requested
+
+
+def truncated(state: ServerState, prompt: Prompt, keep: int | None) -> Prompt:
+    """`prompt` cut from the left to its last `keep` tokens (sent as token ids); unchanged when it
+    is no longer than that."""
+    if keep is None:
+        return prompt
+    ids = prompt_ids(state, prompt)
+    return ids[-keep:] if len(ids) > keep else prompt
+
+
+def fit_conversation(state: ServerState, messages: list[ChatMessage], policy: str, max_tokens: int | None,
+                     tools: list[ToolDefinition], choice: ToolChoice) -> tuple[list[ChatMessage], int]:
+    """The messages to send under `policy`, and how many were dropped. With "drop_oldest", the
+    oldest turns go until the prompt (as `chat_prompt` renders it, tools included) leaves room for
+    `max_tokens`, or one token; raises a 400 naming `messages` when the newest turn alone is too long."""
+    context = state.engine.max_model_len
+    budget = context - (max_tokens or 1)
+    if policy != "drop_oldest" or not context or budget < 1:
+        return messages, 0  # no context known, or max_tokens alone fills it: the engine's 400 says so
+    # Stand-ins in `drop_oldest_turns`' shape; OpenAI's "developer" messages are system prompts.
+    stand_ins: list[dict[str, Any]] = [{"role": "system" if m.role == "developer" else m.role, "index": i}
+                                       for i, m in enumerate(messages)]
+
+    def picked(kept: list[dict[str, Any]]) -> list[ChatMessage]:
+        return [messages[m["index"]] for m in kept]
+
+    def count_tokens(kept: list[dict[str, Any]]) -> int:
+        return len(prompt_ids(state, chat_prompt(state.engine, picked(kept), tools, choice)))
+
+    try:
+        kept, dropped = drop_oldest_turns(stand_ins, count_tokens, budget)
+    except ContextOverflowError as exc:
+        raise ApiError(400, f"messages: {exc}", param="messages", code=CONTEXT_LENGTH_EXCEEDED) from exc
+    return picked(kept), dropped
