@@ -14,7 +14,7 @@ seconds apart; the side not taking its turn is stopped (SIGSTOP), so neither run
   ~6% faster steps at 8 than N different prompts); against serve, `--prompt-len` random token
   ids, new each run, as serve_bench.py sends. Its decode tok/s and output tok/s are bench's.
 - app: the app in tmux at 160x48 (tmux_tabs.py, greedy), the embedded endpoint on and `/metrics`
-  scraped once a second during its turns. Each turn deletes the last turn's tabs (ctrl+w, y), opens
+  scraped once a second during its turns. Each turn closes the last turn's tabs (ctrl+w), opens
   N fresh ones, types the prompt and broadcasts it (ctrl+b). The figure is the replies' tok/s as
   the app measured and stored them, summed over the tabs, against bench's decode tok/s.
 - serve: `localbatch serve`, N clients streaming one request each (serve_bench.py, the same lengths,
@@ -157,20 +157,16 @@ class App:
         return Turn(sum(rate for _, rate in replies), split, f"replies of {tokens[0]}-{tokens[-1]} tok; {scraper.summary()}")
 
     def _delete_tabs(self) -> None:
-        """Every tab with a reply deleted (ctrl+w, then y once the app asks); the last one deleted
-        leaves a new empty tab."""
+        """Every tab with a reply closed (ctrl+w: the chat is kept, out of the tabs); the last one
+        closed leaves a new empty tab."""
         for _ in range(2 * self.tabs + 2):
-            if not tmux_tabs.replies(self._data):
+            left = len(tmux_tabs.replies(self._data))
+            if not left:
                 return
             tmux_tabs.tmux("send-keys", "-t", tmux_tabs.SESSION, "C-w")
-            try:
-                tmux_tabs.wait_for(lambda s: "Delete “" in s, 3)
-            except TimeoutError:
-                continue  # the key was lost: again
-            tmux_tabs.tmux("send-keys", "-t", tmux_tabs.SESSION, "y")
-            tmux_tabs.wait_for(lambda s: "Delete “" not in s, 10)
-            time.sleep(0.3)  # the chat's rows deleted
-        raise RuntimeError(f"{len(tmux_tabs.replies(self._data))} replies left after deleting the tabs")
+            with contextlib.suppress(TimeoutError):  # the key was lost: again
+                tmux_tabs.wait_for(lambda s: len(tmux_tabs.replies(self._data)) < left, 3)
+        raise RuntimeError(f"{len(tmux_tabs.replies(self._data))} replies left after closing the tabs")
 
     def _broadcast(self) -> list[tuple[int, float]]:
         """The prompt typed and sent to every tab at once; the replies' (tokens, tok/s) once all have ended."""

@@ -153,10 +153,11 @@ def busy(text: str) -> bool:
 
 
 def replies(data: Path) -> list[tuple[int, float]]:
-    """(tokens, tok/s) of each reply, as the app measured and stored it."""
+    """(tokens, tok/s) of each reply in the open tabs, as the app measured and stored it."""
     db = sqlite3.connect(data / "chats.sqlite3")
     try:
-        rows = db.execute("SELECT num_tokens, tokens_per_s FROM messages WHERE role = 'assistant'").fetchall()
+        rows = db.execute("SELECT num_tokens, tokens_per_s FROM messages JOIN chats ON chats.id = messages.chat_id"
+                          " WHERE role = 'assistant' AND chats.open = 1").fetchall()
     finally:
         db.close()
     return [(int(n or 0), float(r or 0.0)) for n, r in rows]

@@ -429,13 +429,26 @@ class ChatPane(TabPane):
         draft = self.input_text().strip()
         adding = 0
         if draft or self._attachments:
-            content = compose_message(self._attachments, draft)
-            adding = self.count_tokens([{"role": "user", "content": content}])
+            adding = self.count_tokens([{"role": "user", "content": compose_message(self._with_mentions(draft), draft)}])
         context = self._engine.max_model_len
         meter = self.query_one(ContextMeter)
         meter.show_usage(self._context_tokens, adding, context, self.kv_pool_tokens, self.prefill_rate,
                          approximate=self._engine.is_remote)
         self._warn_if_nearly_full(context)
+
+    def _with_mentions(self, text: str, strict: bool = False) -> list[Attachment]:
+        """The attached files and those `text` names as `@path`; one that cannot be read raises
+        when `strict` (sending), else is left out (the meter, as it is typed)."""
+        files = list(self._attachments)
+        for path in mentioned_files(text):
+            if any(a.name == path for a in files):
+                continue
+            try:
+                files.append(read_attachment(path))
+            except LocalbatchError:
+                if strict:
+                    raise
+        return files
 
     def _warn_if_nearly_full(self, context: int) -> None:
         """Once per chat, past 80%: say what happens at 100% (the chosen overflow policy)."""
@@ -512,9 +525,7 @@ class ChatPane(TabPane):
         if not text or self.generating:
             return False
         try:
-            files = self._attachments + [read_attachment(path) for path in mentioned_files(text)
-                                         if all(a.name != path for a in self._attachments)]
-            content = compose_message(files, text)
+            content = compose_message(self._with_mentions(text, strict=True), text)
             self._fit([*self.history(), {"role": "user", "content": content}])
         except LocalbatchError as e:
             self.app.notify(str(e), title="Not sent", severity="error", timeout=12)
@@ -522,6 +533,7 @@ class ChatPane(TabPane):
         self._ensure_history()  # a broadcast may reach a tab that was never shown
         message = self._store.add_message(self.chat.id, "user", content)
         self._messages.append(message)
+        self._context_tokens = None  # recounted with this message by the next line's repaint
         self.set_attachments([])
         shown = display_text(content)
         scroll = self.query_one(".messages", VerticalScroll)

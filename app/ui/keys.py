@@ -18,7 +18,8 @@ class ChatAction:
     # Only for keys the inputs bind themselves (ctrl+w deletes a word, ctrl+pageup scrolls). A
     # priority binding runs before the focused input has processed earlier keys, so broadcast,
     # for one, must not be: pasting text and pressing ctrl+b would send half the text. Defaults
-    # avoid TextArea's other keys (f6/f7 select, ctrl+e/ctrl+k edit).
+    # avoid TextArea's other keys (f7 select all, ctrl+e/ctrl+k edit) but f6 (select line), and
+    # alt+letter, which a terminal sends as escape then the letter (Textual sees two keys).
     priority: bool = False
 
 
@@ -38,12 +39,13 @@ CHAT_ACTIONS: tuple[ChatAction, ...] = (
     ChatAction("export", "f4", "Export", "Export this chat to a Markdown file", show=False),
     ChatAction("fork", "ctrl+f", "Fork", "Fork this chat into a new tab; its prompt reuses this chat's KV blocks"),
     ChatAction("fork_at", "ctrl+g", "Fork at…", "Fork this chat after a chosen message", show=False),
-    ChatAction("copy_reply", "alt+c", "Copy reply", "Copy the last reply to the clipboard"),
-    ChatAction("copy_code", "alt+k", "Copy code", "Copy the last code block to the clipboard", show=False),
-    ChatAction("copy_pick", "alt+p", "Copy…", "Pick any message or code block of this chat to copy", show=False),
+    ChatAction("copy_reply", "ctrl+s", "Copy reply", "Copy the last reply to the clipboard", show=False),
+    ChatAction("copy_code", "ctrl+t", "Copy code", "Copy the last code block to the clipboard"),
+    ChatAction("copy_pick", "f12", "Copy…", "Pick any message or code block of this chat to copy", show=False),
     ChatAction("attach", "ctrl+o", "Attach", "Attach files to the next message (also: type @path and tab)"),
-    ChatAction("edit_last", "alt+e", "Edit last", "Take back your last message and its reply: the message returns to the input to edit and resend", show=False),
-    ChatAction("edit_at", "alt+f", "Edit at…", "Edit an earlier message in a fork: the chat up to it in a new tab, the message in the input", show=False),
+    ChatAction("edit_last", "ctrl+up", "Edit last", "Take back your last message and its reply: the message returns to the input to edit and resend", show=False),
+    ChatAction("edit_at", "f6", "Edit at…", "Edit an earlier message in a fork: the chat up to it in a new tab, the message in the input", show=False,
+               priority=True),
     ChatAction("switch_model", "f5", "Model", "Switch the model: stops replies, keeps every chat"),
     ChatAction("toggle_endpoint", "f9", "Endpoint", "Start or stop the embedded OpenAI-compatible HTTP endpoint", show=False),
 )

@@ -562,8 +562,7 @@ class ChatScreen(Screen):
             return
         self._engine_busy = bool(stats.num_running or stats.num_waiting)
         panes = self.panes()
-        if stats.prefill_tokens_per_s > 0:  # idle, the recent rate decays to 0: keep the last one measured
-            self._prefill_rate = stats.prefill_tokens_per_s
+        self._prefill_rate = _read_rate(stats, self._prefill_rate)
         for pane in panes:
             pane.prefill_rate = self._prefill_rate
             pane.kv_pool_tokens = stats.num_blocks_total * stats.block_size
@@ -617,6 +616,18 @@ def _pane_rate(pane: ChatPane, req: RequestStats | None, prefill_rate: float = 0
     else:
         status = "idle"
     return TabRate(pane.chat.title, pane.color, tps, ttft, status)
+
+
+def _read_rate(stats: EngineStats, last: float) -> float:
+    """Tokens a second a prompt is read at, for the input's cost estimate: the prompts read lately
+    (their uncached tokens over their time to first token, queueing included: the wait a person
+    sees); the engine's recent prefill rate (which counts decode-only steps too) until there is
+    one; idle, the last one."""
+    read = [(r.num_prompt_tokens - r.num_cached_tokens) / r.ttft_s for r in stats.requests
+            if r.ttft_s and r.num_prompt_tokens - r.num_cached_tokens >= 64]
+    if read:
+        return max(read)
+    return last or stats.prefill_tokens_per_s
 
 
 def relabel(tab: Tab, label: Text) -> None:

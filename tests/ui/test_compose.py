@@ -254,7 +254,7 @@ async def test_edit_last_takes_the_turn_back_and_resending_replaces_it(project: 
         pane.attach(["pkg/palindrome.py"])
         await type_and_send(pilot, "is it fast?")
         await idle(pilot, screen)
-        await pilot.press("alt+e")
+        await pilot.press("ctrl+up")
         await pilot.pause()
         assert pane.input_text() == "is it fast?"
         assert [a.name for a in pane.attachments] == ["pkg/palindrome.py"]
@@ -276,11 +276,11 @@ async def test_edit_last_with_nothing_sent_or_while_generating_says_why(tmp_path
         screen = await chat_screen(pilot)
         said: list[str] = []
         monkeypatch.setattr(screen, "notify", lambda message, **kw: said.append(message))
-        await pilot.press("alt+e")
+        await pilot.press("ctrl+up")
         engine.paused = True
         await type_and_send(pilot, "hold on")
         await until(pilot, lambda: screen.active_pane().generating)
-        await pilot.press("alt+e")
+        await pilot.press("ctrl+up")
         engine.paused = False
         await idle(pilot, screen)
         assert said == ["No message of yours to edit yet", "Still generating: stop it first (escape)"]
@@ -295,7 +295,7 @@ async def test_edit_at_opens_a_fork_before_the_message_with_it_in_the_input(tmp_
         for text in ("one", "two", "three"):
             await type_and_send(pilot, text)
             await idle(pilot, screen)
-        await pilot.press("alt+f")
+        await pilot.press("f6")
         await until(pilot, lambda: isinstance(app.screen, MessagePicker))
         options = app.screen.query_one(OptionList)
         assert options.option_count == 3  # only your messages

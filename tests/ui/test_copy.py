@@ -1,5 +1,5 @@
-"""Copying to the clipboard: the last reply (alt+c), its last code block (alt+k), or any message
-or block from a picker (alt+p), to the terminal's clipboard and a system tool when one is found;
+"""Copying to the clipboard: the last reply (ctrl+s), its last code block (ctrl+t), or any message
+or block from a picker (f12), to the terminal's clipboard and a system tool when one is found;
 and the fenced-block reader under it."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ async def test_copy_code_copies_the_last_block_exactly(tmp_path: Path, monkeypat
     async with app.run_test(size=SIZE) as pilot:
         screen = await replied(pilot)
         shown = notices(monkeypatch, screen)
-        await pilot.press("alt+k")
+        await pilot.press("ctrl+t")
         await pilot.pause()
         assert app.clipboard == SECOND
         assert shown == [("Copied 5 lines of python to the terminal clipboard", "information")]
@@ -81,7 +81,7 @@ async def test_copy_reply_copies_the_stored_markdown(tmp_path: Path, monkeypatch
     async with app.run_test(size=SIZE) as pilot:
         screen = await replied(pilot)
         shown = notices(monkeypatch, screen)
-        await pilot.press("alt+c")
+        await pilot.press("ctrl+s")
         await pilot.pause()
         stored = screen.active_pane().messages[-1].content
         assert stored == REPLY
@@ -96,10 +96,10 @@ async def test_copy_code_takes_the_newest_reply_with_a_block(tmp_path: Path, mon
         screen = await replied(pilot)
         await type_and_send(pilot, "thanks")  # a reply without a block
         await idle(pilot, screen)
-        await pilot.press("alt+k")
+        await pilot.press("ctrl+t")
         await pilot.pause()
         assert app.clipboard == SECOND
-        await pilot.press("alt+c")
+        await pilot.press("ctrl+s")
         await pilot.pause()
         assert app.clipboard == "Reply to: thanks"
 
@@ -109,7 +109,7 @@ async def test_picker_copies_the_chosen_block(tmp_path: Path, monkeypatch: pytes
     async with app.run_test(size=SIZE) as pilot:
         screen = await replied(pilot)
         shown = notices(monkeypatch, screen)
-        await pilot.press("alt+p")
+        await pilot.press("f12")
         await until(pilot, lambda: isinstance(app.screen, CopyPicker))
         options = app.screen.query_one(OptionList)
         labels = [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
@@ -131,13 +131,13 @@ async def test_picker_copies_a_message_and_escape_cancels(tmp_path: Path, monkey
     async with app.run_test(size=SIZE) as pilot:
         screen = await replied(pilot, "hello there")
         app.copy_to_clipboard("before")
-        await pilot.press("alt+p")
+        await pilot.press("f12")
         await until(pilot, lambda: isinstance(app.screen, CopyPicker))
         assert app.screen.query_one(OptionList).highlighted == 0  # no block: the newest reply
         await pilot.press("escape")
         await until(pilot, lambda: app.screen is screen)
         assert app.clipboard == "before"
-        await pilot.press("alt+p")
+        await pilot.press("f12")
         await until(pilot, lambda: isinstance(app.screen, CopyPicker))
         await pilot.press("down", "enter")
         await until(pilot, lambda: app.screen is screen)
@@ -150,7 +150,7 @@ async def test_nothing_to_copy_warns_and_leaves_the_clipboard(tmp_path: Path, mo
         screen = await chat_screen(pilot)
         shown = notices(monkeypatch, screen)
         app.copy_to_clipboard("before")
-        await pilot.press("alt+c", "alt+k", "alt+p")
+        await pilot.press("ctrl+s", "ctrl+t", "f12")
         await pilot.pause()
         assert app.clipboard == "before"
         assert isinstance(app.screen, ChatScreen)
@@ -158,7 +158,7 @@ async def test_nothing_to_copy_warns_and_leaves_the_clipboard(tmp_path: Path, mo
                          ("Nothing to copy yet", "warning")]
         await type_and_send(pilot, "no code here")
         await idle(pilot, screen)
-        await pilot.press("alt+k")
+        await pilot.press("ctrl+t")
         await pilot.pause()
         assert app.clipboard == "before"
         assert shown[-1] == ("No code block in this chat yet", "warning")
@@ -171,7 +171,7 @@ async def test_copy_while_streaming_takes_the_last_finished_reply(tmp_path: Path
         engine.paused = True
         await type_and_send(pilot, "second")
         await until(pilot, lambda: screen.active_pane().generating)
-        await pilot.press("alt+c")
+        await pilot.press("ctrl+s")
         await pilot.pause()
         assert app.clipboard == "Reply to: first"
         engine.paused = False
@@ -185,7 +185,7 @@ async def test_system_tool_gets_the_same_text_and_is_named(tmp_path: Path, monke
     async with app.run_test(size=SIZE) as pilot:
         screen = await replied(pilot)
         shown = notices(monkeypatch, screen)
-        await pilot.press("alt+k")
+        await pilot.press("ctrl+t")
         await pilot.pause()
         assert app.clipboard == SECOND
         assert out.read_text() == SECOND
