@@ -95,6 +95,14 @@ class PacedEngine:
             with self._lock:
                 self._live.pop(request_id, None)
 
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        """Bytes as tokens: the input's context meter counts with it, as with a real tokenizer."""
+        return [1] * add_bos + list(text.encode())
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: Any = None) -> str:
+        return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>" * add_generation_prompt
+
     def abort(self, request_id: str) -> None:
         with self._lock:
             entry = self._live.get(request_id)

@@ -12,7 +12,8 @@ from app.engine.api.async_engine import AsyncEngine
 from app.engine.api.engine_client import EngineClient
 from tests.support.fake_engine import FakeEngine
 
-MEMBERS = {"model_name", "max_model_len", "device", "dtype", "backend", "is_remote", "chat_template", "stats_source",
+MEMBERS = {"model_name", "max_model_len", "device", "dtype", "backend", "is_remote", "chat_template", "fim_tokens",
+           "stats_source",
            "stream", "abort", "stats", "set_speculation", "encode", "decode", "apply_chat_template", "aclose"}
 
 

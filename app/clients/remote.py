@@ -22,6 +22,7 @@ import httpx
 from app.clients.prometheus_text import parse_metrics
 from app.engine.api.engine_client import Prompt
 from app.engine.types.errors import LocalbatchError, QueueFullError, RequestError
+from app.engine.types.fim import FimTokens
 from app.engine.types.outputs import EngineStats, RequestStats, StreamDelta
 from app.engine.types.sampling_params import SamplingParams
 from app.engine.types.timing import ReplyClock
@@ -59,6 +60,7 @@ class RemoteEngine:
     device: str
     is_remote = True
     chat_template = True  # the server serves chat completions and applies its own template
+    fim_tokens: FimTokens | None = None  # OpenAI-compatible servers do not say (and build FIM prompts themselves)
     dtype = ""  # OpenAI-compatible servers do not say
     backend = ""
 

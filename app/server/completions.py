@@ -1,7 +1,9 @@
-"""POST /v1/completions: `text_completion` objects and events, with `echo` and batched prompts."""
+"""POST /v1/completions: `text_completion` objects and events, with `echo`, batched prompts and
+`suffix` (fill-in-the-middle: the prompt is the text before the cursor, see `fim`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from fastapi import Request
@@ -9,7 +11,9 @@ from starlette.responses import Response
 
 from app.engine.api.engine_client import Prompt
 from app.engine.types.outputs import StreamDelta, TopLogprobs
+from app.engine.types.sampling_params import SamplingParams
 from app.server.context_overflow import truncated, truncation_length
+from app.server.fim import build_fim_prompt, engine_encoder, require_fim
 from app.server.logprobs import completion_logprobs
 from app.server.openai_schema import CompletionRequest
 from app.server.response_format import constrained_params, output_constraint
@@ -29,11 +33,15 @@ class _Completion(Endpoint):
     chunk_object = "text_completion"
 
     def __init__(self, state: ServerState, body: CompletionRequest) -> None:
-        keep = truncation_length(body.truncate_prompt_tokens, state.engine.max_model_len, body.max_tokens)
-        prompts: list[Prompt] = [truncated(state, p, keep) for p in body.prompt]
         constraint = output_constraint(body)
         # max_tokens None: up to the end of the context.
         params = constrained_params(body, body.max_tokens, body.logprobs, constraint)
+        prompts: list[Prompt]
+        if body.suffix is not None:
+            prompts, params = _fim_prompts(state, body, params)
+        else:
+            keep = truncation_length(body.truncate_prompt_tokens, state.engine.max_model_len, body.max_tokens)
+            prompts = [truncated(state, p, keep) for p in body.prompt]
         super().__init__(state, prompts, params, constraint.renames() if constraint else None)
         self.body = body
         self._echoes: list[str] = []
@@ -68,6 +76,20 @@ class _Completion(Endpoint):
         if self.body.logprobs is None:
             return None
         return completion_logprobs(self.texts, token_ids, dists, self.body.logprobs, offset)
+
+
+def _fim_prompts(state: ServerState, body: CompletionRequest,
+                 params: SamplingParams) -> tuple[list[Prompt], SamplingParams]:
+    """With `suffix`, each prompt is the text before the cursor of a fill-in-the-middle prompt;
+    the model's FIM end tokens stop the reply too (as llama.cpp's end-of-generation tokens)."""
+    engine = state.engine
+    fim_tokens = require_fim(engine, "suffix")
+    encode, bos = engine_encoder(engine)
+    suffix = body.suffix or ""
+    prompts: list[Prompt] = [build_fim_prompt(encode, fim_tokens, p, suffix, bos=bos, max_model_len=engine.max_model_len,
+                                              n_predict=body.max_tokens).token_ids for p in body.prompt]
+    stop_ids = [*params.stop_token_ids, *(t for t in fim_tokens.end_ids if t not in params.stop_token_ids)]
+    return prompts, dataclasses.replace(params, stop_token_ids=stop_ids)
 
 
 def _entry(choice: Choice, text: str, finish_reason: str | None = None,

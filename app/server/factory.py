@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import __version__
 from app.engine.api.engine_client import EngineClient
-from app.server import chat_completions, completions, routes
+from app.server import chat_completions, completions, infill, routes
 from app.server.http_errors import ApiError, install_error_handlers
 from app.server.prometheus import CONTENT_TYPE, ServerMetrics
 from app.server.serving import ServerState
@@ -64,6 +64,8 @@ def _add_routes(app: FastAPI) -> None:
         app.add_api_route(f"{prefix}/completions", completions.completions, methods=post, response_model=None)
         app.add_api_route(f"{prefix}/models", routes.list_models, methods=get)
         app.add_api_route(f"{prefix}/models/{{model_id:path}}", routes.get_model, methods=get)
+    # llama.cpp's code-completion route (editor plugins call it; it has no /v1 form there).
+    app.add_api_route("/infill", infill.infill, methods=post, response_model=None)
     app.add_api_route("/health", routes.health, methods=get)
     app.add_api_route("/tokenize", routes.tokenize, methods=post)
     app.add_api_route("/detokenize", routes.detokenize, methods=post)

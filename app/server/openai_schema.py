@@ -2,7 +2,7 @@
 
 Unknown fields are ignored (OpenAI clients send fields such as `user` that change nothing here);
 known fields of the wrong type or out of range are rejected, and so are features this server does
-not implement (images, `suffix`) rather than silently ignoring them. The fields that shape the
+not implement (images) rather than silently ignoring them. The fields that shape the
 output (response formats, tools, logit bias) are in `output_schema`.
 Range checks that `SamplingParams` already makes are left to it, so the TUI and the HTTP API share
 one set of rules and messages.
@@ -275,7 +275,8 @@ class CompletionRequest(SamplingRequest):
     prompt: Annotated[list[str] | list[list[int]], PromptSchema]
     echo: bool = False
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    suffix: str | None = None
+    # Text after the cursor: the prompt is the text before it, the reply the middle (see `fim`).
+    suffix: Text | None = None
     best_of: int | None = None
 
     @field_validator("prompt", mode="before")
@@ -295,13 +296,6 @@ class CompletionRequest(SamplingRequest):
         raise ValueError("prompt must be a non-empty string, list of strings, list of token ids "
                          f"(0..{TOKEN_ID_MAX}) or list of token-id lists")
 
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, value: str | None) -> str | None:
-        if value:
-            raise ValueError("suffix is not supported")
-        return value
-
     def check_combinations(self) -> None:
         """Cross-field rules (pydantic would report them without a `param`)."""
         if self.best_of is not None and self.best_of != self.n:
@@ -311,6 +305,13 @@ class CompletionRequest(SamplingRequest):
         if self.echo and self.logprobs is not None:
             raise RequestError("echo together with logprobs is not supported (no prompt logprobs in streams)",
                                param="echo")
+        if self.suffix is not None and self.echo:
+            raise RequestError("echo together with suffix is not supported (the prompt is a fill-in-the-middle "
+                               "prompt then)", param="echo")
+        if self.suffix is not None and self.truncate_prompt_tokens is not None:
+            raise RequestError("truncate_prompt_tokens together with suffix is not supported: fill-in-the-middle "
+                               "prompts keep the end of the prompt and the start of the suffix themselves",
+                               param="truncate_prompt_tokens")
 
 
 class TokenizeRequest(_Body):

@@ -50,6 +50,8 @@ class Choice:
     error: str | None = None
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+    first_token_time: float | None = None
     last_token_time: float | None = None
 
     @property
@@ -65,6 +67,7 @@ class Choice:
         self.token_ids.extend(delta.token_ids)
         self.logprobs.extend(delta.logprobs or [])
         self.num_prompt_tokens = delta.num_prompt_tokens or self.num_prompt_tokens
+        self.num_cached_tokens = delta.num_cached_tokens or self.num_cached_tokens
         self.num_output_tokens = max(self.num_output_tokens, delta.num_output_tokens, len(self.token_ids))
         if delta.finish_reason is not None:
             self.finish_reason = delta.finish_reason
@@ -192,6 +195,7 @@ class MultiStream:
     def _observe(self, choice: Choice, delta: StreamDelta, now: float) -> None:
         if delta.token_ids:
             if choice.last_token_time is None:
+                choice.first_token_time = now
                 self.metrics.ttft.observe(now - self.arrival)
             else:
                 gap = (now - choice.last_token_time) / len(delta.token_ids)

@@ -20,7 +20,10 @@ leaves the reply free. `logit_bias` ids must be in the vocabulary. `ToolTemplate
 model whose chat template has Hermes-style tool support (it takes `tools`, renders tool turns).
 
 The tokenizer is byte-level: token id = UTF-8 byte + 3 (0 pad, 1 BOS, 2 EOS), so token counts are
-easy to compute in tests: `len(FakeTokenizer().encode(text))`.
+easy to compute in tests: `len(FakeTokenizer().encode(text))`. `fim=True` plays a code model: its
+`fim_tokens` are ids 259-264, which decode to Qwen2.5-Coder's FIM texts. Deltas report as
+`num_cached_tokens` the whole blocks a prompt shares with a recent one (a crude prefix cache; the
+stats snapshot keeps 0).
 
 For tests: `submitted` (`Submitted(prompt, params, request_id)` per accepted request), `aborted`
 (ids aborted before finishing), `batch_sizes` (running-batch size of every step), `max_concurrent`,
@@ -46,6 +49,7 @@ from typing import Any, NamedTuple, Self
 
 from app.engine.api.engine_client import Prompt
 from app.engine.types.errors import EngineDeadError, QueueFullError, RequestError
+from app.engine.types.fim import FimTokens
 from app.engine.types.outputs import EngineStats, RequestStats, StreamDelta, TopLogprobs
 from app.engine.types.sampling_params import SamplingParams
 
@@ -56,12 +60,24 @@ WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel
          "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango")
 
 
+# A code model's fill-in-the-middle tokens (`FakeEngine(fim=True)`), after the byte tokens, in
+# Qwen2.5-Coder's order.
+FIM_TEXTS = {259: "<|fim_prefix|>", 260: "<|fim_middle|>", 261: "<|fim_suffix|>", 262: "<|fim_pad|>",
+             263: "<|repo_name|>", 264: "<|file_sep|>"}
+FAKE_FIM = FimTokens(prefix=259, suffix=261, middle=260, pad=262, repo=263, sep=264)
+
+
 class FakeTokenizer:
-    """Byte-level tokenizer: id = byte + 3; 0, 1, 2 are PAD, BOS, EOS."""
+    """Byte-level tokenizer: id = byte + 3; 0, 1, 2 are PAD, BOS, EOS; `specials` ({id: text},
+    ids from 259 on) decode to their text (they are never produced by `encode`)."""
 
     PAD, BOS, EOS = 0, 1, 2
     OFFSET = 3
     vocab_size = 256 + OFFSET
+
+    def __init__(self, specials: dict[int, str] | None = None) -> None:
+        self.specials = dict(specials or {})
+        self.vocab_size = FakeTokenizer.vocab_size + len(self.specials)
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
         ids = [b + self.OFFSET for b in text.encode("utf-8")]
@@ -71,7 +87,16 @@ class FakeTokenizer:
         for t in token_ids:
             if not 0 <= t < self.vocab_size:
                 raise RequestError(f"token id {t} is outside the vocabulary (0..{self.vocab_size - 1})", param="tokens")
-        return bytes(t - self.OFFSET for t in token_ids if t >= self.OFFSET).decode("utf-8", errors="replace")
+        if not self.specials:
+            return bytes(t - self.OFFSET for t in token_ids if t >= self.OFFSET).decode("utf-8", errors="replace")
+        out, run = [], bytearray()
+        for t in token_ids:
+            if t in self.specials:
+                out += [run.decode("utf-8", errors="replace"), self.specials[t]]
+                run.clear()
+            elif t >= self.OFFSET:
+                run.append(t - self.OFFSET)
+        return "".join(out) + run.decode("utf-8", errors="replace")
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             tools: list[dict[str, Any]] | None = None, tool_template: bool = False) -> str:
@@ -219,6 +244,7 @@ class _Request:
     emitted: int = 0  # characters of `text` already sent
     done: bool = False
     first_token_time: float | None = None
+    num_cached_tokens: int = 0  # whole blocks of an earlier prompt it starts with
 
     @property
     def max_len(self) -> int:
@@ -242,6 +268,7 @@ class FakeEngine:
     dtype: str
     backend: str
     chat_template: bool
+    fim_tokens: FimTokens | None
     is_remote = False
     stats_source = ""
 
@@ -249,14 +276,16 @@ class FakeEngine:
                  max_num_seqs: int = 16, max_waiting: int = 64, num_blocks: int = 512, block_size: int = 16,
                  kv_bytes_per_token: int = 18432, device: str = "cpu", dtype: str = "bfloat16",
                  eos_after: int | None = None, error_after: int | None = None, script: Script | None = None,
-                 frozen_stats: EngineStats | None = None, chat_template: bool = True) -> None:
+                 frozen_stats: EngineStats | None = None, chat_template: bool = True, fim: bool = False) -> None:
         self.model_name = model_name
         self.chat_template = chat_template
+        # fim: a code model, with FIM_TEXTS in its vocabulary (decoded to their text).
+        self.fim_tokens = FAKE_FIM if fim else None
         self.max_model_len = max_model_len
         self.device = device
         self.dtype = dtype
         self.backend = ""  # the header then shows device and dtype only, as the snapshots have them
-        self.tokenizer = FakeTokenizer()
+        self.tokenizer = FakeTokenizer(FIM_TEXTS if fim else None)
         self.step_delay = step_delay
         self.max_num_seqs = max_num_seqs
         self.max_waiting = max_waiting
@@ -281,6 +310,7 @@ class FakeEngine:
         self._loop_task: asyncio.Task[None] | None = None
         self._dead = False
         self._counter = 0
+        self._recent_prompts: deque[list[int]] = deque(maxlen=64)  # the crude prefix cache
         self._totals = {"prompt": 0, "output": 0, "steps": 0}
         self._last_step_s = 0.0
         self._publish()
@@ -316,7 +346,9 @@ class FakeEngine:
         request_id = request_id or f"fake-{self._counter}"
         ids = self._prompt_ids(prompt)
         max_tokens = self._check(request_id, ids, params)
-        req = _Request(request_id, ids, params, max_tokens, self._rng(ids, params), time.perf_counter())
+        req = _Request(request_id, ids, params, max_tokens, self._rng(ids, params), time.perf_counter(),
+                       num_cached_tokens=self._cached_prefix(ids))
+        self._recent_prompts.append(ids)
         constrained = constrained_reply(params)
         if constrained is not None:
             req.script = deque(constrained[i:i + 4] for i in range(0, len(constrained), 4))
@@ -399,6 +431,19 @@ class FakeEngine:
         if params.temperature == 0:
             return random.Random(prompt_key)
         return random.Random(os.urandom(8))
+
+    def _cached_prefix(self, ids: list[int]) -> int:
+        """Prompt tokens a prefix cache would serve: the whole blocks it shares with a recent
+        prompt, leaving at least one token to compute (as the real engine's cache)."""
+        best = 0
+        for seen in self._recent_prompts:
+            n = 0
+            for a, b in zip(seen, ids, strict=False):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        return min(best, len(ids) - 1) // self.block_size * self.block_size
 
     def _blocks(self, num_tokens: int) -> int:
         return math.ceil(num_tokens / self.block_size)
@@ -522,7 +567,7 @@ class FakeEngine:
     def _delta(self, req: _Request, text: str, token_ids: list[int]) -> StreamDelta:
         logprobs = req.logprobs[-len(token_ids):] if req.params.logprobs is not None and token_ids else None
         return StreamDelta(req.request_id, text, token_ids, logprobs=logprobs, num_prompt_tokens=len(req.prompt_ids),
-                           num_output_tokens=len(req.output_ids))
+                           num_output_tokens=len(req.output_ids), num_cached_tokens=req.num_cached_tokens)
 
     def _emit(self, req: _Request, text: str, token_ids: list[int]) -> None:
         req.queue.put_nowait(self._delta(req, text, token_ids))

@@ -26,6 +26,7 @@ from app.engine.api.engine_client import Prompt
 from app.engine.core.llm_engine import LLMEngine
 from app.engine.core.sequence import Sequence
 from app.engine.types.errors import EngineDeadError
+from app.engine.types.fim import FimTokens
 from app.engine.types.outputs import EngineStats, StreamDelta
 from app.engine.types.progress import ProgressFn
 from app.engine.types.sampling_params import SamplingParams
@@ -48,6 +49,7 @@ class AsyncEngine:
     dtype: str
     backend: str
     chat_template: bool  # only a GGUF that carries `tokenizer.chat_template` (not a shipped fallback)
+    fim_tokens: FimTokens | None
     is_remote = False
     stats_source = ""  # the engine's own figures: nothing to qualify them with
 
@@ -85,6 +87,7 @@ class AsyncEngine:
         self.tokenizer = self.engine.tokenizer
         # Random-weights engines have no tokenizer; a fallback template does not make a chat model.
         self.chat_template = self.tokenizer is not None and self.tokenizer.chat_template_name == "gguf"
+        self.fim_tokens = self.tokenizer.fim_tokens if self.tokenizer is not None else None
         self.model_name = self.engine.model_name
         self.max_model_len = self.engine.max_model_len
         self.device = str(self.engine.setup.device)

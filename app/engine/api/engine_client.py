@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
+from app.engine.types.fim import FimTokens
 from app.engine.types.outputs import EngineStats, StreamDelta
 from app.engine.types.prompt import Prompt
 from app.engine.types.sampling_params import SamplingParams
@@ -30,6 +31,9 @@ class EngineClient(Protocol):
     # server serves chat completions, so True). False for a base model: the TUI then sends a plain-
     # text prompt the model continues (see `app.ui.chat.completion_prompt`), no template tokens.
     chat_template: bool
+    # The model's fill-in-the-middle tokens (code models: /infill, `suffix` on /v1/completions);
+    # None when it has none, or when a remote server does not say.
+    fim_tokens: FimTokens | None
 
     @property
     def stats_source(self) -> str:

@@ -118,4 +118,5 @@ class OutputProcessor:
             num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
             error=seq.error,
+            num_cached_tokens=seq.num_cached_tokens,
         )

@@ -27,10 +27,12 @@ from tokenizers import Regex, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from app.engine.text.chat_template import ChatTemplate
+from app.engine.text.fim import find_fim_tokens
 from app.engine.text.special_tokens import SpecialSplitter
 from app.engine.text.spm_merges import cache_file, merge_pairs
 from app.engine.text.vocab import TokenType, build_pieces, utf8
 from app.engine.types.errors import GGUFError, RequestError
+from app.engine.types.fim import FimTokens
 
 logger = logging.getLogger(__name__)
 
@@ -172,6 +174,8 @@ class Tokenizer:
         if len(self._types) != n:
             raise GGUFError(f"tokenizer.ggml.token_type has {len(self._types)} entries for {n} tokens")
         self._init_special_ids(metadata, n)
+        #: Fill-in-the-middle tokens (code models); None: the model cannot infill.
+        self.fim_tokens: FimTokens | None = find_fim_tokens(metadata, self._id_of.get, n)
         self._init_backend(metadata, cache_dir)
         self._pieces = build_pieces(self._tokens, self._types, byte_level=(model == "gpt2"))
         hidden = (self._types == TokenType.CONTROL) | (self._types == TokenType.UNKNOWN)

@@ -35,6 +35,7 @@ class StreamDelta:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0  # total so far, including this delta
     error: str | None = None  # set with finish_reason="error"
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache (0 until admitted)
 
     def merged(self, later: StreamDelta) -> StreamDelta:
         """This delta followed by `later` (of the same request) as one."""
@@ -43,7 +44,8 @@ class StreamDelta:
             logprobs = [*(self.logprobs or ()), *(later.logprobs or ())]
         return StreamDelta(self.request_id, self.text + later.text, self.token_ids + later.token_ids,
                            later.finish_reason, logprobs, later.num_prompt_tokens or self.num_prompt_tokens,
-                           later.num_output_tokens, later.error)
+                           later.num_output_tokens, later.error,
+                           later.num_cached_tokens or self.num_cached_tokens)
 
 
 @dataclass(frozen=True, kw_only=True)  # nine fields: positional calls were unreadable

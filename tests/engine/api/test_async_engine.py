@@ -48,6 +48,16 @@ async def test_stream_matches_offline_tokens(engine):
     assert "".join(d.text for d in deltas) == engine.decode(ids)
 
 
+async def test_deltas_report_the_prompt_tokens_the_prefix_cache_served(engine):
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    prompt = "the cached prefix of a long prompt " * 8
+    first = await collect(engine, prompt, params)
+    again = await collect(engine, prompt, params)
+    n = again[-1].num_prompt_tokens
+    assert first[-1].num_cached_tokens < n and 16 <= again[-1].num_cached_tokens < n
+    wait_idle(engine)
+
+
 async def test_concurrent_streams_decode_together(engine):
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     alone = await collect(engine, "the world is", params)
@@ -147,6 +157,8 @@ def test_merged_deltas_keep_everything_of_both():
     merged = first.merged(last)
     assert merged == StreamDelta("r", "Hello", [1, 2, 3], "stop", [{1: -0.1}, {2: -0.2}, {3: -0.3}], 4, 3)
     assert first.merged(StreamDelta("r", "", [], "error", error="boom")).error == "boom"
+    cached = StreamDelta("r", "a", [1], num_cached_tokens=16)
+    assert cached.merged(last).num_cached_tokens == 16 and last.merged(cached).num_cached_tokens == 16
 
 
 async def test_held_deltas_fall_due(engine):

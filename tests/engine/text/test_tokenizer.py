@@ -24,6 +24,7 @@ from app.engine.text.detokenizer import IncrementalDetokenizer
 from app.engine.text.tokenizer import Tokenizer
 from app.engine.text.vocab import TokenType
 from app.engine.types.errors import GGUFError, RequestError
+from app.engine.types.fim import FimTokens
 
 try:  # \p{L}-style classes for the byte-level BPE reference pre-tokenizer
     import regex
@@ -515,6 +516,19 @@ def test_token_accessors():
     assert tok.token_to_piece(tok.token_to_id(f"{SPACE}the")) == " the"
     assert tok.token_to_piece(1) == "<s>" and tok.token_to_piece(1, skip_special_tokens=True) == ""
     assert tok.is_special(1) and not tok.is_special(tok.token_to_id("\n"))
+
+
+def test_fim_tokens_from_the_vocabulary_and_the_metadata():
+    md = bpe_metadata()
+    assert Tokenizer.from_gguf_metadata(md, cache_dir=None).fim_tokens is None  # a chat model: no infill
+    n = len(md["tokenizer.ggml.tokens"])
+    fim = ["<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"]
+    md["tokenizer.ggml.tokens"] = [*md["tokenizer.ggml.tokens"], *fim]
+    md["tokenizer.ggml.token_type"] = np.concatenate([md["tokenizer.ggml.token_type"], [int(TokenType.CONTROL)] * 6])
+    tok = Tokenizer.from_gguf_metadata(md, cache_dir=None)
+    assert tok.fim_tokens == FimTokens(prefix=n, suffix=n + 2, middle=n + 1, pad=n + 3, repo=n + 4, sep=n + 5)
+    md["tokenizer.ggml.fim_sep_token_id"] = n + 3  # the metadata wins over the texts
+    assert Tokenizer.from_gguf_metadata(md, cache_dir=None).fim_tokens.sep == n + 3
 
 
 # ----------------------------------------------------------------------------------------------
