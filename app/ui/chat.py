@@ -433,7 +433,7 @@ class ChatPane(TabPane):
         context = self._engine.max_model_len
         meter = self.query_one(ContextMeter)
         meter.show_usage(self._context_tokens, adding, context, self.kv_pool_tokens, self.prefill_rate,
-                         approximate=self._engine.is_remote)
+                         approximate=self._engine.is_remote, left_out=self._left_out_messages())
         self._warn_if_nearly_full(context)
 
     def _with_mentions(self, text: str, strict: bool = False) -> list[Attachment]:
@@ -462,12 +462,16 @@ class ChatPane(TabPane):
                         f"full, {then}. Settings ({self._settings_key}) choose.", title="Context", severity="warning",
                         timeout=10)
 
-    def _left_out_note(self) -> str:
+    def _left_out_messages(self) -> int:
+        """How many of the oldest messages the last request went without (0: none)."""
         if not self._left_out:
-            return ""
+            return 0
         history = self.history()
-        dropped = len(history) - len(without_turns(history, self._left_out))
-        return f" · {dropped} oldest message{'s' * (dropped != 1)} left out to fit the context"
+        return len(history) - len(without_turns(history, self._left_out))
+
+    def _left_out_note(self) -> str:
+        dropped = self._left_out_messages()
+        return f" · {dropped} oldest message{'s' * (dropped != 1)} left out to fit the context" if dropped else ""
 
     def recall_prompts(self) -> list[str]:
         """Prompts sent before, newest first: this tab's, then every other chat's (the store's)."""

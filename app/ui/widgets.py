@@ -135,8 +135,8 @@ class ContextMeter(Static):
         self._usage = Text()
 
     def show_usage(self, used: int, adding: int, context: int, kv_pool: int, prefill_tok_s: float,
-                   approximate: bool = False) -> None:
-        self._usage = usage_text(used, adding, context, kv_pool, prefill_tok_s, approximate)
+                   approximate: bool = False, left_out: int = 0) -> None:
+        self._usage = usage_text(used, adding, context, kv_pool, prefill_tok_s, approximate, left_out)
         full = context and used + adding >= context
         self.set_class(bool(context) and used + adding >= 0.8 * context and not full, "warn")
         self.set_class(bool(full), "full")
@@ -148,7 +148,8 @@ class ContextMeter(Static):
 
 
 def usage_text(used: int, adding: int, context: int, kv_pool: int, prefill_tok_s: float,
-               approximate: bool = False) -> Text:
+               approximate: bool = False, left_out: int = 0) -> Text:
+    """`left_out`: the oldest messages the last reply's prompt went without (the chat outgrew it)."""
     about = "≈" if approximate else ""
     text = Text(f"context {about}{used:,}")
     if context:
@@ -157,6 +158,8 @@ def usage_text(used: int, adding: int, context: int, kv_pool: int, prefill_tok_s
             text.append(f" · KV pool {kv_pool:,}")
     else:
         text.append(" tok")
+    if left_out:
+        text.append(f" · the model reads it without the oldest {left_out} message{'s' * (left_out != 1)}")
     if adding:
         text.append(f" · this message +{about}{adding:,} tok", style="bold")
         if prefill_tok_s > 0:

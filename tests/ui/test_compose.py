@@ -146,6 +146,7 @@ def test_the_meter_line_says_use_room_and_cost() -> None:
     line = str(usage_text(1204, 2140, 32768, 8192, 110.0))
     assert line == "context 1,204 / 32,768 tok · 4% · KV pool 8,192 · this message +2,140 tok, ~19 s to read"
     assert str(usage_text(10, 5, 0, 0, 0.0, approximate=True)) == "context ≈10 tok · this message +≈5 tok"
+    assert str(usage_text(700, 0, 640, 0, 0.0, left_out=2)).endswith("· the model reads it without the oldest 2 messages")
 
 
 async def test_the_meter_counts_the_chat_and_the_draft_with_the_engines_tokenizer(tmp_path: Path) -> None:
@@ -196,6 +197,7 @@ async def test_an_overflowing_chat_drops_its_oldest_turns_keeping_the_system_pro
         assert len(pane.messages) == 8  # the chat itself keeps everything
         meta = str(pane.query(MessageView).last().query_one(".meta").render())
         assert "oldest messages left out to fit the context" in meta
+        assert "the model reads it without the oldest" in str(pane.query_one(ContextMeter).render())
 
 
 async def test_the_stop_policy_refuses_and_keeps_the_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
