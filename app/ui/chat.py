@@ -424,14 +424,18 @@ class ChatPane(TabPane):
         self._meter_timer = None
         if not self.is_attached:
             return
-        if recount or self._context_tokens is None:
-            self._context_tokens = self.count_tokens(self.history()) if self._messages or self.chat.system_prompt else 0
-        draft = self.input_text().strip()
-        adding = 0
-        if draft or self._attachments:
-            adding = self.count_tokens([{"role": "user", "content": compose_message(self._with_mentions(draft), draft)}])
-        context = self._engine.max_model_len
         meter = self.query_one(ContextMeter)
+        draft = self.input_text().strip()
+        try:
+            if recount or self._context_tokens is None:
+                self._context_tokens = self.count_tokens(self.history()) if self._messages or self.chat.system_prompt else 0
+            adding = 0
+            if draft or self._attachments:
+                adding = self.count_tokens([{"role": "user", "content": compose_message(self._with_mentions(draft), draft)}])
+        except LocalbatchError as e:  # a template the engine cannot render, a closed engine: said, not raised
+            meter.show_hint(f"cannot count this chat's tokens: {first_line(e)}")
+            return
+        context = self._engine.max_model_len
         meter.show_usage(self._context_tokens, adding, context, self.kv_pool_tokens, self.prefill_rate,
                          approximate=self._engine.is_remote, left_out=self._left_out_messages())
         self._warn_if_nearly_full(context)

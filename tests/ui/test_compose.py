@@ -345,3 +345,21 @@ async def test_attach_keeps_the_good_files_and_returns_why_others_were_refused(p
         pane = screen.active_pane()
         assert pane.attach(["blob.bin", "pkg/palindrome.py"]) == ["blob.bin: a binary file; only text files can be attached"]
         assert pane.attachments == [Attachment("pkg/palindrome.py", read_attachment("pkg/palindrome.py").text, "python")]
+
+
+async def test_a_chat_the_engine_cannot_count_says_so_under_the_input(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    app, engine = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await chat_screen(pilot)
+        pane = screen.active_pane()
+
+        def broken(*args: Any, **kwargs: Any) -> str:
+            raise RequestError("bad chat message")
+
+        monkeypatch.setattr(engine, "apply_chat_template", broken)
+        await pilot.press(*"hello")
+        meter = pane.query_one(ContextMeter)
+        await until(pilot, lambda: "cannot count" in str(meter.render()))
+        assert str(meter.render()) == "cannot count this chat's tokens: bad chat message"
+        assert app.is_running
