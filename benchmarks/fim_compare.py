@@ -22,14 +22,16 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+import overhead
 DEFAULT_LLAMA = Path.home() / ".cache/localbatch-anchor/llama.cpp/build/bin/llama-server"
 
 
@@ -83,20 +85,6 @@ def infill(client: httpx.Client, url: str, body: dict, stream: bool) -> dict:
     return {**last, "content": content, "ttft_s": first, "latency_s": time.perf_counter() - start}
 
 
-def start(cmd: list[str], url: str, env: dict | None = None) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    proc.kill()
-    raise SystemExit(f"{cmd[0]} did not come up on {url}")
-
-
 def run(name: str, url: str, cuts: list[tuple[str, str]], follow: list[dict]) -> dict:
     with httpx.Client(timeout=600) as client:
         contents = [infill(client, url, {"input_prefix": p, "input_suffix": s}, stream=False)["content"] for p, s in cuts]
@@ -130,7 +118,7 @@ def main() -> None:
         ("llama-server", [str(args.llama_server), "-m", str(gguf), "-t", str(os.cpu_count() or 2), "-c", "8192",
                           "--port", str(args.port), "-np", "1"]),
     ):
-        proc = start(cmd, url)
+        proc = overhead.start_server(cmd, url)
         try:
             results.append(run(name, url, cuts, follow))
         finally:

@@ -74,7 +74,7 @@ def fit_conversation(state: ServerState, messages: list[ChatMessage], policy: st
         return len(prompt_ids(state, chat_prompt(state.engine, picked(kept), tools, choice)))
 
     try:
-        kept, dropped = drop_oldest_turns(stand_ins, count_tokens, budget)
+        kept, _ = drop_oldest_turns(stand_ins, count_tokens, budget)
     except ContextOverflowError as exc:
         raise ApiError(400, f"messages: {exc}", param="messages", code=CONTEXT_LENGTH_EXCEEDED) from exc
-    return picked(kept), dropped
+    return picked(kept), len(messages) - len(kept)

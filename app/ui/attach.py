@@ -143,5 +143,17 @@ def complete_path(partial: str, cwd: Path | None = None) -> list[str]:
     return out
 
 
-def common_prefix(options: list[str]) -> str:
-    return os.path.commonprefix(options) if options else ""
+def complete(partial: str, cwd: Path | None = None) -> tuple[str, list[str]]:
+    """`partial` completed as far as its completions agree (the one completion when there is
+    one), and the completions (a tab shows them when there are several, or none)."""
+    options = complete_path(partial, cwd)
+    if len(options) == 1:
+        return options[0], options
+    return os.path.commonprefix(options) or partial, options
+
+
+def options_hint(options: list[str], limit: int) -> str:
+    """The completions a tab found, on one line (the first `limit`)."""
+    if not options:
+        return "no file matches"
+    return "  ".join(options[:limit]) + (" …" if len(options) > limit else "")

@@ -14,7 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DirectoryTree, Input, Label
 
 from app.engine.types.errors import LocalbatchError
-from app.ui.attach import Attachment, common_prefix, complete_path, read_attachment
+from app.ui.attach import Attachment, complete, options_hint, read_attachment
 
 
 class AttachDialog(ModalScreen["list[Attachment] | None"]):
@@ -89,14 +89,12 @@ class AttachDialog(ModalScreen["list[Attachment] | None"]):
             self._show()
 
     def _complete(self, field: Input) -> None:
-        options = complete_path(field.value, self._cwd)
-        prefix = options[0] if len(options) == 1 else common_prefix(options)
+        prefix, options = complete(field.value, self._cwd)
         if len(prefix) > len(field.value):
             field.value = prefix
             field.cursor_position = len(prefix)
         if len(options) != 1:
-            shown = "  ".join(options[:10]) + (" …" if len(options) > 10 else "")
-            self.query_one("#attach-error", Label).update(shown or "no file matches")
+            self.query_one("#attach-error", Label).update(options_hint(options, 10))
 
     def action_done(self) -> None:
         self.dismiss(self._chosen)

@@ -36,7 +36,15 @@ from app.engine.types.errors import LocalbatchError
 from app.engine.types.outputs import StreamDelta
 from app.engine.types.sampling_params import SamplingParams
 from app.engine.types.timing import ReplyClock
-from app.ui.attach import Attachment, compose_message, display_text, mentioned_files, read_attachment, split_message
+from app.ui.attach import (
+    Attachment,
+    compose_message,
+    display_text,
+    mentioned_files,
+    options_hint,
+    read_attachment,
+    split_message,
+)
 from app.ui.format import fmt_rate, fmt_seconds, fmt_wait
 from app.ui.loading import first_line
 from app.ui.reply_stream import DELTA_MAX_DELAY_S, ReplyWriter
@@ -206,17 +214,17 @@ class ChatPane(TabPane):
         text = engine.apply_chat_template(messages) if engine.chat_template else completion_prompt(messages)
         return len(engine.encode(text))
 
-    def _fit(self, messages: list[dict[str, Any]]) -> None:
+    def _fit(self, messages: list[dict[str, Any]]) -> int | None:
         """Plan the next request: how many oldest turns it leaves out (`_left_out`) and its max
         tokens (`_max_tokens`), so that the prompt fits the context with room for a reply: max
         tokens, or a quarter of the context when max tokens is more (the reply is then cut to what
-        is left). Raises `ContextOverflowError` under the `stop` policy, or when even the last
-        message alone is too long."""
+        is left). Returns the prompt's tokens (None: not counted). Raises `ContextOverflowError`
+        under the `stop` policy, or when even the last message alone is too long."""
         self._left_out, self._max_tokens = 0, None
         # The KV pool, when smaller than the context, is what a request can really get.
         context = min((n for n in (self._engine.max_model_len, self.kv_pool_tokens) if n), default=0)
         if not context:
-            return  # a remote server that does not say: it answers for itself
+            return None  # a remote server that does not say: it answers for itself
         settings = self.chat.settings
         budget = context - min(settings.max_tokens, context // 4)
         if settings.context_overflow == OVERFLOW_STOP:
@@ -224,11 +232,11 @@ class ChatPane(TabPane):
             if used > budget:
                 raise ContextOverflowError(overflow_message(used, budget, context), used, budget)
         else:
-            kept, _ = drop_oldest_turns(messages, self.count_tokens, budget)
-            used = self.count_tokens(kept)
+            kept, used = drop_oldest_turns(messages, self.count_tokens, budget)
             self._left_out = len(turn_starts(messages)) - len(turn_starts(kept))
         if used + settings.max_tokens > context:
             self._max_tokens = context - used
+        return used
 
     def request(self) -> tuple[Prompt, SamplingParams]:
         """What the next reply is generated from: the chat messages for a model with a chat
@@ -414,9 +422,7 @@ class ChatPane(TabPane):
 
     def on_prompt_input_completions(self, event: PromptInput.Completions) -> None:
         event.stop()
-        options = event.options
-        text = "no file matches" if not options else "  ".join(options[:12]) + (" …" if len(options) > 12 else "")
-        self.query_one(ContextMeter).show_hint(text)
+        self.query_one(ContextMeter).show_hint(options_hint(event.options, 12))
 
     def refresh_meter(self, recount: bool = False) -> None:
         """Repaint the line under the input: the chat's tokens against the context, and what the
@@ -498,12 +504,10 @@ class ChatPane(TabPane):
             return False
         self._ensure_history()
         self._release_reply_space()
-        for failed in self.query(".message.failed"):
-            failed.remove()
+        self._drop_failed_views()
         start = users[-1]
         taken, self._messages = self._messages[start:], self._messages[:start]
-        views = [view for view in self.query_one(".messages", VerticalScroll).query_children(MessageView)
-                 if not view.has_class("failed")]
+        views = self._stored_views()
         for view in views[len(views) - len(taken):]:
             view.remove()
         for message in taken:
@@ -511,6 +515,15 @@ class ChatPane(TabPane):
         self._first_mounted = min(self._first_mounted or 0, len(self._messages))
         self.load_message(taken[0].content)
         return True
+
+    def _stored_views(self) -> list[MessageView]:
+        """The mounted views of stored messages, oldest first (a failed attempt's view is none)."""
+        return [view for view in self.query(MessageView) if not view.has_class("failed")]
+
+    def _drop_failed_views(self) -> None:
+        """Remove an earlier attempt's error view: it was never stored."""
+        for failed in self.query(".message.failed"):
+            failed.remove()
 
     def load_message(self, content: str) -> None:
         """A stored user message into the input: its files as attachments, its text to edit."""
@@ -534,14 +547,15 @@ class ChatPane(TabPane):
             return False
         try:
             content = compose_message(self._with_mentions(text, strict=True), text)
-            self._fit([*self.history(), {"role": "user", "content": content}])
+            used = self._fit([*self.history(), {"role": "user", "content": content}])
         except LocalbatchError as e:
             self.app.notify(str(e), title="Not sent", severity="error", timeout=12)
             return False
         self._ensure_history()  # a broadcast may reach a tab that was never shown
         message = self._store.add_message(self.chat.id, "user", content)
         self._messages.append(message)
-        self._context_tokens = None  # recounted with this message by the next line's repaint
+        # The meter's count, with this message: the one just made, unless turns were left out of it.
+        self._context_tokens = None if self._left_out else used
         self.set_attachments([])
         shown = display_text(content)
         scroll = self.query_one(".messages", VerticalScroll)
@@ -587,7 +601,7 @@ class ChatPane(TabPane):
             self.app.notify(str(e), title="Not regenerated", severity="error", timeout=12)
             return True  # said: nothing more to say
         self._ensure_history()
-        views = [view for view in self.query(MessageView) if not view.has_class("failed")]
+        views = self._stored_views()
         if self._messages[-1].role == "assistant":
             last = self._messages.pop()
             self._store.delete_message(last.id)
@@ -619,8 +633,7 @@ class ChatPane(TabPane):
     def _start(self, reply: MessageView, mounted: Awaitable[None]) -> None:
         """Start the reply into `reply`, a view being `mounted`."""
         self._release_reply_space()
-        for failed in self.query(".message.failed"):
-            failed.remove()  # an earlier attempt's error, never stored: the new reply replaces it
+        self._drop_failed_views()  # the new reply replaces an earlier attempt's error
         self.request_id = f"chat{self.chat.id}-{uuid.uuid4().hex[:8]}"
         self.metrics = ReplyMetrics(started=time.monotonic())
         self.engine_figures = None

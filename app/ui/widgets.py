@@ -15,7 +15,7 @@ from textual.widgets import Footer, Input, Label, Markdown, Static, Switch, Text
 
 from app.engine.types.context_window import OVERFLOW_DROP_OLDEST, OVERFLOW_STOP
 from app.engine.types.errors import RequestError
-from app.ui.attach import Attachment, common_prefix, complete_path
+from app.ui.attach import Attachment, complete
 from app.ui.format import fmt_wait
 from app.ui.layout_once import LaidOutOnce
 from app.ui.reply_stream import TAIL_LINES, StreamingBody, chat_markdown_parser
@@ -105,9 +105,8 @@ class PromptInput(TextArea):
         word = line.rsplit(None, 1)[-1] if line.strip() else ""
         if not word.startswith("@") or line.endswith(" "):
             return False
-        options = complete_path(word[1:])
-        if len(options) == 1 or common_prefix(options) != word[1:]:
-            completed = options[0] if len(options) == 1 else common_prefix(options)
+        completed, options = complete(word[1:])
+        if len(options) == 1 or completed != word[1:]:
             self.insert(completed[len(word) - 1:] + (" " if len(options) == 1 and not completed.endswith("/") else ""))
         if len(options) != 1:
             self.post_message(self.Completions(options))

@@ -235,9 +235,9 @@ def test_dropping_turns_is_the_fewest_that_fit_and_never_the_last() -> None:
         return sum(len(m["content"]) for m in ms)
 
     for budget in range(count(without_turns(messages, 6)), count(messages) + 1, 7):
-        kept, dropped = drop_oldest_turns(messages, count, budget)
+        kept, num_tokens = drop_oldest_turns(messages, count, budget)
         fewest = next(n for n in range(7) if count(without_turns(messages, n)) <= budget)
-        assert kept == without_turns(messages, fewest) and dropped == len(messages) - len(kept)
+        assert kept == without_turns(messages, fewest) and num_tokens == count(kept)
         assert kept[0]["role"] == "system" and kept[-1]["content"] == "last"
     with pytest.raises(RequestError, match="even the last message alone"):
         drop_oldest_turns(messages, count, 3)

@@ -42,28 +42,28 @@ def without_turns(messages: Sequence[Message], dropped: int) -> list[Message]:
 
 def drop_oldest_turns(messages: Sequence[Message], count_tokens: Callable[[list[Message]], int],
                       budget: int) -> tuple[list[Message], int]:
-    """The fewest oldest turns dropped so that `count_tokens(kept) <= budget`; returns (kept, the
-    number of messages dropped). The newest turn is never dropped: raises `ContextOverflowError`
+    """The fewest oldest turns dropped so that `count_tokens(kept) <= budget`; returns (kept, its
+    token count, as already counted here). The newest turn is never dropped: raises `ContextOverflowError`
     when it and the system messages alone are over `budget`. Token counts fall as turns go, so a
     binary search needs O(log turns) counts, not one per turn."""
     total = count_tokens(list(messages))
     if total <= budget:
-        return list(messages), 0
+        return list(messages), total
     most = max(len(turn_starts(messages)) - 1, 0)
     least_left = count_tokens(without_turns(messages, most))
     if least_left > budget:
         raise ContextOverflowError(
             f"even the last message alone takes {least_left:,} tokens, over the {budget:,} the context leaves "
             "for the prompt: shorten it, or lower max tokens", least_left, budget)
-    lo, hi = 1, most  # hi always fits
+    lo, hi, fitting = 1, most, least_left  # hi always fits, in `fitting` tokens
     while lo < hi:
         mid = (lo + hi) // 2
-        if count_tokens(without_turns(messages, mid)) <= budget:
-            hi = mid
+        tokens = count_tokens(without_turns(messages, mid))
+        if tokens <= budget:
+            hi, fitting = mid, tokens
         else:
             lo = mid + 1
-    kept = without_turns(messages, hi)
-    return kept, len(messages) - len(kept)
+    return without_turns(messages, hi), fitting
 
 
 def overflow_message(num_tokens: int, budget: int, context: int) -> str:
