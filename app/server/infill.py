@@ -251,10 +251,12 @@ class _InfillRun:
             "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
             "predicted_per_second": predicted_n / predicted_ms * 1000 if predicted_ms > 0 else 0.0,
         }
+        # tokens_cached is llama-server's: every token the cache holds for this request (its slot's
+        # n_past), which llama.vim shows against the context; timings.cache_n is the prefix reused.
         out = {
             "index": 0, "content": content, "stop": True, "model": self.model,
             "tokens_predicted": predicted_n, "tokens_evaluated": choice.num_prompt_tokens,
-            "tokens_cached": choice.num_cached_tokens, "truncated": self.built.truncated,
+            "tokens_cached": choice.num_prompt_tokens + predicted_n, "truncated": self.built.truncated,
             "has_new_line": "\n" in self.content, "stop_type": stop_type, "stopping_word": word,
             "generation_settings": self.body.settings(), "timings": timings,
         }
