@@ -1,7 +1,7 @@
 /* Paged attention for the fp32 CPU path (x86 with AVX2, FMA and F16C; fp32 or fp16 pools): reads each sequence's keys and
  * values where they lie in the block pool, instead of gathering them into a contiguous copy per
- * layer first (at 16 sequences the gathers and the batched SDPA took as long as a third of the
- * layer GEMMs).
+ * layer first (at many sequences the gathers and the batched SDPA cost a large share of a step;
+ * docs/tuning.md).
  *
  * Layouts as app/kernels/reference.py: q/out [tokens, heads, D]; pools [blocks, block_size,
  * kv_heads, D]; block_table [seqs, max_blocks]; sequence s owns query rows cu_seqlens_q[s] ..

@@ -70,8 +70,8 @@ def _fp32_vector(t: torch.Tensor, n: int) -> bool:
 class OneCallLayers:
     """A model's layers run by `forward_layers` (`takes_layers` said yes). What does not change
     between steps (weights, norms, the KV pools) is described once; a step fills in its buffers,
-    RoPE tables and metadata (~30 us of Python a step, where describing every layer anew took 0.5
-    ms of a 7 ms SmolLM2 step)."""
+    RoPE tables and metadata: describing every layer anew each step cost a small model's step a
+    visible share of its time."""
 
     _BUFFERS = ("x", "h", "normed", "qkv", "q", "attn", "gate_up", "act_out")
 

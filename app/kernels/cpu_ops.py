@@ -72,9 +72,9 @@ def glu(x: torch.Tensor, act: str) -> torch.Tensor:
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
-    """`logits.argmax(-1)` for `[M, V]` rows, in C for fp32 CPU rows (a row of a 262k vocabulary:
-    torch's CPU argmax 0.35 ms, this one 0.17; 16 rows 4.9 against 1.6): the same indices, first
-    maximum and NaN included."""
+    """`logits.argmax(-1)` for `[M, V]` rows, in C for fp32 CPU rows (faster than torch's CPU
+    argmax on a large vocabulary, more so with several rows): the same indices, first maximum and
+    NaN included."""
     if not (logits.dtype == torch.float32 and logits.is_cpu and logits.dim() == 2 and _library() is not None):
         return logits.argmax(-1)
     logits = logits.contiguous()

@@ -116,13 +116,14 @@ static inline __m256i bcast4(const int8_t *x) {
  * A weight tile's vector holds four consecutive levels of each of its 8 rows, one row per 32-bit
  * lane; the activations' matching four levels are broadcast to every lane. maddubs + madd then
  * leave each row's partial dot in its own lane: no horizontal sums (six hadds a tile and group,
- * where the rows lay side by side, took about a third of the time). A tile's weights are loaded
+ * where the rows lay side by side, were a large share of the time). A tile's weights are loaded
  * (and unpacked) once for R activation rows. */
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
-/* The weights stream from memory once a step (a decode step is bound by it): the cache lines 1 KiB
- * ahead of a group's `bytes` are asked for now, which beat the hardware prefetcher alone and 512 or
- * 2048 bytes ahead. __builtin_prefetch: gcc 12 dropped _mm_prefetch's in this loop. */
+/* The weights stream from memory once a step (a decode step is bound by it): the cache lines
+ * PREFETCH_DISTANCE ahead of a group's `bytes` are asked for now, which beat the hardware prefetcher
+ * alone and nearer or farther distances (docs/tuning.md). __builtin_prefetch: gcc 12 dropped
+ * _mm_prefetch's in this loop. */
 #define PREFETCH_DISTANCE 1024
 ALWAYS_INLINE void prefetch_ahead(const void *p, const int bytes) {
     const char *c = (const char *)p + PREFETCH_DISTANCE;

@@ -73,7 +73,7 @@ def _add_routes(app: FastAPI) -> None:
 
 class MetricsEndpoint:
     """GET /metrics, answered below FastAPI's router (behind the API-key check): a scraper may poll
-    at any rate, and routing and the Response object were a third of a scrape's time."""
+    at any rate, and routing and the Response object were a good part of a scrape's time."""
 
     def __init__(self, app: ASGIApp, state: ServerState) -> None:
         self.app, self.state = app, state

@@ -56,7 +56,7 @@ class TuiOptions:
     api_key: str | None = None  # the endpoint's key, or the remote backend's
     backend_url: str | None = None  # run the tabs against a remote OpenAI-compatible server
     # Panel refresh period in seconds (rounded to frames); 0: no polling (tests). Once a second, as
-    # htop: at 2.5 Hz the panels took ~3 points more of a core from the UI thread (docs/benchmarks.md).
+    # htop: faster refreshes cost the UI thread, and so the engine, CPU (docs/tuning.md).
     poll_interval: float = 1.0
     serve_fn: ServeFn | None = None  # replaces app.server.serve (tests)
 

@@ -1,12 +1,12 @@
 """Painting a streaming reply within a frame budget.
 
-Re-parsing Markdown on every engine step held the UI thread (and so the GIL) long enough to halve
-the engine's speed inside the app, and on two cores every millisecond the UI thread computes stalls
+Re-parsing Markdown on every engine step held the UI thread (and so the GIL) long enough to slow
+the engine badly inside the app, and on two cores every millisecond the UI thread computes stalls
 one of the engine's threads. Here the deltas only land in a buffer; a flush, at most `FRAME_HZ`
 times a second and only while the tab is shown, paints the new text into `StreamingBody`: one
 widget that mounts nothing. Finished Markdown blocks are rendered once (Rich's Markdown renderer)
 and kept as lines; the unfinished block below them is plain text. Every change of the body's
-height lays out the screen (~25-80 ms of the UI thread here, growing with the chat): it starts as
+height lays out the screen (costly for the UI thread, more so as the chat grows): it starts as
 high as the caller makes room for (the chat fills the view below the question) and grows
 `GROW_LINES` at a time, where mounting Textual's Markdown blocks cost two or three layouts per
 finished block. When the reply ends its whole text goes to the Markdown widget once:
@@ -31,10 +31,9 @@ from textual.widgets import Markdown
 from app.ui.layout_once import LaidOutOnce
 
 # Repaints per second while replies stream (the shown tab's reply; the panels every few frames).
-# Each paint costs the UI thread ~2-4 ms of Textual compositing whatever it adds, and on a 2-core
-# machine every such millisecond holds the GIL the engine's step thread needs between torch ops:
-# with 4 tabs streaming the UI thread used 7.4% of a core at 10 Hz, 5.5% at 5 Hz
-# (benchmarks/ui_cost.py, paced fake engine). 5 Hz still reads as a steady stream.
+# Each paint costs the UI thread Textual's compositing whatever it adds, and on a 2-core machine
+# every such millisecond holds the GIL the engine's step thread needs between torch ops: fewer
+# paints cost the engine less (docs/tuning.md), and 5 Hz still reads as a steady stream.
 FRAME_HZ = 5
 # How long the engine may hold a reply's deltas before waking the UI with them: half a frame, so a
 # paint shows text at most that much staler, and the UI thread wakes ~10 times a second instead
@@ -144,7 +143,7 @@ class StreamingBody(LaidOutOnce, Widget):
 
     @property
     def base_style(self) -> Style:
-        """`rich_style`, kept until the styles change: it walks the DOM (0.1 ms in a chat tab), and
+        """`rich_style`, kept until the styles change: it walks the DOM (costly in a chat tab), and
         each frame's rendering and each blank line of a repaint after a layout ask for it."""
         if self._style is None:
             self._style = self.rich_style

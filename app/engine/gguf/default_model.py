@@ -52,6 +52,6 @@ def default_model_path(cache_dir: str | os.PathLike | None = None, progress: Pro
 
 
 def _stamp(path: Path, sha: str) -> str:
-    # Size + mtime + expected hash: re-hashing 253 MB on every start would cost a second.
+    # Size + mtime + expected hash: re-hashing the whole file on every start would slow every start.
     st = path.stat()
     return f"{sha} {st.st_size} {st.st_mtime_ns}"

@@ -1,6 +1,6 @@
 """Fast read-only GGUF parser: metadata, tensor infos and zero-copy tensor bytes over one mmap.
 
-`gguf.GGUFReader` builds a numpy view per field, which takes seconds on a 262,144-entry vocabulary;
+`gguf.GGUFReader` builds a numpy view per field, which is slow on a large (262,144-entry) vocabulary;
 here scalars go through `struct`, numeric arrays through one `numpy.frombuffer`, and string arrays
 through a tight loop over a memoryview.
 """

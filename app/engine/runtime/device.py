@@ -71,11 +71,11 @@ def cpu_auto_dtype() -> torch.dtype:
 
 @functools.lru_cache(maxsize=1)
 def cpu_bf16_is_faster() -> bool:
-    """Serving dtype on the CPU, picked by measurement: bf16 GEMMs are ~3x faster than fp32 where the
+    """Serving dtype on the CPU, picked by measurement: bf16 GEMMs are faster than fp32 where the
     CPU has bf16 dot products (AVX512-BF16 / AMX) and slower where it emulates them. Decode is
-    weight-bandwidth bound, so the probe is a skinny matmul; it takes a few milliseconds. An x86 CPU
-    that lists neither AVX512-BF16 nor AMX-BF16 emulates bf16 whatever a probe on a busy machine
-    measured (one picked bf16 on an AVX2 EPYC while tests ran beside it)."""
+    weight-bandwidth bound, so the probe is a skinny matmul, cheap at start. An x86 CPU that lists
+    neither AVX512-BF16 nor AMX-BF16 emulates bf16 whatever a probe on a busy machine measured (a
+    neighbour's load can make bf16 win a probe it would lose)."""
     flags = cpu_build.cpu_flags()
     if "avx2" in flags and not flags & {"avx512_bf16", "amx_bf16"}:
         return False

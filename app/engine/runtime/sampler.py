@@ -22,8 +22,8 @@ from app.engine.types.outputs import TopLogprobs
 from app.kernels import cpu_ops, cpu_sample
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # spreads (seed, position) pairs over the 63-bit seed space
-# Top-k / top-p look at this many best tokens first; a full-vocabulary sort (0.1 s for a few rows of
-# 262k on two cores) happens only when that shortlist holds less than a row's top-p mass.
+# Top-k / top-p look at this many best tokens first; a full-vocabulary sort (slow on a large
+# vocabulary) happens only when that shortlist holds less than a row's top-p mass.
 _SHORTLIST = 1024
 
 
@@ -153,8 +153,8 @@ def top_logprobs_rows(logprobs: torch.Tensor, k: int, token_ids: list[int]) -> l
 
 def _draw(logits: torch.Tensor, seqs: list[ScheduledSequence], greedy_rows: list[bool]) -> torch.Tensor:
     """A token per row from its filtered distribution (greedy rows are drawn at temperature 1 and
-    ignored by the caller): in C for fp32 CPU rows (`cpu_sample`; a decode step's sampling with a
-    49k vocabulary took 2.4 ms through the torch path below, 0.55 ms so), else in torch."""
+    ignored by the caller): in C for fp32 CPU rows (`cpu_sample`, several times faster than the
+    torch path below), else in torch."""
     uniform = _uniforms(seqs)
     if not cpu_sample.takes(logits):
         return _inverse_cdf(sampling_probs(logits, seqs), uniform)
@@ -180,7 +180,7 @@ def _uniforms(seqs: list[ScheduledSequence]) -> torch.Tensor:
 def _inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """Each row's uniform number located in its cumulative distribution: exact sampling from
     `probs` (unnormalised is fine) for the price of a cumsum, where drawing a noise value for every
-    vocabulary entry cost ~4 ms a row on 262k tokens."""
+    vocabulary entry cost far more on a large vocabulary."""
     cdf = probs.double().cumsum(-1)
     target = (uniform.to(cdf.device) * cdf[:, -1]).unsqueeze(1)
     # side="right": the first token whose cumulative mass passes the draw, never a zero-mass one.

@@ -2,8 +2,8 @@
 matcher made from them.
 
 Runs where requests are made (`LLMEngine.make_sequence`: the caller's thread, or a worker thread
-under AsyncEngine), never on the step thread: compiling a JSON schema against a 262k vocabulary
-takes a fraction of a second.
+under AsyncEngine), never on the step thread: compiling a JSON schema against a large vocabulary
+would stall every running sequence.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from app.engine.text.tokenizer import Tokenizer
 
-# A compiled JSON grammar holds token masks for the whole vocabulary: ~13 MB for Gemma's 262k.
+# A compiled JSON grammar holds token masks for the whole vocabulary, so the cache counts bytes.
 CACHE_BYTES = 256 * 2**20
 _ANY_OBJECT = '{"type": "object"}'
 

@@ -4,8 +4,8 @@ and the on-disk cache that keeps them.
 llama.cpp's SentencePiece ("llama") tokenizer is BPE in disguise: it keeps merging the adjacent
 pair of symbols whose concatenation is the vocabulary piece with the highest score (leftmost first
 on ties). HF's BPE, given one merge rule per (left, right) split of every piece ranked by the
-merged piece's score, performs the same merges. Deriving the ~515k merges of a 262k vocabulary
-takes ~1 s of Python, so they are cached under a hash of the vocabulary.
+merged piece's score, performs the same merges. Deriving the merges of a large vocabulary is slow
+in Python, so they are cached under a hash of the vocabulary.
 """
 
 from __future__ import annotations

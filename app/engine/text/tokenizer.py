@@ -4,11 +4,11 @@ Why this design. Encoding runs on Hugging Face `tokenizers`' Rust BPE: for Sente
 ("llama") vocabularies with merges derived from the scores (see `spm_merges`), plus byte fallback;
 byte-level BPE ("gpt2") files carry their own merges, and the pre-tokenizer regexes are
 llama.cpp's, chosen by `tokenizer.ggml.pre`. It matches llama.cpp on the oracle and a plain-Python
-transliteration of llama.cpp's algorithm in the tests, and encodes 100 KB in ~30 ms of CPU where
-that transliteration needs ~0.5 s. Special tokens written in the text are cut out first
+transliteration of llama.cpp's algorithm in the tests, and encodes an order of magnitude faster
+than that transliteration. Special tokens written in the text are cut out first
 (`special_tokens`). Decoding bypasses HF and joins per-token byte pieces (`vocab`), so incremental
 detokenization (`detokenizer`) is exact. The price is construction: even with cached merges,
-building a 262k vocabulary still takes ~1 s, mostly HF building its BPE.
+building a large vocabulary still takes a noticeable while, mostly HF building its BPE.
 """
 
 from __future__ import annotations
