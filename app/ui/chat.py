@@ -698,7 +698,7 @@ class ChatPane(TabPane):
 
     def show_reading(self, line: str) -> None:
         """Show the prompt's progress under the reply being generated ("" clears it); only before its
-        first token, and only when the line changes (the panels poll ~10x a second)."""
+        first token, and only when the line changes (the panels poll once a second)."""
         view = self._live_view
         if view is None or line == self._reading or (line and self.metrics and self.metrics.num_tokens):
             return

@@ -78,7 +78,7 @@ class SpecStats:
 
 @dataclass(frozen=True)
 class EngineStats:
-    """Immutable snapshot of the engine, cheap to take (the UI polls it ~10x/s)."""
+    """Immutable snapshot of the engine, cheap to take (the UI polls it every panel refresh)."""
 
     num_running: int = 0
     num_waiting: int = 0
