@@ -5,15 +5,25 @@ box of the dirty regions, each one whole: a reply's changed line rendered the he
 the sidebar, the prompt and every container of the chat, all of their lines (3 ms of the UI thread
 a frame, five frames a second, on two cores shared with the engine). Here a widget outside that
 box renders nothing and one inside it only the box's rows: the same output in the repainted
-spans, from the few widgets under them. A full render (no box) is Textual's own."""
+spans, from the few widgets under them. A full render (no box) is Textual's own.
+
+It overrides Textual's private `Compositor._get_renders` and replaces a screen's private
+`_compositor`: `install` does so only where textual_private finds them as tested."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from textual._compositor import Compositor
 from textual.geometry import Region
+from textual.screen import Screen
 from textual.strip import Strip
+
+from app.ui.textual_private import CROPPED_COMPOSITOR, supported
+
+try:
+    from textual._compositor import Compositor
+except ImportError:  # Textual moved it: the class below is never installed (supported() is False)
+    Compositor = object  # type: ignore[misc,assignment]
 
 
 class CroppedCompositor(Compositor):
@@ -29,3 +39,9 @@ class CroppedCompositor(Compositor):
             x, y, width, height = region.intersection(clip)
             if width and height:
                 yield region, clip, widget.render_lines(Region(x - region.x, y - region.y, width, height))
+
+
+def install(screen: Screen) -> None:
+    """Give `screen` a CroppedCompositor, or leave Textual's where its private API changed."""
+    if supported(CROPPED_COMPOSITOR) and type(getattr(screen, "_compositor", None)) is Compositor:
+        screen._compositor = CroppedCompositor()

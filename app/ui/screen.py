@@ -27,12 +27,12 @@ from textual.widgets import (
 from app.engine.api.engine_client import EngineClient
 from app.engine.types.errors import LocalbatchError
 from app.engine.types.outputs import EngineStats, RequestStats
+from app.ui import cropped_compositor
 from app.ui.attach import Attachment
 from app.ui.attach_dialog import AttachDialog
 from app.ui.chat import ChatPane, reading_line
 from app.ui.chat_list import ChatListScreen
 from app.ui.clipboard import Copyable, code_blocks, copy_text
-from app.ui.cropped_compositor import CroppedCompositor
 from app.ui.dialogs import ConfirmDialog, CopyPicker, MessagePicker, ModelPicker, RenameDialog
 from app.ui.endpoint import EmbeddedEndpoint
 from app.ui.export import export_chat
@@ -48,6 +48,7 @@ from app.ui.panels import (
 )
 from app.ui.reply_stream import FRAME_HZ
 from app.ui.store import ChatRecord, ChatStore, StoreError
+from app.ui.textual_private import QUIET_RELABEL, supported
 from app.ui.widgets import StableFooter
 
 TAB_COLORS = ("dodger_blue1", "green3", "orange1", "medium_purple1", "deep_pink2", "cyan3", "gold1", "salmon1")
@@ -78,7 +79,7 @@ class ChatScreen(Screen):
         poll_interval: float = 1.0,
     ) -> None:
         super().__init__()
-        self._compositor = CroppedCompositor()  # a frame renders only what it repaints
+        cropped_compositor.install(self)  # a frame renders only what it repaints
         self.engine = engine
         self.store = store
         self.info = info
@@ -636,11 +637,14 @@ def relabel(tab: Tab, label: Text) -> None:
     dot) and at a chat's first message (its title). A label of the same width leaves it alone; one
     of another width puts it under the tab at once."""
     moved = tab.label.cell_length != label.cell_len
+    if moved and not supported(QUIET_RELABEL):
+        tab.label = label  # Textual's private API changed: its own relabel, which slides the underline
+        return
     with tab.prevent(Tab.Relabelled):
         tab.label = label
     tabs = next((node for node in tab.ancestors if isinstance(node, Tabs)), None) if moved else None
     if tabs is not None:
-        tabs._highlight_active(animate=False)
+        tabs._highlight_active(animate=False)  # private; textual_private checks it (QUIET_RELABEL)
 
 
 def _fork_title(title: str) -> str:
