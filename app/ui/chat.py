@@ -65,6 +65,7 @@ COMMIT_EVERY_S = 1.0
 
 _DEFAULT_TITLE = re.compile(r"^Chat \d+$")
 HISTORY_PAGE = 12  # messages mounted when a tab is first shown, and per "earlier messages" click
+HIT_MARK_S = 2.0  # how long a search hit stays marked: long enough for the eye to find it
 
 # Completion mode (a base model: no chat template). The transcript is plain text the model
 # continues: the system prompt (if any) as a first paragraph, then one "User: ..." / "Assistant:
@@ -313,7 +314,7 @@ class ChatPane(TabPane):
         scroll = self.query_one(".messages", VerticalScroll)
         view = list(scroll.query_children(MessageView))[index - self._first_mounted]
         view.add_class("hit")
-        self.set_timer(2.0, lambda: view.remove_class("hit"))
+        self.set_timer(HIT_MARK_S, lambda: view.remove_class("hit"))
         self._scroll_to(view)
 
     def _scroll_to(self, view: MessageView, tries: int = 10) -> None:

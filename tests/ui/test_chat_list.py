@@ -12,6 +12,7 @@ import pytest
 from textual.widgets import Input, OptionList
 
 from app.ui import store as store_module
+from app.ui import chat as chat_module
 from app.ui.chat import HISTORY_PAGE
 from app.ui.chat_list import ChatListScreen
 from app.ui.dialogs import ConfirmDialog
@@ -81,9 +82,10 @@ async def test_closing_a_tab_keeps_the_chat_and_the_list_reopens_it(tmp_path: Pa
         assert kept.id in [c.id for c in app2.store.chats()]
 
 
-async def test_search_opens_the_chat_at_the_hit_message(tmp_path: Path) -> None:
+async def test_search_opens_the_chat_at_the_hit_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The hit is the first of 30 messages in a closed chat: the pages down to it are mounted and
     it is scrolled into view, marked."""
+    monkeypatch.setattr(chat_module, "HIT_MARK_S", 60.0)  # a loaded machine may look after the mark is gone
     store = ChatStore.in_dir(tmp_path / "data")
     store.create_chat("Chat 1")
     old = store.create_chat("Long ago")
@@ -116,7 +118,12 @@ async def test_search_opens_the_chat_at_the_hit_message(tmp_path: Path) -> None:
             top = views[0].virtual_region.y
             return scroll.scroll_y <= top < scroll.scroll_y + scroll.scrollable_content_region.height
 
-        await until(pilot, shown, message=lambda: f"scroll_y={scroll.scroll_y}")
+        def why() -> str:
+            views = list(scroll.query_children(MessageView))
+            return (f"scroll_y={scroll.scroll_y} n={len(views)} hit={[v.has_class('hit') for v in views[:3]]} "
+                    f"top={[v.virtual_region.y for v in views[:3]]} h={scroll.scrollable_content_region.height}")
+
+        await until(pilot, shown, message=why)
         assert len(pane.messages) == 30 > HISTORY_PAGE
 
 
