@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from app.bench import add_bench_args, run_bench
+from app.bench.commands import add_bench_parser, run_bench
 from app.engine.types.engine_config import KV_CACHE_DTYPES, EngineConfig
 from app.engine.types.errors import LocalbatchError
 from app.engine.types.speculative_config import SpeculativeConfig
@@ -60,7 +60,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     from app.engine.gguf.catalog import check_model
 
     check_model(args.model)  # an unknown or unpulled name fails here, before torch loads;
-    # the engine resolves the name itself (catalog.resolve_model in LLMEngine._init_from_file)
+    # the engine resolves the name itself (catalog.resolve_model in Worker._init_from_file)
     kw = {n: getattr(args, n) for n in EngineConfig.names() if getattr(args, n, None) is not None}
     if kw.get("speculative_config") is not None:
         kw["speculative_config"] = spec = SpeculativeConfig.parse(kw["speculative_config"])
@@ -118,7 +118,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     # app.bench imports the engine (torch) only here, when the run starts: `--help` stays cheap.
-    return run_bench(args, engine_kwargs(args), progress=stderr_progress)
+    return run_bench(args, lambda: engine_kwargs(args), add_engine_args, progress=stderr_progress)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -302,9 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_args(s)
     s.set_defaults(func=cmd_serve)
 
-    b = sub.add_parser("bench", help="offline throughput benchmark on synthetic requests")
-    add_bench_args(b)
-    add_engine_args(b)
+    b = add_bench_parser(sub, add_engine_args)
     b.set_defaults(func=cmd_bench)
 
     m = sub.add_parser("models", help="list installed and pullable catalog models")

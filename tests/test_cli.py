@@ -1,5 +1,5 @@
 """The command line on a tiny model: `generate --json` and `bench --json`; `--help` and the TUI's
-first screen without torch."""
+first screen without torch; `bench`'s benchmarks as subcommands, plain `bench` as `bench throughput`."""
 
 from __future__ import annotations
 
@@ -43,7 +43,11 @@ def heavy_imports(body: str) -> dict[str, str]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["generate", "--help"], ["serve", "--help"], ["bench", "--help"]])
+BENCHMARKS = ["throughput", "latency", "serve", "tui", "compare", "complete"]
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["generate", "--help"], ["serve", "--help"], ["bench", "--help"],
+                                  *(["bench", name, "--help"] for name in BENCHMARKS)])
 def test_help_imports_no_torch(argv):
     body = f"""
 import contextlib, io
@@ -106,11 +110,58 @@ def test_bench_json_has_sweep(tiny_gguf_factory):
                    "--concurrency", "1,2", "--json", "--device", "cpu")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
+    assert report["benchmark"] == "throughput" and report["environment"]["device"] == "cpu"
     assert report["requests"] == 3 and report["output_tokens"] == 18
     for key in ("duration_s", "output_tok_s", "total_tok_s", "ttft_ms", "tpot_ms"):
         assert key in report
     assert [s["concurrency"] for s in report["sweep"]] == [1, 2]
     assert all(s["decode_tok_s"] > 0 and s["output_tok_s"] > 0 for s in report["sweep"])
+
+
+def test_bench_subcommands_parse_their_own_options():
+    from app.cli import build_parser
+
+    parse = build_parser().parse_args
+    plain = parse(["bench", "--num-prompts", "3", "--concurrency", "1,2", "--device", "cpu"])
+    assert plain.bench_command is None and plain.num_prompts == 3 and plain.json is None  # = throughput
+    named = parse(["bench", "throughput", "--num-prompts", "3", "--json", "out.json"])
+    assert (named.bench_command, named.num_prompts, named.json) == ("throughput", 3, "out.json")
+    assert parse(["bench", "latency", "--batch-size", "4", "--json"]).json == "-"  # --json alone: stdout
+    assert parse(["bench", "tui", "--tabs", "1,2"]).tabs == "1,2" and parse(["bench", "--tui", "2"]).tui == "2"
+    serve = parse(["bench", "serve", "--url", "http://127.0.0.1:9", "--endpoint", "chat", "--concurrency", "2"])
+    assert (serve.url, serve.endpoint, serve.concurrency) == ("http://127.0.0.1:9", "chat", "2")
+    complete = parse(["bench", "complete", "--followups", "3", "--compare-llama-server"])
+    assert complete.followups == 3 and complete.compare_llama_server == ""  # the default binary
+    assert parse(["bench", "compare", "--batches", "0", "--prefill-len", "512"]).batches == "0"
+    for name in BENCHMARKS:  # every benchmark takes the engine options
+        assert parse(["bench", name, "--model", "m.gguf", "--num-threads", "1"]).num_threads == 1
+
+
+def test_engine_argv_gives_back_the_options_that_differ():
+    """What `bench serve` and `bench complete` pass on to the `localbatch serve` they start."""
+    from app.bench.commands import engine_argv
+    from app.cli import add_engine_args, build_parser
+
+    args = build_parser().parse_args(["bench", "serve", "--model", "m.gguf", "--device", "cpu", "--num-threads", "1",
+                                      "--no-prefix-caching", "--kv-cache-dtype", "int8"])
+    argv = engine_argv(args, add_engine_args)
+    assert argv == ["--model", "m.gguf", "--device", "cpu", "--num-threads", "1", "--no-prefix-caching",
+                    "--kv-cache-dtype", "int8"]
+    assert engine_argv(args, add_engine_args, skip=("model",))[:2] == ["--device", "cpu"]
+    assert engine_argv(build_parser().parse_args(["bench", "serve"]), add_engine_args) == []
+
+
+def test_bench_latency_json_record(tiny_gguf_factory, tmp_path):
+    model = str(tiny_gguf_factory("llama", context_length=512))
+    out = tmp_path / "latency.json"
+    proc = run_cli("bench", "latency", "--model", model, "--batch-size", "2", "--input-len", "8", "--output-len", "4",
+                   "--num-iters", "2", "--json", str(out), "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert "latency (s)" in proc.stdout
+    record = json.loads(out.read_text())
+    assert record["benchmark"] == "latency" and record["settings"]["batch_size"] == 2
+    assert {"commit", "cpu", "cpu_flags", "torch", "device"} <= record["environment"].keys()
+    assert len(record["latencies_s"]) == 2 and record["latency_s"]["p50"] > 0
 
 
 def test_invalid_engine_setting_is_one_line(tiny_gguf_factory):

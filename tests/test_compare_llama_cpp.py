@@ -1,15 +1,11 @@
-"""The llama.cpp comparison's table, terminal chart and SVG (the runs themselves are benchmarks)."""
+"""`localbatch bench compare`: the table, terminal chart and SVG, and the figures read from both
+engines' output (the runs themselves are benchmarks)."""
 
 from __future__ import annotations
 
-import importlib.util
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
-_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "compare_llama_cpp.py"
-_spec = importlib.util.spec_from_file_location("compare_llama_cpp", _PATH)
-compare = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(compare)
+from app.bench import compare
 
 ROWS = [(1, 19.9, 60.0), (4, 75.1, 120.0), (8, 110.0, 150.0), (16, 140.0, 0.0)]
 
@@ -39,6 +35,7 @@ def test_prefill_figures_from_both_engines(monkeypatch):
     outputs = iter([table, sweep])
     monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, next(outputs), ""))
     assert compare.prefill_llama_cpp("m.gguf", 512) == (116.36, 20.0)
+    assert compare.batched_bench_rows(table)[0][2] == "1"
     assert compare.prefill_localbatch("m.gguf", 512, []) == (128.0, 25.0)
 
 
@@ -48,3 +45,20 @@ def test_a_prompt_length_row_takes_medians_and_per_round_ratios():
     assert (row["llama_cpp_tok_s"], row["localbatch_tok_s"], row["ratio"]) == (90.0, 150.0, 1.5)
     assert (row["localbatch_decode_tok_s"], row["decode_ratio"]) == (30.0, 1.5)
     assert row["localbatch_ttft_s"] == round(2048 / 150.0, 2)
+
+
+def test_a_run_pairs_both_engines_per_concurrency(monkeypatch):
+    """Rounds alternate which engine goes first; each concurrency's figure is the median of the
+    rounds and its ratio the median of the rounds' ratios."""
+    calls = []
+    peer = iter([{1: 10.0, 4: 20.0}, {1: 20.0, 4: 40.0}, {1: 30.0, 4: 60.0}])
+    ours = iter([{1: 15.0, 4: 30.0}, {1: 20.0, 4: 80.0}, {1: 60.0, 4: 60.0}])
+    monkeypatch.setattr(compare, "run_llama_cpp", lambda binary, model, batches: calls.append("peer") or next(peer))
+    monkeypatch.setattr(compare, "run_localbatch", lambda model, batches, extra: calls.append("ours") or next(ours))
+    report = compare.run_compare("m.gguf", "bench-bin", [1, 4], [], 3, [])
+    assert calls == ["peer", "ours", "ours", "peer", "peer", "ours"]
+    one, four = report["rows"]
+    assert (one["localbatch_tok_s"], one["llama_cpp_tok_s"], one["ratio"], one["round_ratios"]) == (20.0, 20.0, 1.5, [1.5, 1.0, 2.0])
+    assert four["ratio"] == 1.5 and "prefill" not in report
+    # The table divides the medians (20 / 20); the report keeps the median of the rounds' ratios.
+    assert compare.format_report(report).splitlines()[2].rstrip().endswith("1.00x")

@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SOURCE_DIRS = ("app", "tests", "benchmarks")
+SOURCE_DIRS = ("app", "tests", "benchmarks", "tools")
 FIRST_PARTY = {"app", "tests"}
 
 
@@ -32,8 +32,8 @@ def declared_distributions() -> set[str]:
 
 
 def imported_modules() -> dict[str, set[str]]:
-    """Top-level module -> the files importing it (absolute imports only; siblings of a script, such
-    as benchmarks/ui_cost.py's `tmux_tabs`, are first party)."""
+    """Top-level module -> the files importing it (absolute imports only; a script's
+    siblings are first party)."""
     found: dict[str, set[str]] = {}
     for folder in SOURCE_DIRS:
         for path in (REPO_ROOT / folder).rglob("*.py"):

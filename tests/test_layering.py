@@ -26,7 +26,7 @@ LAYERS = [
     ("app.engine.core",),
     ("app.engine.api",),
     ("app.ui", "app.server", "app.clients"),
-    ("app.cli", "app.bench", "app.tui_bench"),  # the entry points put an engine together: anything below
+    ("app.cli", "app.bench"),  # the entry points put an engine together: anything below
 ]
 # Package roots that only re-export lazily (`app/__init__`, `app/engine/__init__`, lazy_exports).
 UNLAYERED = ("app", "app.engine", "app.lazy_exports")

@@ -1,4 +1,4 @@
-"""A 60-second soak of `localbatch serve` on SmolLM2 (benchmarks/soak.py, loopback only): a mixed
+"""A 60-second soak of `localbatch serve` on SmolLM2 (benchmarks/serving/soak.py, loopback only): a mixed
 load with disconnects and every kind of malformed body; no 5xx, every bad body a 4xx with an
 OpenAI error object, nothing running and no KV block held afterwards, fds and threads flat."""
 
@@ -24,7 +24,7 @@ def test_sixty_second_soak_loses_nothing(tmp_path: Path) -> None:
         pytest.skip(f"{MODEL} is not pulled: run `localbatch pull {MODEL}` (.ci/run does)")
     out = tmp_path / "soak.json"
     proc = subprocess.run(
-        [sys.executable, "benchmarks/soak.py", "--model", MODEL, "--duration", "60", "--clients", "4",
+        [sys.executable, "-m", "benchmarks.serving.soak", "--model", MODEL, "--duration", "60", "--clients", "4",
          "--warmup", "20", "--json", str(out), "--", "--kv-cache-bytes", str(64 << 20)],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.exists(), proc.stdout[-2000:] + proc.stderr[-2000:]
