@@ -34,6 +34,18 @@ def wait_idle(engine: AsyncEngine, timeout: float = 10.0) -> None:
     raise AssertionError(f"engine not idle: {engine.stats()}")
 
 
+async def until_idle(engine: AsyncEngine, timeout: float = 30.0) -> None:
+    """wait_idle for a test on the event loop: it keeps running, so a stream left by `break` is
+    closed (its abort sent) however many turns of the loop that takes on a loaded machine."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = engine.stats()
+        if s.num_running == 0 and s.num_waiting == 0 and s.num_blocks_used == 0:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"engine not idle: {engine.stats()}")
+
+
 async def collect(engine, prompt, params, request_id=None):
     deltas = [d async for d in engine.stream(prompt, params, request_id=request_id)]
     return deltas
@@ -55,7 +67,7 @@ async def test_deltas_report_the_prompt_tokens_the_prefix_cache_served(engine):
     again = await collect(engine, prompt, params)
     n = again[-1].num_prompt_tokens
     assert first[-1].num_cached_tokens < n and 16 <= again[-1].num_cached_tokens < n
-    wait_idle(engine)
+    await until_idle(engine)
 
 
 async def test_concurrent_streams_decode_together(engine):
@@ -65,7 +77,7 @@ async def test_concurrent_streams_decode_together(engine):
     expected = [t for d in alone for t in d.token_ids]
     for deltas in results:
         assert [t for d in deltas for t in d.token_ids] == expected
-    wait_idle(engine)
+    await until_idle(engine)
 
 
 async def test_bad_request_raises_before_first_delta(engine):
@@ -81,7 +93,7 @@ async def test_breaking_out_aborts_and_frees_blocks(engine):
         if delta.num_output_tokens >= 3:
             break
     await asyncio.sleep(0)
-    wait_idle(engine)
+    await until_idle(engine)
 
 
 async def test_held_deltas_arrive_in_fewer_wake_ups_and_complete(engine, monkeypatch):
@@ -119,7 +131,7 @@ async def test_held_deltas_arrive_in_fewer_wake_ups_and_complete(engine, monkeyp
     # What one hand-off brought reaches the consumer as one delta: one SSE event, one UI update.
     assert [len(d.token_ids) for d in together] == [1, 29] and together[-1].num_output_tokens == 30
     assert "".join(d.text for d in together) == "".join(d.text for d in alone)
-    wait_idle(engine)
+    await until_idle(engine)
 
 
 async def test_deltas_sent_at_the_next_launch_arrive_whole_and_in_order(engine, monkeypatch):
@@ -146,7 +158,7 @@ async def test_deltas_sent_at_the_next_launch_arrive_whole_and_in_order(engine, 
     assert max(sent_at_launch) >= 1  # some steps' deltas rode on the next launch
     lone = await collect(engine, "the world is", params)  # its last delta: sent with nothing left to launch
     assert [t for d in lone for t in d.token_ids] == expected
-    wait_idle(engine)
+    await until_idle(engine)
 
 
 def test_merged_deltas_keep_everything_of_both():
@@ -171,7 +183,7 @@ async def test_held_deltas_fall_due(engine):
         if delta.num_output_tokens >= 3 and len(arrivals) >= 3:
             break
     assert arrivals[1][1] > 1  # the second hand-off came by time, not at the end
-    wait_idle(engine)
+    await until_idle(engine)
 
 
 def test_is_an_engine_client(engine):
