@@ -205,10 +205,10 @@ class RemoteEngine:
     def stats_source(self) -> str:
         return "from the server's /metrics" if self._metrics.available else "client-side figures (no /metrics)"
 
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+    def encode(self, text: str, add_bos: bool = True, *, parse_special: bool = True) -> list[int]:
         """Through the server's /tokenize (vLLM and llama-server have one; OpenAI does not)."""
         data = self._post_root("/tokenize", {"model": self.model_name, "prompt": text, "content": text,
-                                             "add_special_tokens": add_bos})
+                                             "add_special_tokens": add_bos, "parse_special": parse_special})
         tokens = data.get("tokens")
         if not isinstance(tokens, list):
             raise RemoteError(f"{self.base_url} has no usable /tokenize endpoint")

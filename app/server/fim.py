@@ -119,4 +119,5 @@ def _extra_tokens(encode: Encode, fim: FimTokens, extra: Sequence[ExtraChunk]) -
 def engine_encoder(engine: EngineClient) -> tuple[Encode, list[int]]:
     """`encode` without BOS for the parts, and the BOS ids the model's prompts start with (its
     tokenizer adds one or not: an empty text shows which)."""
-    return (lambda text: engine.encode(text, add_bos=False)), engine.encode("", add_bos=True)
+    # The user's text stays text: a file that contains "<|fim_middle|>" must not steer the prompt.
+    return (lambda text: engine.encode(text, add_bos=False, parse_special=False)), engine.encode("", add_bos=True)

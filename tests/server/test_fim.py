@@ -192,6 +192,12 @@ def test_infill_prompt_and_response(client: httpx.Client, engine: FakeEngine) ->
         assert isinstance(timings[key], (int, float)) and timings[key] >= 0, key
 
 
+def test_the_users_text_is_tokenized_without_special_tokens(client: httpx.Client, engine: FakeEngine) -> None:
+    """As llama.cpp's format_infill: "<|fim_middle|>" written in a file is text, not the token."""
+    assert client.post("/infill", json={**INFILL, "input_prefix": "s = '<|fim_middle|>'\n"}).status_code == 200
+    assert ("s = '<|fim_middle|>'\n", False) in engine.encoded
+
+
 def test_a_repeated_request_is_served_by_the_prefix_cache(client: httpx.Client) -> None:
     body = {**INFILL, "input_extra": [{"text": "common context\n" * 10}]}
     client.post("/infill", json=body)
@@ -312,6 +318,8 @@ def test_qwen_coder_fills_the_middle() -> None:
     engine = AsyncEngine(model=model, device="cpu", kv_cache_blocks=64)
     try:
         assert engine.fim_tokens == FimTokens(151659, 151661, 151660, pad=151662, repo=151663, sep=151664)
+        assert engine.encode("<|fim_middle|>", add_bos=False) == [151660]
+        assert 151660 not in engine.encode("<|fim_middle|>", add_bos=False, parse_special=False)
         with ServerThread(engine) as server, httpx.Client(base_url=server.url, timeout=300) as c:
             body = {"input_prefix": "def add(a, b):\n    return ", "input_suffix": "\n\nprint(add(1, 2))\n",
                     "n_predict": 8, "temperature": 0}

@@ -317,7 +317,8 @@ class FakeEngine:
 
     # --- EngineClient ------------------------------------------------------------------------
 
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+    def encode(self, text: str, add_bos: bool = True, *, parse_special: bool = True) -> list[int]:
+        self.encoded = [*getattr(self, "encoded", [])[-50:], (text, parse_special)]
         return self.tokenizer.encode(text, add_bos)
 
     def decode(self, token_ids: list[int]) -> str:

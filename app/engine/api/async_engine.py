@@ -153,8 +153,8 @@ class AsyncEngine:
             self._stats = dataclasses.replace(stats, speculative=dataclasses.replace(stats.speculative, enabled=enabled))
         return True
 
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        return self.engine.require_tokenizer().encode(text, add_bos=add_bos)
+    def encode(self, text: str, add_bos: bool = True, *, parse_special: bool = True) -> list[int]:
+        return self.engine.require_tokenizer().encode(text, add_bos=add_bos, parse_special=parse_special)
 
     def decode(self, token_ids: list[int]) -> str:
         return self.engine.require_tokenizer().decode(token_ids)
