@@ -36,6 +36,7 @@ import ctypes
 import functools
 import mmap
 import os
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -151,6 +152,14 @@ def _lanes(q: torch.Tensor, vectors: int) -> torch.Tensor:
     return q.permute(0, 2, 3, 1, 4).contiguous()
 
 
+def _or_shifted(fields: torch.Tensor, width: int) -> torch.Tensor:
+    """uint8 fields `[..., F]` of `width` bits packed into one byte, field f at bit f * width."""
+    out = fields[..., 0].clone(memory_format=torch.contiguous_format)
+    for f in range(1, fields.shape[-1]):
+        out |= fields[..., f] << (f * width)
+    return out
+
+
 def _lane_rows(qs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Rows `ids` of a `_lanes` layout: `[len(ids), G, vectors * 4]`."""
     return qs[ids // TILE, :, :, ids % TILE].flatten(2)
@@ -162,13 +171,28 @@ class Q4Weight(_GroupWeight):
     byte b of row j in vector s holding level 4s+b | level 16+4s+b << 4; d and m tiled as
     `tile_rows`."""
 
+    name = "q4"
+
     _TENSORS = ("qs", "d", "m")
 
     def __init__(self, levels: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
         n, k = levels.shape
-        self.out_features, self.in_features, self.groups = n, k, k // GROUP
-        g = levels.view(n, self.groups, 2, GROUP // 2).to(torch.uint8)
-        self.qs = _lanes(g[:, :, 0] | (g[:, :, 1] << 4), 4)
+        g = levels.view(n, k // GROUP, 2, GROUP // 2).to(torch.uint8)
+        self._pack(g[:, :, 0] | (g[:, :, 1] << 4), d, m)
+
+    @staticmethod
+    def from_nibbles(nibbles: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> Q4Weight:
+        """From levels already two a byte, `nibbles [n, k / 2]`: byte 16g + b holds level 32g + b
+        (low nibble) and 32g + 16 + b (high), as Q4_0/Q4_1 blocks store them."""
+        self = Q4Weight.__new__(Q4Weight)  # 4 bits only: a Q5Weight needs its 5th bits too
+        self._pack(nibbles.view(nibbles.shape[0], -1, GROUP // 2), d, m)
+        return self
+
+    def _pack(self, nibbles: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
+        """`nibbles [n, G, 16]` and per-group d and m `[n, G]` into the kernel's tiles."""
+        n, groups = nibbles.shape[:2]
+        self.out_features, self.in_features, self.groups = n, groups * GROUP, groups
+        self.qs = _lanes(nibbles, 4)
         self.d = tile_rows(d.to(torch.float16))
         self.m = tile_rows(m.to(torch.float16))
         self._describe()
@@ -193,6 +217,8 @@ class Q5Weight(Q4Weight):
     bits a weight: `Q4Weight`'s nibbles plus the 5th bits, `qh [tiles, G, 32]`: byte 4j+b, bit
     2s+p holds the 5th bit of row j's level 16p+4s+b (the nibbles' vector s, plane p)."""
 
+    name = "q5"
+
     _TENSORS = ("qs", "qh", "d", "m")
 
     def __init__(self, levels: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
@@ -201,7 +227,7 @@ class Q5Weight(Q4Weight):
         fifth = (levels >> 4).view(n, k // GROUP, 2, 4, 4)  # [n, G, p, s, b]
         fifth = F.pad(fifth, (0, 0, 0, 0, 0, 0, 0, 0, 0, -n % TILE)).view(-1, TILE, k // GROUP, 2, 4, 4)
         bits = fifth.permute(0, 2, 1, 5, 4, 3).reshape(-1, k // GROUP, 4 * TILE, 8)  # [tiles, G, 4j+b, 2s+p]
-        self.qh = (bits << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8).contiguous()
+        self.qh = _or_shifted(bits, 1)
         super().__init__(levels & 0x0F, d, m)
 
     def levels(self, ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -223,21 +249,36 @@ class Q6Weight(_GroupWeight):
     bytes of low nibbles then 64 of the top two bits (vector s // 2, byte 4j+b, bits 2k..2k+1 with
     k = 2 (s % 2) + p: row j's level 16p+4s+b); `sc [tiles, G, 8, 2]`; d tiled as `tile_rows`."""
 
+    name = "q6"
+
     _TENSORS = ("qs", "sc", "d")
 
     def __init__(self, levels: torch.Tensor, scales: torch.Tensor, d: torch.Tensor) -> None:
         """levels uint8 `[n, k]` (0..63), scales int8 `[n, k / 16]`, d `[n, k / 32]`."""
         n, k = levels.shape
-        self.out_features, self.in_features, self.groups = n, k, k // GROUP
-        g = levels.to(torch.uint8).view(n, self.groups, 2, GROUP // 2)
-        nibbles = _lanes((g[:, :, 0] & 0x0F) | ((g[:, :, 1] & 0x0F) << 4), 4).view(-1, self.groups, 128)
-        top = (levels.to(torch.uint8) >> 4).view(n, self.groups, 2, 4, 4)  # [n, G, p, s, b]
-        top = F.pad(top, (0, 0, 0, 0, 0, 0, 0, 0, 0, -n % TILE)).view(-1, TILE, self.groups, 2, 2, 2, 4)  # p, s//2, s%2
+        levels = levels.to(torch.uint8)
+        g = levels.view(n, k // GROUP, 2, GROUP // 2)
+        self._pack((g[:, :, 0] & 0x0F) | ((g[:, :, 1] & 0x0F) << 4), levels >> 4, scales, d)
+
+    @staticmethod
+    def from_parts(nibbles: torch.Tensor, top: torch.Tensor, scales: torch.Tensor, d: torch.Tensor) -> Q6Weight:
+        """From the levels' low 4 bits two a byte (`nibbles [n, k / 2]`, as `Q4Weight.from_nibbles`)
+        and their top 2 bits a byte (`top [n, k]`), as a Q6_K tensor's blocks give them apart."""
+        self = Q6Weight.__new__(Q6Weight)
+        self._pack(nibbles.view(nibbles.shape[0], -1, GROUP // 2), top, scales, d)
+        return self
+
+    def _pack(self, nibbles: torch.Tensor, top: torch.Tensor, scales: torch.Tensor, d: torch.Tensor) -> None:
+        """`nibbles [n, G, 16]`, `top [n, k]` (0..3), scales and d into the kernel's tiles."""
+        n, groups = nibbles.shape[:2]
+        self.out_features, self.in_features, self.groups = n, groups * GROUP, groups
+        low = _lanes(nibbles, 4).view(-1, groups, 128)
+        top = top.reshape(n, groups, 2, 4, 4)  # [n, G, p, s, b]
+        top = F.pad(top, (0, 0, 0, 0, 0, 0, 0, 0, 0, -n % TILE)).view(-1, TILE, groups, 2, 2, 2, 4)  # p, s//2, s%2
         fields = top.permute(0, 2, 4, 1, 6, 5, 3)  # [tiles, G, s//2, j, b, s%2, p]: bits 2(2(s%2)+p)
-        shifts = torch.tensor([[0, 2], [4, 6]], dtype=torch.uint8)
-        packed = (fields << shifts).sum((-2, -1), dtype=torch.uint8).reshape(-1, self.groups, 64)
-        self.qs = torch.cat((nibbles, packed), -1).contiguous()
-        self.sc = tile_rows(scales.to(torch.int8).view(n, self.groups, 2).flatten(1).view(torch.int16)).view(torch.int8)
+        packed = _or_shifted(fields.flatten(-2), 2).reshape(-1, groups, 64)
+        self.qs = torch.cat((low, packed), -1).contiguous()
+        self.sc = tile_rows(scales.to(torch.int8).view(n, groups, 2).flatten(1).view(torch.int16)).view(torch.int8)
         self.d = tile_rows(d.to(torch.float16))
         self._describe()
 
@@ -271,13 +312,26 @@ class Q8Weight(_GroupWeight):
     other. Laid out for the kernel: `qs [tiles, G, 8, 8, 4]` (vector s, lane j: row j's levels
     4s .. 4s+3), d tiled as `tile_rows`."""
 
+    name = "q8"
+
     def __init__(self, weight: torch.Tensor) -> None:
-        n, k = weight.shape
+        self._fill(weight.shape, lambda start, end: weight[start:end])
+
+    @classmethod
+    def from_rows(cls, shape: tuple[int, int], rows: Callable[[int, int], torch.Tensor]) -> Q8Weight:
+        """From a matrix read `rows(start, end)` at a time (fp32 rows decoded from a file's blocks):
+        the same bytes as from the whole matrix, without it."""
+        self = cls.__new__(cls)
+        self._fill(shape, rows)
+        return self
+
+    def _fill(self, shape: tuple[int, int], rows: Callable[[int, int], torch.Tensor]) -> None:
+        n, k = shape
         self.out_features, self.in_features, self.groups = n, k, k // GROUP
         self.qs = torch.empty((-(-n // TILE), self.groups, GROUP // 4, TILE, 4), dtype=torch.int8)
         d = torch.empty((n, self.groups), dtype=torch.float16)
         for start in range(0, n, CHUNK_ROWS):  # a multiple of TILE: chunks start on a tile
-            w = weight[start : start + CHUNK_ROWS].float().view(-1, self.groups, GROUP)
+            w = rows(start, start + CHUNK_ROWS).float().view(-1, self.groups, GROUP)
             scale = (w.abs().amax(-1) / 127.0).half()
             inv = torch.where(scale > 0, 1.0 / scale.float(), torch.zeros_like(scale, dtype=torch.float32))
             q = torch.round(w * inv.unsqueeze(-1)).clamp(-127, 127).to(torch.int8)

@@ -12,7 +12,7 @@ import torch
 
 from app import kernels
 from app.engine.runtime.decoder import DecoderLayer, RotaryEmbedding
-from app.engine.runtime.kernel_plan import KernelPlan
+from app.engine.runtime.kernel_plan import Attention, KernelPlan, RowOps
 from app.kernels import KVCacheLayer, cpu_attention
 from tests.kernels.test_kernels import (
     ATTN_CASES, SENTINEL, STORE_CASES, attention_error, attention_metadata, make_attention_inputs, store_error,
@@ -114,7 +114,7 @@ def test_rope_store_matches_the_torch_ops(cache_dtype, style: str, qk_norm: bool
     layer = SimpleNamespace(
         cfg=SimpleNamespace(num_heads=heads, num_kv_heads=kv_heads, head_dim=d, rms_norm_eps=1e-6),
         qk_norm=torch.randn(heads + kv_heads, d) if qk_norm else None, rope=rope, q_size=heads * d,
-        kv_size=kv_heads * d, c_rows=True,  # the C norm either way: the two paths differ only in RoPE and store
+        kv_size=kv_heads * d, ops=RowOps.C,  # the C norm either way: the two paths differ only in RoPE and store
     )
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d) * 2
     tables = rope.tables(torch.tensor([0, 3, 17, 40, 63]))
@@ -122,7 +122,7 @@ def test_rope_store_matches_the_torch_ops(cache_dtype, style: str, qk_norm: bool
                                      torch.zeros(1, 4, dtype=torch.int32), torch.tensor([9, 0, 31, -1, 16]))
     outs = []
     assert cpu_attention.takes(torch.device("cpu"), torch.float32, cache_dtype, heads, d)
-    for plan in (KernelPlan("torch", "c"), KernelPlan("torch", "torch", kernels=kernels.attention_kernels("torch"))):
+    for plan in (KernelPlan(RowOps.TORCH, Attention.C), KernelPlan(RowOps.TORCH, Attention.TORCH)):
         layer.plan = plan
         kv = KVCacheLayer(torch.full((2, 16, kv_heads, d), 7.0, dtype=cache_dtype),
                           torch.full((2, 16, kv_heads, d), 7.0, dtype=cache_dtype))

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from app.engine.runtime import decoder
+from app.engine.runtime.kernel_plan import RowOps
 from app.kernels import cpu_ops
 
 pytestmark = pytest.mark.skipif(
@@ -37,7 +38,7 @@ def test_per_head_weights_on_a_strided_view() -> None:
     qkv = torch.randn(3, 7, 32)
     qk, w = qkv[:, :5], torch.randn(5, 32)
     ref = F.rms_norm(qk, (32,), None, 1e-6) * w
-    assert torch.allclose(decoder.rms_norm(qk, w, 1e-6, c=True), ref, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(decoder.rms_norm(qk, w, 1e-6, RowOps.C), ref, rtol=1e-5, atol=1e-5)
     assert torch.allclose(decoder.rms_norm(qk, w, 1e-6), ref, rtol=1e-5, atol=1e-5)  # torch's
 
 
@@ -56,7 +57,7 @@ def test_glu_matches_float64_and_rows_are_batch_invariant(act: str) -> None:
     out = cpu_ops.glu(x, act)
     assert torch.allclose(out.double(), ref, rtol=1e-5, atol=1e-30)
     assert torch.equal(out[3:4], cpu_ops.glu(x[3:4], act))
-    assert torch.equal(decoder.glu(x, act, c=True), out)
+    assert torch.equal(decoder.glu(x, act, RowOps.C), out)
 
 
 CPU = torch.device("cpu")

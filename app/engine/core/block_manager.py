@@ -1,5 +1,6 @@
 """The KV block pool: allocation with reference counts, per-sequence block tables (one per KV cache
-group, `kv_cache_spec`), and automatic prefix caching.
+group, `kv_cache_spec`), and automatic prefix caching. Of a sequence it writes only its block
+tables and block hashes; how many of its tokens are computed is the scheduler's to count.
 
 A full block is identified by the hash of (parent block's hash, its token ids), so equal hashes
 mean equal prefixes; each group keeps its own hash -> block map, since its blocks hold other
@@ -156,8 +157,9 @@ class BlockManager:
         needed = len(self.groups) * max(0, self.blocks_needed(end) - cached.num_blocks)
         return needed + revived <= self.num_free_blocks
 
-    def admit(self, seq: Sequence, cached: CachedPrefix) -> None:
-        """Give a waiting sequence its cached prefix blocks (it computes the rest)."""
+    def admit(self, seq: Sequence, cached: CachedPrefix) -> int:
+        """Give a waiting sequence its cached prefix blocks (it computes the rest). Returns how many
+        of its tokens they hold: the scheduler counts them computed."""
         self.num_queried_tokens += seq.num_prompt_tokens
         self.num_hit_tokens += min(cached.num_blocks * self.block_size, seq.num_prompt_tokens)
         for block_id in cached.block_ids():
@@ -168,7 +170,7 @@ class BlockManager:
             block.ref_count += 1
         seq.block_tables = [list(table) for table in cached.tables]
         seq.block_hashes = list(cached.hashes)
-        seq.num_computed_tokens = seq.num_cached_tokens = cached.num_blocks * self.block_size
+        return cached.num_blocks * self.block_size
 
     # ---- allocation -------------------------------------------------------------------------
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
@@ -208,16 +210,15 @@ class BlockManager:
             self._num_cached_free += block.hash is not None
 
     def free_seq(self, seq: Sequence) -> None:
-        """Return a sequence's blocks. Tail blocks go in first so they are evicted before the shared
-        head of the prefix, which other requests are more likely to reuse."""
+        """Return a sequence's blocks (the scheduler then counts none of its tokens computed). Tail
+        blocks go in first so they are evicted before the shared head of the prefix, which other
+        requests are more likely to reuse."""
         for table in seq.block_tables:
             for block_id in reversed(table):
                 if block_id != NULL_BLOCK:
                     self._release(block_id)
         seq.block_tables = []
         seq.block_hashes = []
-        seq.num_computed_tokens = 0
-        seq.num_draft_computed = 0
 
     def free_rejected_blocks(self, seq: Sequence) -> None:
         """Give back the blocks reserved for drafts the verifier rejected: those past the block

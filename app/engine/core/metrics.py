@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from collections.abc import Callable
@@ -10,6 +11,9 @@ from dataclasses import dataclass
 from app.engine.core.block_manager import BlockManager
 from app.engine.core.scheduler import Scheduler
 from app.engine.core.sequence import Sequence, SequenceStatus
+from app.engine.runtime.device import copy_bandwidth
+from app.engine.runtime.kv_pool import kv_sizes
+from app.engine.runtime.worker import Worker
 from app.engine.types.batch import ScheduledBatch
 from app.engine.types.outputs import EngineStats, RequestStats, SpecStats
 from app.engine.types.timing import reply_timing
@@ -52,6 +56,19 @@ class KVCacheInfo:
 
 
 class EngineMetrics:
+    @classmethod
+    def of(cls, worker: Worker) -> EngineMetrics:
+        """The metrics of an engine on `worker`: what a token costs in its pool, what a step reads."""
+        spec, per_token, cfg = worker.kv_spec, worker.kv_bytes_per_token, worker.model_config
+        full_layers = sum(len(g.layers) for g in spec.groups if g.sliding_window is None)
+        past_window = per_token * full_layers // cfg.num_layers if spec.is_hybrid else 0
+        kv = KVCacheInfo(str(worker.kv_dtype).removeprefix("torch."), per_token, past_window)
+        return cls(kv, MemoryTraffic(
+            weight_bytes_per_step=worker.model.weight_bytes_per_step,
+            copy_bandwidth=copy_bandwidth(worker.setup.device),
+            kv_bytes_read=functools.partial(cfg.kv_bytes_read, **kv_sizes(worker.kv_dtype)),
+        ))
+
     def __init__(self, kv: KVCacheInfo, traffic: MemoryTraffic) -> None:
         self.kv = kv
         self.kv_bytes_per_token = kv.bytes_per_token
@@ -67,9 +84,9 @@ class EngineMetrics:
 
     def record_step(self, batch: ScheduledBatch, sampled: dict[str, list[int]], duration: float,
                     gap: float | None = None) -> None:
-        """After postprocess. A decode is a sequence that had output before this step: its positions
-        (1, or 1 + k verified drafts) are not prefill, and it gained the tokens it kept. `gap`: the
-        time since the previous step ended, when that step left requests unfinished."""
+        """After `Scheduler.update_from_output`. A decode is a sequence that had output before this
+        step: its positions (1, or 1 + k verified drafts) are not prefill, and it gained the tokens it
+        kept. `gap`: the time since the previous step ended, when that step left requests unfinished."""
         now = time.monotonic()
         decode_positions = decode = 0
         for s, n in zip(batch.seqs, batch.num_tokens):
@@ -77,7 +94,7 @@ class EngineMetrics:
             if new and s.num_output_tokens > new:
                 decode_positions += n
                 decode += new
-        # After postprocess: a sequence's computed tokens already include this step's.
+        # After the update: a sequence's computed tokens already include this step's.
         kv_read = self.traffic.kv_bytes_read([s.num_computed_tokens for s in batch.seqs])
         self.last = StepRecord(now, duration, len(batch), batch.total_tokens - decode_positions, decode, kv_read)
         self.window.append(self.last)

@@ -1,5 +1,8 @@
 """Per-request output handling: incremental text, stop conditions, and the deltas to publish.
 
+It writes only its own per-request state (the text so far and what was sent). The scheduler, which
+appends a step's tokens, asks `check_token` whether one ends the request; `delta` reads the sequence.
+
 Stop strings are not emitted: while a request runs, the last `len(longest stop) - 1` characters
 are held back, since they could still turn out to be the start of a stop string.
 """
@@ -11,7 +14,7 @@ from dataclasses import dataclass
 from app.engine.core.sequence import Sequence
 from app.engine.text.detokenizer import IncrementalDetokenizer
 from app.engine.text.tokenizer import Tokenizer
-from app.engine.types.outputs import StreamDelta, TopLogprobs
+from app.engine.types.outputs import StreamDelta
 
 
 @dataclass
@@ -25,8 +28,9 @@ class _OutputState:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Tokenizer | None) -> None:
+    def __init__(self, tokenizer: Tokenizer | None, max_model_len: int | None = None) -> None:
         self.tokenizer = tokenizer
+        self.max_model_len = max_model_len  # None: no context limit beyond a request's max_tokens
         self.states: dict[str, _OutputState] = {}
 
     def add(self, seq: Sequence) -> None:
@@ -43,51 +47,28 @@ class OutputProcessor:
             holdback=max((len(s) for s in p.stop), default=1) - 1,
         )
 
-    def on_tokens(self, seq: Sequence, tokens: list[int], max_model_len: int,
-                  logprobs: list[TopLogprobs] | None = None) -> StreamDelta:
-        """Append a step's new tokens (one, or a speculating sequence's kept drafts and one more),
-        with their logprobs if asked, up to the first that finishes the request; sets
-        `seq.finish_reason` then. One delta for all."""
+    def check_token(self, seq: Sequence, token: int) -> str | None:
+        """Whether `token`, just appended to `seq` (and accepted by its grammar, if any), finishes
+        the request: "stop" or "length"; None, it goes on. Adds the token's text to the request's;
+        a stop string and what follows it are cut."""
         st = self.states[seq.request_id]
-        for i, token in enumerate(tokens):
-            seq.append_token(token)
-            if logprobs is not None:
-                seq.logprobs.append(logprobs[i])
-            self._account(seq, st, token, max_model_len)
-            if seq.finish_reason is not None:
-                break
-        return self._delta(seq, st)
-
-    def _account(self, seq: Sequence, st: _OutputState, token: int, max_model_len: int) -> None:
-        if seq.grammar is not None and not seq.grammar.accept(token):
-            return self._reject(seq, token)
+        reason = None
         if token in st.stop_ids:
-            seq.finish_reason = "stop"
+            reason = "stop"
         elif st.detok is not None:
             st.text += st.detok.add([token])
             if seq.params.stop and self._find_stop(seq, st):
-                seq.finish_reason = "stop"
-        if seq.finish_reason is None and seq.grammar is not None and seq.grammar.is_terminated:
-            seq.finish_reason = "stop"  # the grammar is complete and took its stop token
-        if seq.finish_reason is None and (seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= max_model_len):
-            seq.finish_reason = "length"
-        if seq.finish_reason == "length" and st.detok is not None:
+                reason = "stop"
+        if reason is None and seq.grammar is not None and seq.grammar.is_terminated:
+            reason = "stop"  # the grammar is complete and took its stop token
+        if reason is None and (seq.num_output_tokens >= seq.max_tokens or self._at_context_end(seq)):
+            reason = "length"
+        if reason == "length" and st.detok is not None:
             st.text += st.detok.flush()  # an unfinished UTF-8 character shows as U+FFFD, as decode() would
+        return reason
 
-    @staticmethod
-    def _reject(seq: Sequence, token: int) -> None:
-        # The mask allows only tokens the grammar accepts, so this means a grammar no token of the
-        # vocabulary can continue: end the request rather than stream output that breaks it.
-        seq.error = f"structured output: no token of this vocabulary continues the grammar (sampled {token})"
-        seq.finish_reason = "error"
-
-    def finish(self, seq: Sequence) -> StreamDelta:
-        """The final delta of a request ended from outside (abort, engine error)."""
-        seq.grammar = None
-        st = self.states.get(seq.request_id)
-        if st is None:
-            return StreamDelta(seq.request_id, "", [], seq.finish_reason or "abort", error=seq.error)
-        return self._delta(seq, st)
+    def _at_context_end(self, seq: Sequence) -> bool:
+        return self.max_model_len is not None and seq.num_tokens >= self.max_model_len
 
     def _find_stop(self, seq: Sequence, st: _OutputState) -> bool:
         # Only the new text (plus a stop's length of overlap) can hold a stop string that was not there before.
@@ -98,7 +79,15 @@ class OutputProcessor:
         st.text = st.text[: min(hits)]
         return True
 
-    def _delta(self, seq: Sequence, st: _OutputState) -> StreamDelta:
+    def deltas(self, seqs: list[Sequence]) -> list[StreamDelta]:
+        return [self.delta(seq) for seq in seqs]
+
+    def delta(self, seq: Sequence) -> StreamDelta:
+        """What `seq` produced since its last delta; the final one once it has finished (then its
+        state is dropped). A request ended before it was added (or twice) gets an empty final one."""
+        st = self.states.get(seq.request_id)
+        if st is None:
+            return StreamDelta(seq.request_id, "", [], seq.finish_reason or "abort", error=seq.error)
         done = seq.finish_reason is not None
         end = len(st.text) if done else max(st.sent_chars, len(st.text) - st.holdback)
         text = st.text[st.sent_chars : end]
@@ -108,7 +97,6 @@ class OutputProcessor:
         st.sent_tokens = seq.num_output_tokens
         if done:
             self.states.pop(seq.request_id, None)
-            seq.grammar = None  # a finished request's matcher is not needed again
         return StreamDelta(
             request_id=seq.request_id,
             text=text,

@@ -7,6 +7,13 @@ waiting request is admitted only when blocks for its next chunk are free (backpr
 needs a block when none is free preempts the most recently admitted sequence, which gives its
 blocks back and goes to the front of the waiting queue to be recomputed later. A prompt whose next
 block another running sequence is still computing waits until it is cached, then shares it.
+
+The scheduler owns every request's state: it is the only writer of a sequence's status, computed
+tokens, output tokens, logprobs, drafts and finish reason. `schedule()` decides the step (drafts
+included); `update_from_output()` applies what the runner computed: the new tokens, the accepted
+drafts, the computed-token counts, the stops (asking the output processor, which keeps the text),
+and gives back the blocks of the sequences that finished. The block manager writes only block
+tables; the speculator and the output processor return what they found.
 """
 
 from __future__ import annotations
@@ -14,11 +21,18 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from app.engine.core.block_manager import BlockManager
+from app.engine.core.output_processor import OutputProcessor
 from app.engine.core.sequence import Sequence, SequenceStatus
 from app.engine.types.batch import ScheduledBatch
-from app.engine.types.errors import QueueFullError
+from app.engine.types.errors import QueueFullError, RequestError
+from app.engine.types.outputs import TopLogprobs
+
+if TYPE_CHECKING:
+    from app.engine.core.speculator import Speculator
+    from app.engine.runtime.model_runner import StepOutput
 
 
 @dataclass
@@ -35,22 +49,30 @@ PrefillCap = Callable[[int], int]
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, lookahead: Lookahead | None = None,
-                 prefill_cap: PrefillCap | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, speculator: Speculator | None = None,
+                 prefill_cap: PrefillCap | None = None, outputs: OutputProcessor | None = None) -> None:
         self.config = config
         self.bm = block_manager
-        self.lookahead = lookahead
+        self.speculator = speculator
+        self.lookahead: Lookahead | None = speculator.lookahead if speculator is not None else None
         self.prefill_cap = prefill_cap
+        self.outputs = outputs if outputs is not None else OutputProcessor(None)
+        self.requests: dict[str, Sequence] = {}  # every unfinished request, by id
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last one is preempted first
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
+        """Queue a new request. Raises RequestError (its id is in use) or QueueFullError."""
+        if seq.request_id in self.requests:
+            raise RequestError(f"request id {seq.request_id!r} is already in use", param="request_id")
         if len(self.waiting) >= self.config.max_waiting:
             raise QueueFullError(
                 f"the waiting queue is full ({self.config.max_waiting} requests); retry when requests finish"
             )
         self.waiting.append(seq)
+        self.requests[seq.request_id] = seq
+        self.outputs.add(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -69,7 +91,18 @@ class Scheduler:
             self._admit(batch, prompt_budget)
         # Counted at the end: a prompt's room can preempt a decode scheduled before it.
         batch.num_decode_tokens = sum(n for s, n in zip(batch.seqs, batch.num_tokens, strict=True) if s.is_decoding)
+        if self.speculator is not None:
+            self._add_drafts(batch)
         return batch
+
+    def _add_drafts(self, batch: ScheduledBatch) -> None:
+        """The speculator's drafts for the slots reserved; a decode drafted fewer computes fewer."""
+        for draft in self.speculator.propose(batch):
+            seq = batch.seqs[draft.index]
+            if draft.num_draft_computed is not None:
+                seq.num_draft_computed = draft.num_draft_computed
+            seq.spec_token_ids = draft.token_ids
+            batch.num_tokens[draft.index] = 1 + len(draft.token_ids)
 
     def _schedule_running(self, batch: ScheduledBatch, seqs: list[Sequence], budget: int, num_decodes: int) -> int:
         """Schedule running sequences in order while the budget lasts; returns what is left of it."""
@@ -110,7 +143,7 @@ class Scheduler:
             i = batch.seqs.index(seq)
             del batch.seqs[i], batch.num_tokens[i]
         self.running.remove(seq)
-        self.bm.free_seq(seq)
+        self._free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -127,7 +160,7 @@ class Scheduler:
             if not self.bm.can_admit(seq, cached, n):
                 break  # backpressure: wait for blocks to come back
             self.waiting.popleft()
-            self.bm.admit(seq, cached)
+            seq.num_computed_tokens = seq.num_cached_tokens = self.bm.admit(seq, cached)
             self.bm.allocate(seq, n)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -146,12 +179,85 @@ class Scheduler:
         prefix = seq.token_ids[:end]
         return any(r.num_computed_tokens < end <= r.num_tokens and r.token_ids[:end] == prefix for r in self.running)
 
+    # ---- after the step ------------------------------------------------------------------------
+    def update_from_output(self, batch: ScheduledBatch, output: StepOutput) -> list[Sequence]:
+        """Apply a step's output to its sequences: prompt logprobs, new tokens (a speculating
+        sequence's kept drafts and one more) and their logprobs, computed tokens, stops; finished
+        sequences give their blocks back. Returns the sequences with news for their streams (new
+        tokens, or the end), in batch order."""
+        for seq in batch.seqs:  # failed even alone: they end first, as they did when their retry failed
+            if seq.request_id in output.errors:
+                seq.error = output.errors[seq.request_id]
+                self.finish(seq, "error")
+        updated = []
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            if seq.is_finished:
+                updated.append(seq)
+                continue
+            seq.prompt_logprobs.extend(output.prompt_logprobs.get(seq.request_id, ()))
+            tokens = output.sampled.get(seq.request_id)
+            if tokens is None:  # mid-prompt chunk
+                seq.num_computed_tokens += n
+                self._commit_blocks(seq)
+                continue
+            drafts = len(seq.spec_token_ids)
+            seq.num_computed_tokens += n - drafts + len(tokens) - 1  # the kept drafts' KV is the real tokens'
+            self._append_tokens(seq, tokens, output.logprobs.get(seq.request_id))
+            seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens)  # a stop among the kept drafts
+            if drafts:
+                self.speculator.on_verified(seq, drafts, len(tokens) - 1)
+                seq.spec_token_ids = []
+                seq.num_draft_computed = min(seq.num_draft_computed, seq.num_computed_tokens)
+            if self.speculator is not None:  # slots reserved for drafts that were rejected or never drafted
+                self.bm.free_rejected_blocks(seq)
+            self._commit_blocks(seq)
+            if seq.finish_reason is not None:
+                self.finish(seq, seq.finish_reason)
+            updated.append(seq)
+        return updated
+
+    def _append_tokens(self, seq: Sequence, tokens: list[int], logprobs: list[TopLogprobs] | None) -> None:
+        """Append new tokens, with their logprobs if asked, up to the first that finishes the
+        request (then its finish reason is set)."""
+        for i, token in enumerate(tokens):
+            seq.append_token(token)
+            if logprobs is not None:
+                seq.logprobs.append(logprobs[i])
+            if seq.grammar is not None and not seq.grammar.accept(token):
+                # The mask allows only tokens the grammar accepts, so this means a grammar no token of
+                # the vocabulary can continue: end the request rather than stream output that breaks it.
+                seq.error = f"structured output: no token of this vocabulary continues the grammar (sampled {token})"
+                seq.finish_reason = "error"
+            else:
+                seq.finish_reason = self.outputs.check_token(seq, token)
+            if seq.finish_reason is not None:
+                break
+
+    def _commit_blocks(self, seq: Sequence) -> None:
+        self.bm.cache_full_blocks(seq)
+        self.bm.free_skipped_blocks(seq)
+
+    def abort(self, request_id: str) -> Sequence | None:
+        """End an unfinished request (None: no such request)."""
+        seq = self.requests.get(request_id)
+        if seq is not None:
+            self.finish(seq, "abort")
+        return seq
+
     def finish(self, seq: Sequence, reason: str) -> None:
         """End a sequence wherever it is (running or waiting) and return its blocks."""
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.bm.free_seq(seq)
+        self._free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = seq.finish_reason or reason
+        seq.grammar = None  # a finished request's matcher is not needed again
+        self.requests.pop(seq.request_id, None)
+
+    def _free(self, seq: Sequence) -> None:
+        """Give back a sequence's blocks: none of its tokens (nor drafts) has KV any more."""
+        self.bm.free_seq(seq)
+        seq.num_computed_tokens = 0
+        seq.num_draft_computed = 0

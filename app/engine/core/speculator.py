@@ -2,15 +2,17 @@
 lookup or a draft model), and the acceptance counters the panels and /metrics show.
 
 A step with speculation: the scheduler reserves `lookahead()` extra slots for each eligible decode,
-`propose()` fills them with drafts (fewer when prompt lookup finds fewer), the runner verifies all
-1 + k positions in the same packed forward as everything else, and `on_verified()` records what was
-kept. Rejected drafts' blocks go back to the pool (`BlockManager.free_rejected_blocks`).
+`propose()` drafts tokens for them (fewer when prompt lookup finds fewer) and the scheduler puts
+them in the batch, the runner verifies all 1 + k positions in the same packed forward as everything
+else, and the scheduler keeps what was accepted and reports it to `on_verified()`. Rejected drafts'
+blocks go back to the pool (`BlockManager.free_rejected_blocks`). The speculator writes no sequence.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from weakref import WeakKeyDictionary
 
 from app.engine.core.ngram_proposer import NgramProposer
@@ -30,6 +32,15 @@ _PRIOR_KEPT, _PRIOR_REJECTED = 1.5, 0.5
 # model's extra row is ~0.3 of a decode; a GPU's ~0.02); a draft model's round 0.35.
 _PRIOR_ROW_COST = 0.25
 _PRIOR_ROUND_COST = 0.35
+
+
+@dataclass
+class Draft:
+    """Tokens proposed for the sequence at `index` in the batch."""
+
+    index: int
+    token_ids: list[int]
+    num_draft_computed: int | None = None  # its tokens with KV in the draft model's pool now; None: unchanged
 
 
 class _Acceptance:
@@ -59,6 +70,7 @@ class Speculator:
         self.num_accepted_tokens = 0
         self.num_spec_steps = 0  # sequence-steps that verified drafts
         self.propose_s = 0.0  # time spent drafting (prompt lookup or the draft model's forwards)
+        self.last_propose_s = 0.0  # the same, in the last step
         self._acceptance = 0.0
         self._tokens_per_step = 1.0
         self._records: WeakKeyDictionary[Sequence, _Acceptance] = WeakKeyDictionary()
@@ -96,8 +108,9 @@ class Speculator:
         round_s = 0.0 if self.draft is None else (self._round_s if self._round_s is not None else _PRIOR_ROUND_COST * base)
         return min(0.99, max(1e-3, (round_s + n * row) / base))
 
-    def observe(self, batch: ScheduledBatch, duration: float, propose_s: float) -> None:
+    def observe(self, batch: ScheduledBatch, duration: float) -> None:
         """A finished step's time: the cost model's measurements (decode-only steps only)."""
+        propose_s = self.last_propose_s
         if not batch.seqs or not all(s.num_output_tokens for s in batch.seqs):
             return
         n, rows = len(batch.seqs), batch.total_tokens
@@ -111,33 +124,33 @@ class Speculator:
         if self.draft is not None and self.draft.last_round_s is not None:
             self._round_s = _ema(self._round_s, self.draft.last_round_s)
 
-    def propose(self, batch: ScheduledBatch) -> float:
-        """Fill the reserved slots with drafts; a sequence drafted fewer gives its slots back to the
-        batch (its blocks go back after the step). Returns the seconds it took."""
+    def propose(self, batch: ScheduledBatch) -> list[Draft]:
+        """Drafts for the reserved slots: a sequence drafted fewer gives its slots back to the batch
+        (its blocks go back after the step)."""
+        self.last_propose_s = 0.0
         chosen = [i for i, (s, n) in enumerate(zip(batch.seqs, batch.num_tokens)) if n > 1 and s.is_decoding]
         if not chosen:
-            return 0.0
+            return []
         start = time.perf_counter()
         seqs = [batch.seqs[i] for i in chosen]
         wanted = [batch.num_tokens[i] - 1 for i in chosen]
-        drafts = [self.ngram.propose(s, k) for s, k in zip(seqs, wanted)] if self.ngram is not None else [[] for _ in seqs]
+        drafts = [Draft(i, self.ngram.propose(s, k) if self.ngram is not None else [])
+                  for i, s, k in zip(chosen, seqs, wanted)]
         if self.draft is not None:
             self.draft.last_round_s = None
             # The draft model runs for the sequences prompt lookup found nothing for (all, without it).
-            todo = [j for j, d in enumerate(drafts) if not d]
+            todo = [j for j, d in enumerate(drafts) if not d.token_ids]
             requests = [DraftRequest(seqs[j].token_ids, seqs[j].num_draft_computed, seqs[j].block_table, wanted[j])
                         for j in todo]
-            for j, draft in zip(todo, self.draft.propose(requests) if requests else []):
-                drafts[j] = draft
-                seqs[j].num_draft_computed = seqs[j].num_tokens + len(draft) - 1
-        for i, seq, draft in zip(chosen, seqs, drafts):
-            seq.spec_token_ids = draft
-            batch.num_tokens[i] = 1 + len(draft)
-        elapsed = time.perf_counter() - start
-        self.propose_s += elapsed
-        return elapsed
+            for j, tokens in zip(todo, self.draft.propose(requests) if requests else []):
+                drafts[j].token_ids = tokens
+                drafts[j].num_draft_computed = seqs[j].num_tokens + len(tokens) - 1
+        self.last_propose_s = time.perf_counter() - start
+        self.propose_s += self.last_propose_s
+        return drafts
 
     def on_verified(self, seq: Sequence, num_drafted: int, num_accepted: int) -> None:
+        """Count a verified step of `seq`: `num_accepted` of its `num_drafted` drafts were kept."""
         record = self._records.get(seq)
         if record is not None:
             record.kept += num_accepted
@@ -147,8 +160,6 @@ class Speculator:
         self.num_accepted_tokens += num_accepted
         self._acceptance += _EMA * (num_accepted / num_drafted - self._acceptance)
         self._tokens_per_step += _EMA * (1 + num_accepted - self._tokens_per_step)
-        seq.spec_token_ids = []
-        seq.num_draft_computed = min(seq.num_draft_computed, seq.num_computed_tokens)
 
     def stats(self) -> SpecStats:
         method, draft = ("draft", self.config.model) if self.draft is not None else ("ngram", "")

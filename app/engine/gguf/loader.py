@@ -1,4 +1,5 @@
-"""Load a GGUF file into a ready model: hyper-parameters, dequantized weights, tokenizer.
+"""Load a GGUF file into a ready model: hyper-parameters, weights (dequantized, or the matrices as
+their blocks for the C kernels), tokenizer.
 
 Every problem with the file surfaces as one `GGUFError` line naming the file and what is wrong.
 """
@@ -13,7 +14,7 @@ from typing import Any
 import torch
 
 from app.engine.gguf.model_config import ModelConfig
-from app.engine.gguf.quants import SUPPORTED_TYPES, GridForm, dequantize, grid_form
+from app.engine.gguf.quants import SUPPORTED_TYPES, BlockTensor, GridForm, dequantize
 from app.engine.gguf.reader import GGUFFile
 from app.engine.types.errors import GGUFError
 from app.engine.types.progress import ProgressFn
@@ -23,9 +24,10 @@ from app.engine.types.progress import ProgressFn
 class LoadedModel:
     path: Path
     config: ModelConfig
-    weights: dict[str, torch.Tensor]
+    # With load_gguf(grids=True) the matrices are `BlockTensor`s (their forms are built from the blocks).
+    weights: dict[str, torch.Tensor | BlockTensor]
     metadata: dict[str, Any]
-    # The 4/5-bit matrices' levels, steps and lows, read from their blocks (load_gguf(grids=True)).
+    # Tensors' 4/5-bit groups by name; the blocks carry their own, so the loader leaves it empty.
     grids: dict[str, GridForm] = field(default_factory=dict)
 
 
@@ -64,7 +66,9 @@ def load_gguf(
     progress: ProgressFn | None = None,
     grids: bool = False,
 ) -> LoadedModel:
-    """`grids`: also read every 4/5-bit matrix as a GridForm (what the CPU's C kernels hold)."""
+    """`grids`: the matrices are for the CPU's C kernels, which take them from their blocks: each is
+    handed out as a `BlockTensor` over the file (decoded when its form is built) instead of an fp32
+    copy made here."""
     path = Path(path)
     with GGUFFile(path) as f:
         md = f.metadata
@@ -80,18 +84,18 @@ def load_gguf(
             if optional in f.tensors:
                 shapes[optional] = (cfg.vocab_size, cfg.hidden_size)
         _check_tensors(path, f, shapes)
-        weights, forms = {}, {}
+        weights: dict[str, torch.Tensor | BlockTensor] = {}
         for n, name in enumerate(shapes):
             info = f.tensors[name]
             # Norm weights stay fp32: rms_norm runs in fp32 anyway.
             target = torch.float32 if "norm" in name else dtype
-            weights[name] = dequantize(f.raw(name), info.ggml_type, info.shape, dtype=target, name=name).to(device)
-            form = grid_form(f.raw(name), info.ggml_type, info.shape, name=name) if grids else None
-            if form is not None:
-                forms[name] = form
+            if grids and len(info.shape) == 2 and torch.device(device).type == "cpu":
+                weights[name] = BlockTensor(f.raw(name), info.ggml_type, info.shape, target, name=name)
+            else:
+                weights[name] = dequantize(f.raw(name), info.ggml_type, info.shape, dtype=target, name=name).to(device)
             if progress is not None:
                 progress("loading tensors", (n + 1) / len(shapes))
-        return LoadedModel(path=path, config=cfg, weights=weights, metadata=md, grids=forms)
+        return LoadedModel(path=path, config=cfg, weights=weights, metadata=md)
 
 
 def _check_tensors(path: Path, f: GGUFFile, shapes: dict[str, tuple[int, ...]]) -> None:

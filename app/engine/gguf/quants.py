@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import MappingProxyType
 
 import numpy as np
@@ -329,6 +329,18 @@ def dequantize(
     return _dequantize_blocks(data, ggml_type, dtype).view(shape)
 
 
+def cat_rows(forms: list):
+    """Forms of one dataclass stacked row-wise (fused q/k/v, gate/up): each tensor field concatenated,
+    each int field (bits) the largest, since 4-bit levels are valid 5-bit ones."""
+    if len(forms) == 1:
+        return forms[0]
+    first = forms[0]
+    return type(first)(*(
+        torch.cat([getattr(f, fl.name) for f in forms]) if isinstance(getattr(first, fl.name), torch.Tensor)
+        else max(getattr(f, fl.name) for f in forms)
+        for fl in fields(first)))
+
+
 @dataclass(frozen=True)
 class GridForm:
     """A tensor of 4- or 5-bit GGUF blocks as the C kernels' groups hold it: per group of 32
@@ -344,16 +356,9 @@ class GridForm:
     def cat(forms: list[GridForm | Q6Form | None]) -> GridForm | Q6Form | None:
         """Row-wise concatenation (fused q/k/v, gate/up); 4-bit levels are valid 5-bit ones. Forms
         of both kinds (a Q6_K v beside Q4_K q and k) have no common one: None."""
-        if not forms or any(f is None for f in forms):
+        if not forms or any(f is None for f in forms) or len({type(f) for f in forms}) != 1:
             return None
-        if len(forms) == 1:
-            return forms[0]
-        if all(isinstance(f, Q6Form) for f in forms):
-            return Q6Form(*(torch.cat([getattr(f, n) for f in forms]) for n in ("levels", "scales", "d")))
-        if not all(isinstance(f, GridForm) for f in forms):
-            return None
-        return GridForm(torch.cat([f.levels for f in forms]), torch.cat([f.step for f in forms]),
-                        torch.cat([f.low for f in forms]), max(f.bits for f in forms))
+        return cat_rows(forms)
 
 
 @dataclass(frozen=True)
@@ -421,6 +426,115 @@ def grid_form(raw: np.ndarray | torch.Tensor, ggml_type: int, shape: tuple[int, 
                     lows.reshape(rows, k // 32).float(), bits)
 
 
+@dataclass(frozen=True)
+class NibbleForm:
+    """A 4-bit tensor's groups as the C kernels pack them, two levels a byte: byte 16g + b of a row
+    holds level 32g + b in its low nibble and level 32g + 16 + b in its high one; w = level * step
+    + low per group g, the same numbers as its `GridForm`. Q4_0/Q4_1 blocks hold their levels so
+    already; Q4_K's are regrouped with a few word operations instead of a byte a level."""
+
+    nibbles: torch.Tensor  # uint8 [rows, k // 2]
+    step: torch.Tensor  # fp32 [rows, k // 32]
+    low: torch.Tensor  # fp32 [rows, k // 32]
+
+    @staticmethod
+    def cat(forms: list[NibbleForm]) -> NibbleForm:
+        return cat_rows(forms)
+
+
+_LOW_NIBBLES = 0x0F0F0F0F
+
+
+def _q4_k_nibbles(blocks: torch.Tensor) -> torch.Tensor:
+    """Q4_K's 128 bytes of levels -> `NibbleForm` bytes. Byte j of each 32-byte chunk c holds level j of
+    sub-blocks 2c (low nibble) and 2c + 1 (high): bytes j and 16 + j give a sub-block's byte j."""
+    words = _words(blocks[:, 16:]).view(-1, 4, 2, 4)  # [block, c, first / last 16 bytes, word]
+    first, last = words[:, :, 0], words[:, :, 1]
+    even = (first & _LOW_NIBBLES) | ((last & _LOW_NIBBLES) << 4)
+    odd = ((first >> 4) & _LOW_NIBBLES) | (last & ~_LOW_NIBBLES)
+    return torch.stack((even, odd), 2).view(torch.uint8).view(-1, 128)
+
+
+def _k_steps(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K/Q5_K's eight steps (d * scale) and lows (-(dmin * min)), as `_grid_k` makes them."""
+    scales, mins = _k_scales_mins(blocks[:, 4:16])
+    return _f16(blocks, 0) * scales, -(_f16(blocks, 2) * mins)
+
+
+def _q6_k_parts(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q6_K blocks -> `Q6Parts` rows: the low 4 bits of ql regrouped as `_q4_k_nibbles` does (bytes
+    h*64 + 32*half + j hold level j of groups 4h + half (low nibble) and 4h + 2 + half (high)), the
+    top 2 bits from qh (bits 2m of byte h*32 + l: level l of group 4h + m), scales and d."""
+    words = _words(blocks[:, 0:128]).view(-1, 2, 2, 2, 4)  # [block, h, half, first / last 16 bytes, word]
+    first, last = words[:, :, :, 0], words[:, :, :, 1]
+    low = (first & _LOW_NIBBLES) | ((last & _LOW_NIBBLES) << 4)
+    high = ((first >> 4) & _LOW_NIBBLES) | (last & ~_LOW_NIBBLES)
+    nibbles = torch.stack((low, high), 2).view(torch.uint8).view(-1, 128)  # group 4h + 2 (high) + half
+    top = _bits(blocks[:, 128:192].reshape(-1, 32), 2, lshift=0).view(-1, 256)
+    return nibbles, top, blocks[:, 192:208].view(torch.int8), _f16(blocks, 208).expand(-1, 8)
+
+
+@dataclass(frozen=True)
+class Q6Parts:
+    """A Q6_K tensor's levels as its blocks hold them apart: the low 4 bits two a byte (as
+    `NibbleForm`) and the top 2 bits a byte, with Q6Form's scales and d: the same levels, never
+    put together a byte each."""
+
+    nibbles: torch.Tensor  # uint8 [rows, k // 2]
+    top: torch.Tensor  # uint8 [rows, k], 0..3
+    scales: torch.Tensor  # int8 [rows, k // 16]
+    d: torch.Tensor  # fp32 [rows, k // 32]
+
+    @staticmethod
+    def cat(forms: list[Q6Parts]) -> Q6Parts:
+        return cat_rows(forms)
+
+
+def q6_parts(raw: np.ndarray | torch.Tensor, shape: tuple[int, ...], *, name: str | None = None) -> Q6Parts:
+    """A 2-D Q6_K tensor's GGUF bytes as Q6Parts."""
+    rows, k = (int(d) for d in shape)
+    data = _as_uint8_tensor(raw)
+    _check_request(int(_T.Q6_K), (rows, k), data.numel(), name)
+    blocks = data.view(-1, GGML_QUANT_SIZES[_T.Q6_K][1])
+    n = blocks.shape[0]
+    out = (torch.empty(n, 128, dtype=torch.uint8), torch.empty(n, 256, dtype=torch.uint8),
+           torch.empty(n, 16, dtype=torch.int8), torch.empty(n, 8))
+    chunk = max(1, _CHUNK_ELEMENTS // 256)
+    for start in range(0, n, chunk):
+        for whole, value in zip(out, _q6_k_parts(blocks[start:start + chunk])):
+            whole[start:start + chunk] = value
+    return Q6Parts(out[0].view(rows, k // 2), out[1].view(rows, k), out[2].view(rows, k // 16), out[3].view(rows, k // 32))
+
+
+_NIBBLE_KERNELS: MappingProxyType[int, Callable[[torch.Tensor], tuple]] = MappingProxyType({
+    _T.Q4_0: lambda b: (b[:, 2:], _f16(b, 0), -8 * _f16(b, 0)),
+    _T.Q4_1: lambda b: (b[:, 4:], _f16(b, 0), _f16(b, 2)),
+    _T.Q4_K: lambda b: (_q4_k_nibbles(b), *_k_steps(b)),
+})
+
+
+def nibble_form(raw: np.ndarray | torch.Tensor, ggml_type: int, shape: tuple[int, ...], *,
+                name: str | None = None) -> NibbleForm | None:
+    """A 2-D Q4_0/Q4_1/Q4_K tensor's GGUF bytes as a NibbleForm, None for other types."""
+    kernel = _NIBBLE_KERNELS.get(int(ggml_type))
+    if kernel is None or len(shape) != 2:
+        return None
+    rows, k = (int(d) for d in shape)
+    data = _as_uint8_tensor(raw)
+    _check_request(int(ggml_type), (rows, k), data.numel(), name)
+    block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(ggml_type))]
+    blocks = data.view(-1, type_size)
+    groups = block_size // 32
+    nibbles = torch.empty(blocks.shape[0], block_size // 2, dtype=torch.uint8)
+    step, low = (torch.empty(blocks.shape[0], groups) for _ in range(2))
+    chunk = max(1, _CHUNK_ELEMENTS // block_size)
+    for start in range(0, blocks.shape[0], chunk):
+        part = kernel(blocks[start:start + chunk])
+        for out, value in zip((nibbles, step, low), part):
+            out[start:start + chunk] = value
+    return NibbleForm(nibbles.view(rows, k // 2), step.view(rows, k // 32), low.view(rows, k // 32))
+
+
 def _q6_form(data: torch.Tensor, shape: tuple[int, int], name: str | None) -> Q6Form:
     _check_request(int(_T.Q6_K), shape, data.numel(), name)
     blocks = data.view(-1, GGML_QUANT_SIZES[_T.Q6_K][1])
@@ -430,6 +544,59 @@ def _q6_form(data: torch.Tensor, shape: tuple[int, int], name: str | None) -> Q6
     levels, scales, d = (torch.cat([p[i] for p in parts]) for i in range(3))
     return Q6Form(levels.reshape(rows, k).contiguous(), scales.reshape(rows, k // 16).contiguous(),
                   d.reshape(rows, k // 32).float().contiguous())
+
+
+class BlockTensor:
+    """A 2-D tensor as the file holds it (its GGUF blocks, a view of the mapping), decoded on demand:
+    rows dequantized a chunk at a time, or the C kernels' grid read straight from the blocks. The
+    loader hands these out where a matrix's final form is built from the blocks, so no fp32 copy of
+    the whole model is made first. `dtype` is the compute dtype the matrix is for."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, raw: np.ndarray | torch.Tensor, ggml_type: int, shape: tuple[int, ...],
+                 dtype: torch.dtype = torch.float32, *, name: str | None = None) -> None:
+        self.data = _as_uint8_tensor(raw)
+        self.ggml_type = int(ggml_type)
+        self.shape = torch.Size(int(d) for d in shape)
+        self.dtype = dtype
+        self.name = name
+        if len(self.shape) != 2:
+            raise ValueError(f"{_where(name)}a BlockTensor is a matrix, got shape {tuple(self.shape)}")
+        _check_request(self.ggml_type, tuple(self.shape), self.data.numel(), name)
+
+    def dense(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The whole matrix dequantized (`dequantize`), in `dtype` (default the compute dtype)."""
+        return dequantize(self.data, self.ggml_type, tuple(self.shape), dtype or self.dtype, name=self.name)
+
+    def rows(self, start: int, end: int) -> torch.Tensor:
+        """Rows `start:end` dequantized to fp32: the same numbers as those rows of `dense()`."""
+        end = min(end, self.shape[0])
+        row_bytes = self.data.numel() // self.shape[0] if self.shape[0] else 0
+        return dequantize(self.data[start * row_bytes:end * row_bytes], self.ggml_type, (end - start, self.shape[1]),
+                          name=self.name)
+
+    @property
+    def grid_bits(self) -> int | None:
+        """The bits of `grid()`'s levels (4, 5, 6), None where it has none: known without decoding."""
+        if self.ggml_type == int(_T.Q6_K):
+            return 6
+        kernel = _GRID_KERNELS.get(self.ggml_type)
+        return None if kernel is None else kernel[0]
+
+    def grid(self) -> GridForm | Q6Form | None:
+        """The 4/5-bit groups or Q6_K blocks as they are in the file (`grid_form`), None for others."""
+        return grid_form(self.data, self.ggml_type, tuple(self.shape), name=self.name)
+
+    def nibbles(self) -> NibbleForm | Q6Parts | None:
+        """A 4-bit type's groups packed as the C kernels hold them (`nibble_form`), a Q6_K tensor's
+        levels in their two parts (`q6_parts`), None for others."""
+        if self.ggml_type == int(_T.Q6_K):
+            return q6_parts(self.data, tuple(self.shape), name=self.name)
+        return nibble_form(self.data, self.ggml_type, tuple(self.shape), name=self.name)
+
+    def __repr__(self) -> str:
+        return f"BlockTensor({self.name!r}, {type_name(self.ggml_type)}, {tuple(self.shape)})"
 
 
 def _dequantize_blocks(data: torch.Tensor, ggml_type: int, dtype: torch.dtype) -> torch.Tensor:

@@ -2,8 +2,8 @@
 Qwen2, Qwen3, Gemma 3). It runs a flat packed batch over a paged KV cache: a single sequence is
 just a batch of one.
 
-Weights arrive by their GGUF names, already dequantized; q/k/v and gate/up are fused here so a
-layer makes three matmuls instead of six.
+Weights arrive by their GGUF names, dequantized tensors or (for the C kernels) the file's blocks; q/k/v
+and gate/up are fused here so a layer makes three matmuls instead of six.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import torch.nn.functional as F
 
 from app.engine.gguf.model_config import ModelConfig
 from app.engine.gguf.quants import GridForm
-from app.engine.runtime.kernel_plan import KernelPlan, plan_kernels
-from app.engine.runtime.linear import Linear, grid_packed, nbytes, storage_key
+from app.engine.runtime.kernel_plan import Attention, KernelPlan, RowOps, plan_kernels
+from app.engine.runtime.linear import Linear, nbytes, storage_key
+from app.engine.runtime.weight_forms import GroupWeight, Matrix, as_matrix, dense_of, file_groups, fused, grid_packed
 from app.kernels import AttentionMetadata, KVCacheLayer, cpu_attention, cpu_forward, cpu_ops, cpu_qgemm
-from app.kernels.cpu_qgemm import Q4Weight, Q5Weight, Q6Weight, Q8Weight
+from app.kernels.cpu_qgemm import Q4Weight, Q6Weight, Q8Weight
 
 RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin at the step's positions
 
@@ -29,9 +30,9 @@ RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin at the step's 
 INT4_HEAD_MIN_VOCAB = 131072
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, c: bool = False) -> torch.Tensor:
-    """RMS norm over the last dim; `c`: the model's plan runs its rows in C (`KernelPlan.rows`)."""
-    if c:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, ops: RowOps = RowOps.TORCH) -> torch.Tensor:
+    """RMS norm over the last dim, by the model's row ops (`KernelPlan.rows`)."""
+    if ops is RowOps.C:
         return cpu_ops.rms_norm(x, weight, eps)
     # Normalise in fp32 whatever the compute dtype: bf16 mean-of-squares loses too much. One
     # F.rms_norm call instead of six elementwise ops: the same fp32 numbers (bit-identical here),
@@ -43,18 +44,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, c: bool = False)
     return (F.rms_norm(xf, (xf.shape[-1],), None, eps) * weight.float()).to(x.dtype)
 
 
-def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, c: bool = False
+def add_rms_norm(x: torch.Tensor, h: torch.Tensor, weight: torch.Tensor, eps: float, ops: RowOps = RowOps.TORCH
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`x + h` and its RMS norm: one C pass with `c`."""
-    if c:
+    """`x + h` and its RMS norm: one pass with C row ops."""
+    if ops is RowOps.C:
         return cpu_ops.add_rms_norm(x, h, weight, eps)
     x = x + h
     return x, rms_norm(x, weight, eps)
 
 
-def glu(x: torch.Tensor, act: str, c: bool = False) -> torch.Tensor:
+def glu(x: torch.Tensor, act: str, ops: RowOps = RowOps.TORCH) -> torch.Tensor:
     """The gated MLP's activation: `act(gate) * up` for `gate, up = x.chunk(2, -1)`."""
-    if c:
+    if ops is RowOps.C:
         return cpu_ops.glu(x, act)
     gate, up = x.chunk(2, dim=-1)
     return (F.gelu(gate, approximate="tanh") if act == "gelu_tanh" else F.silu(gate)) * up
@@ -93,34 +94,32 @@ class RotaryEmbedding:
 
 
 class DecoderLayer:
-    def __init__(self, cfg: ModelConfig, idx: int, w: dict[str, torch.Tensor], rope: RotaryEmbedding,
+    def __init__(self, cfg: ModelConfig, idx: int, w: dict[str, torch.Tensor | Matrix], rope: RotaryEmbedding,
                  plan: KernelPlan, grids: dict[str, GridForm] | None = None) -> None:
         p = f"blk.{idx}."
 
-        def fused(*names: str, bias: torch.Tensor | None = None) -> Linear:
-            weight = torch.cat([w[p + n] for n in names]) if len(names) > 1 else w[p + names[0]]
-            grid = GridForm.cat([grids.get(p + n) for n in names]) if grids is not None else None
-            return Linear(weight, bias, grid=grid, fit_grid=grids is None)
+        def linear(*names: str, bias: torch.Tensor | None = None) -> Linear:
+            return Linear(fused([w[p + n] for n in names], grids, [p + n for n in names]), bias)
 
         self.cfg = cfg
         self.plan = plan
-        self.c_rows = plan.rows == "c"
+        self.ops = plan.rows
         self.window = cfg.layer_window(idx)
         self.rope = rope
         self.attn_norm = w[p + "attn_norm.weight"]
         qkv_bias = torch.cat([w[p + "attn_q.bias"], w[p + "attn_k.bias"], w[p + "attn_v.bias"]]) if cfg.attn_bias else None
-        self.qkv = fused("attn_q.weight", "attn_k.weight", "attn_v.weight", bias=qkv_bias)
+        self.qkv = linear("attn_q.weight", "attn_k.weight", "attn_v.weight", bias=qkv_bias)
         # q and k are normalised and rotated as one [tokens, q_heads + kv_heads, head_dim] tensor:
         # half the small ops of doing them apart, the same numbers (both are per-head operations).
         self.qk_norm = None
         if cfg.qk_norm:
             q_norm, k_norm = w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"]
             self.qk_norm = torch.cat([q_norm.expand(cfg.num_heads, -1), k_norm.expand(cfg.num_kv_heads, -1)])
-        self.o_proj = fused("attn_output.weight")
+        self.o_proj = linear("attn_output.weight")
         self.post_attn_norm = w.get(p + "post_attention_norm.weight")
         self.ffn_norm = w[p + "ffn_norm.weight"]
-        self.gate_up = fused("ffn_gate.weight", "ffn_up.weight")
-        self.down = fused("ffn_down.weight")
+        self.gate_up = linear("ffn_gate.weight", "ffn_up.weight")
+        self.down = linear("ffn_down.weight")
         self.post_ffw_norm = w.get(p + "post_ffw_norm.weight")
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
@@ -129,28 +128,28 @@ class DecoderLayer:
                  meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual stream `x` and the previous layer's output `h` (None before the first
         layer) -> this layer's pair: each output is added in the pass of the norm that follows it."""
-        eps, c = self.cfg.rms_norm_eps, self.c_rows
+        eps, ops = self.cfg.rms_norm_eps, self.ops
         if h is None:
-            normed = rms_norm(x, self.attn_norm, eps, c)
+            normed = rms_norm(x, self.attn_norm, eps, ops)
         else:
-            x, normed = add_rms_norm(x, h, self.attn_norm, eps, c)
+            x, normed = add_rms_norm(x, h, self.attn_norm, eps, ops)
         h = self.attention(normed, rope, kv, meta)
         if self.post_attn_norm is not None:
-            h = rms_norm(h, self.post_attn_norm, eps, c)
-        x, normed = add_rms_norm(x, h, self.ffn_norm, eps, c)
-        h = self.down(glu(self.gate_up(normed), self.cfg.hidden_act, c))
+            h = rms_norm(h, self.post_attn_norm, eps, ops)
+        x, normed = add_rms_norm(x, h, self.ffn_norm, eps, ops)
+        h = self.down(glu(self.gate_up(normed), self.cfg.hidden_act, ops))
         if self.post_ffw_norm is not None:
-            h = rms_norm(h, self.post_ffw_norm, eps, c)
+            h = rms_norm(h, self.post_ffw_norm, eps, ops)
         return x, h
 
     def attention(self, x: torch.Tensor, rope: RopeTables, kv: KVCacheLayer, meta: AttentionMetadata) -> torch.Tensor:
         cfg = self.cfg
         q = self.rope_store(self.qkv(x), rope, kv, meta)
         out = torch.empty_like(q)
-        if self.plan.attention == "c":
+        if self.plan.attention is Attention.C:
             cpu_attention.unified_attention(q, kv.k, kv.v, out, meta, cfg.attn_scale, self.window)
         else:
-            self.plan.kernels[0](q, kv.k, kv.v, out, meta, cfg.attn_scale, self.window, **kv.scales)
+            self.plan.unified_attention(q, kv.k, kv.v, out, meta, cfg.attn_scale, self.window, **kv.scales)
         return self.o_proj(out.view(x.shape[0], self.q_size))
 
     def rope_store(self, qkv: torch.Tensor, rope: RopeTables, kv: KVCacheLayer, meta: AttentionMetadata
@@ -158,7 +157,7 @@ class DecoderLayer:
         """q `[tokens, heads, head_dim]` from the qkv projection, normed and rotated; k and v (k
         normed and rotated) stored in the paged cache: one C pass with the C attention."""
         cfg = self.cfg
-        if self.plan.attention == "c":
+        if self.plan.attention is Attention.C:
             return cpu_attention.rope_store_kv(
                 qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.qk_norm, cfg.rms_norm_eps, rope,
                 self.rope.style == "neox", kv.k, kv.v, meta.slot_mapping)
@@ -166,9 +165,9 @@ class DecoderLayer:
         qk = qkv[:, : self.q_size + self.kv_size].reshape(n, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
         v = qkv[:, self.q_size + self.kv_size :].reshape(n, cfg.num_kv_heads, cfg.head_dim)
         if self.qk_norm is not None:
-            qk = rms_norm(qk, self.qk_norm, cfg.rms_norm_eps, self.c_rows)
+            qk = rms_norm(qk, self.qk_norm, cfg.rms_norm_eps, self.ops)
         q, k = self.rope(qk, rope).split([cfg.num_heads, cfg.num_kv_heads], dim=1)
-        self.plan.kernels[1](k.contiguous(), v.contiguous(), kv.k, kv.v, meta.slot_mapping, **kv.scales)
+        self.plan.store_kv(k.contiguous(), v.contiguous(), kv.k, kv.v, meta.slot_mapping, **kv.scales)
         return q.contiguous()
 
     def linears(self) -> list[Linear]:
@@ -183,36 +182,28 @@ class DecoderLM:
     """`hidden_states(input_ids [N], positions [N], meta, kv_caches, logits_indices)` -> final hidden
     states `[len(idx), hidden_size]`; `compute_logits` of those -> logits `[len(idx), vocab]`."""
 
-    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device,
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor | Matrix], device: torch.device,
                  grids: dict[str, GridForm] | None = None, kv_dtype: torch.dtype | None = None) -> None:
-        """`grids`: the 4/5-bit matrices as their GGUF blocks hold them (`load_gguf(grids=True)`); a
-        matrix missing there has none. None: look for grids in the values (random weights).
-        `kv_dtype`: the KV cache's storage dtype (default the compute dtype): its pools must be
-        allocated with it, since the kernels are chosen for it here."""
+        """`weights`: tensors, or for the C kernels the file's matrices as their blocks
+        (`load_gguf(grids=True)`: `BlockTensor`s, whose forms are built from the blocks). `grids`:
+        for tensors, their 4/5-bit groups as the file held them (a tensor missing there has none);
+        None: look for grids in the values (random weights). `kv_dtype`: the KV cache's storage dtype
+        (default the compute dtype): its pools must be allocated with it, since the kernels are
+        chosen for it here."""
         self.cfg = cfg
         self.device = device
         self._step_bytes: dict[int, int] = {}  # rows -> weight_bytes_per_step(rows)
-        self.embed = weights["token_embd.weight"]
+        embed = weights["token_embd.weight"]
         head_name = "output.weight" if "output.weight" in weights else "token_embd.weight"  # tied unless
         lm_head = weights[head_name]
         self.final_norm = weights["output_norm.weight"]
-        self.dtype = self.embed.dtype
+        self.dtype = embed.dtype
         # The output projection is the biggest matrix (262k x 640 for Gemma 3): its packed copy (int8,
         # int4 for a large vocabulary with bf16 compute; 8-bit groups with fp32 compute) cuts the
         # bytes a small batch reads; above its measured crossover the dense weight serves.
-        self.head = Linear(lm_head, requantize_int4=cfg.vocab_size >= INT4_HEAD_MIN_VOCAB,
-                           grid=(grids or {}).get(head_name), fit_grid=grids is None)
-        # With fp32 compute only the batch's rows are read from the table once the head keeps its
-        # own copy: a tied table is read from the head's 4/5/8-bit groups (exact for Q8_0, Q4
-        # and Q5 sources; Gemma 3's 262k x 640: no second copy instead of 671 MB), any other kept in fp16.
-        self.embed_rows: Q4Weight | Q5Weight | Q6Weight | Q8Weight | None = None
-        if self.embed.dtype == torch.float32 and self.head.weight is None:
-            if lm_head is self.embed and isinstance(self.head.packed, (Q4Weight, Q6Weight, Q8Weight)) and self.head.dense is None:
-                self.embed_rows, self.embed = self.head.packed, None
-            elif grids and "token_embd.weight" in grids:  # an untied 4/5-bit table: its groups, not an fp16 copy
-                self.embed_rows, self.embed = grid_packed(grids["token_embd.weight"]), None
-            elif _fits_fp16(self.embed):
-                self.embed = self.embed.half()
+        self.head = Linear(as_matrix(lm_head, (grids or {}).get(head_name), fit_grid=grids is None),
+                           requantize_int4=cfg.vocab_size >= INT4_HEAD_MIN_VOCAB)
+        self.embed, self.embed_rows = self._embedding(embed, lm_head is embed, grids)
         rope_global = RotaryEmbedding(
             cfg.head_dim, cfg.max_position, cfg.rope_theta, cfg.rope_style, cfg.rope_scaling_factor, device
         )
@@ -228,9 +219,32 @@ class DecoderLM:
         ]
         linears = [lin for layer in self.layers for lin in layer.linears()] + [self.head]
         cpu_qgemm.consolidate([lin.packed for lin in linears if isinstance(lin.packed, (Q4Weight, Q6Weight, Q8Weight))])
-        one_call = plan.rows == plan.attention == "c" and cpu_forward.takes_layers(self.layers)
+        one_call = plan.rows is RowOps.C and plan.attention is Attention.C and cpu_forward.takes_layers(self.layers)
         self.plan = dataclasses.replace(plan, one_call=one_call)
         self.c_layers = cpu_forward.OneCallLayers(self.layers) if one_call else None
+
+    def _embedding(self, embed: torch.Tensor | Matrix, tied: bool, grids: dict[str, GridForm] | None
+                   ) -> tuple[torch.Tensor | None, GroupWeight | None]:
+        """The token table as a tensor, or as C kernels' groups the batch's rows are read from.
+
+        With fp32 compute only the batch's rows are read from the table once the head keeps its own
+        copy: a tied table is read from the head's 4/5/6/8-bit groups (exact for Q8_0, Q4 and Q5
+        sources; Gemma 3's 262k x 640: no second copy instead of 671 MB), an untied 4/5/6-bit one
+        from its own groups, any other kept in fp16."""
+        head = self.head
+        if embed.dtype != torch.float32 or head.weight is not None:
+            return (head.weight if tied and head.weight is not None else dense_of(embed)), None
+        if tied and isinstance(head.packed, (Q4Weight, Q6Weight, Q8Weight)) and head.dense is None:
+            return None, head.packed
+        if isinstance(embed, torch.Tensor):
+            grid = (grids or {}).get("token_embd.weight")
+            groups = None if grid is None else grid_packed(grid)
+        else:
+            groups = file_groups(embed)
+        if groups is not None:  # an untied 4/5/6-bit table: its groups, not an fp16 copy
+            return None, groups
+        table = dense_of(embed)
+        return (table.half() if _fits_fp16(table) else table), None
 
     def weight_bytes_per_step(self, rows: int = 1) -> int:
         """Bytes a forward of `rows` logits rows reads from the weights whatever its batch: every
@@ -285,7 +299,7 @@ class DecoderLM:
                 x, h = layer(x, h, tables[layer.rope], kv, layer_meta)
         if logits_indices is not None:
             x, h = x[logits_indices], h[logits_indices]
-        return add_rms_norm(x, h, self.final_norm, self.cfg.rms_norm_eps, self.plan.rows == "c")[1]
+        return add_rms_norm(x, h, self.final_norm, self.cfg.rms_norm_eps, self.plan.rows)[1]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

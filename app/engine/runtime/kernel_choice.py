@@ -55,9 +55,9 @@ def dense_forced() -> bool:
 
 def choose_packed_rows(packed_fn: Callable[[torch.Tensor], torch.Tensor], dense_fn: Callable[[torch.Tensor], torch.Tensor],
                      shape: tuple[int, int], dtype: torch.dtype, cache_path: Path | None = None,
-                     kind: str = "int8") -> KernelChoice:
-    """The row counts at which `packed_fn` (`kind` "int8" or "int4") beats `dense_fn`
-    for a `shape` weight on this machine (input `[rows, shape[1]]`), from the cache or measured now
+                     kind: str | None = None) -> KernelChoice:
+    """The row counts at which `packed_fn` (a form named `kind`, by default its `name`: "int8" or
+    "int4") beats `dense_fn` for a `shape` weight on this machine (input `[rows, shape[1]]`), from the cache or measured now
     (~2 s for Gemma 3's output projection, milliseconds for a layer's matrices) and cached."""
     forced = os.environ.get(KERNEL_ENV, "auto")
     if forced in ("packed", "int8"):
@@ -65,6 +65,7 @@ def choose_packed_rows(packed_fn: Callable[[torch.Tensor], torch.Tensor], dense_
     if forced == "dense":
         return KernelChoice(0)
     path = cache_path or default_cache_path()
+    kind = kind or getattr(packed_fn, "name", "int8")
     key = _machine_key(shape, dtype) + ("" if kind == "int8" else f"|{kind}")
     cached = _read(path).get(key)
     if isinstance(cached, dict) and isinstance(cached.get("packed_max_rows"), int):

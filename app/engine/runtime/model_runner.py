@@ -78,6 +78,7 @@ class StepOutput:
     # request_id -> prompt logprobs to append to what the sequence recorded (a None first, for
     # the first prompt token, when it had recorded none)
     prompt_logprobs: dict[str, list[TopLogprobs | None]] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # request_id -> why its step failed (it ends)
 
 
 def slots_of(table: list[int], start: int, end: int, block_size: int) -> list[int]:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from app.engine.core.block_manager import BlockManager
 from app.engine.core.scheduler import Scheduler, SchedulerConfig
 from app.engine.core.sequence import Sequence, SequenceStatus
+from app.engine.runtime.model_runner import StepOutput
 from app.engine.types.errors import QueueFullError
 from app.engine.types.sampling_params import SamplingParams
 
@@ -18,19 +19,12 @@ def make_seq(rid: str, n_prompt: int, max_tokens: int = 4, base: int = 0, **para
 
 
 def fake_step(sched: Scheduler, next_token: int = 7) -> list[Sequence]:
-    """What the engine does after a forward: advance computed tokens, sample at the end, finish."""
+    """A step whose forward samples `next_token` wherever it reaches a sequence's end, applied as the
+    engine applies a real one. Returns the sequences it finished."""
     batch = sched.schedule()
-    finished = []
-    for seq, n in zip(batch.seqs, batch.num_tokens):
-        seq.num_computed_tokens += n
-        sched.bm.cache_full_blocks(seq)
-        sched.bm.free_skipped_blocks(seq)
-        if seq.num_computed_tokens == seq.num_tokens:
-            seq.append_token(next_token)
-            if seq.num_output_tokens >= seq.max_tokens:
-                sched.finish(seq, "length")
-                finished.append(seq)
-    return finished
+    sampled = {s.request_id: [next_token] for s, n in zip(batch.seqs, batch.num_tokens)
+               if s.num_computed_tokens + n == s.num_tokens}
+    return [s for s in sched.update_from_output(batch, StepOutput(sampled, {})) if s.is_finished]
 
 
 def check_accounting(bm: BlockManager, seqs: list[Sequence]) -> None:

@@ -241,3 +241,32 @@ def test_grid_form_gives_the_dequantized_values(qtype):
     assert both.levels.shape == (48, 256) and both.step.shape == (48, 8)
     assert grid_form(gq.quantize(w, GGMLQuantizationType.Q8_0), GGMLQuantizationType.Q8_0, (24, 256)) is None
     assert GridForm.cat([form, None]) is None
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q4_K", "Q6_K"])
+def test_packed_levels_read_from_the_blocks_are_the_grids_levels(qtype):
+    """nibble_form / q6_parts regroup the blocks' bits without a byte a level: unpacked again they are
+    grid_form's levels, steps and lows exactly."""
+    from gguf import GGMLQuantizationType
+
+    from app.engine.gguf.quants import BlockTensor, NibbleForm, Q6Parts
+
+    t = GGMLQuantizationType[qtype]
+    rng = np.random.default_rng(4)
+    block, size = GGML_QUANT_SIZES[t]
+    raw = rng.integers(0, 256, (24 * 512 // block, size), dtype=np.uint8)
+    start, count = {"Q4_0": (0, 1), "Q4_1": (0, 2), "Q4_K": (0, 2), "Q6_K": (208, 1)}[qtype]  # fp16 d (and m)
+    raw[:, start:start + 2 * count] = np.float16(rng.uniform(1e-4, 1e-3, (len(raw), count))).view(np.uint8)
+    matrix = BlockTensor(torch.from_numpy(raw.reshape(-1)), int(t), (24, 512))
+    grid, packed = matrix.grid(), matrix.nibbles()
+    halves = packed.nibbles.view(24, -1, 16)
+    levels = torch.cat((halves & 0x0F, halves >> 4), -1).view(24, 512)
+    if qtype == "Q6_K":
+        assert isinstance(packed, Q6Parts)
+        assert torch.equal(levels | (packed.top << 4), grid.levels)
+        assert torch.equal(packed.scales, grid.scales) and torch.equal(packed.d, grid.d)
+    else:
+        assert isinstance(packed, NibbleForm)
+        assert torch.equal(levels, grid.levels)
+        assert torch.equal(packed.step, grid.step) and torch.equal(packed.low, grid.low)
+    assert BlockTensor(torch.from_numpy(raw.reshape(-1)), int(t), (24, 512)).grid_bits == grid.bits

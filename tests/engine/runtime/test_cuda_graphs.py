@@ -191,7 +191,7 @@ def test_memory_probe_runs_the_biggest_step(model_path, monkeypatch):
     seen = []
     real_run = model_runner.ModelRunner.run
     monkeypatch.setattr(model_runner.ModelRunner, "run", lambda self, batch: seen.append(batch) or real_run(self, batch))
-    engine._warmup()
+    engine.worker.profile_run()
     (batch,) = seen
     assert len(batch) == 7 and batch.total_tokens == 50
     assert batch.seqs[0].params.prompt_logprobs == 1  # one slice of prompt-logprob logits too
@@ -201,7 +201,7 @@ def test_memory_probe_runs_the_biggest_step(model_path, monkeypatch):
 
 def test_memory_probe_prompts_fit_the_context(tiny_gguf_factory):
     engine = make_engine(tiny_gguf_factory("gemma3"), max_num_batched_tokens=2000, max_num_seqs=2)
-    engine._warmup()  # two prompts of 1000 tokens would run past the 256-token RoPE table
+    engine.worker.profile_run()  # two prompts of 1000 tokens would run past the 256-token RoPE table
 
 
 def test_cli_enforce_eager_flag():

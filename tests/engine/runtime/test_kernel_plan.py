@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from app.engine.core.llm_engine import LLMEngine
-from app.engine.runtime.kernel_plan import KernelPlan
+from app.engine.runtime.kernel_plan import Attention, KernelPlan, RowOps
 from app.engine.runtime.kv_pool import allocate_kv_caches
 from app.kernels import cpu_forward, cpu_qgemm
 
@@ -18,7 +18,7 @@ needs_c = pytest.mark.skipif(cpu_forward._library() is None, reason="no C compil
 def test_fp32_on_a_cpu_runs_everything_in_c_in_one_call(tiny_gguf_factory) -> None:
     engine = LLMEngine(str(tiny_gguf_factory("llama")), device="cpu", dtype="float32", kv_cache_blocks=64)
     plan = engine.model.plan
-    assert (plan.rows, plan.attention, plan.one_call, plan.kv_dtype) == ("c", "c", True, torch.float16)
+    assert (plan.rows, plan.attention, plan.one_call, plan.kv_dtype) == (RowOps.C, Attention.C, True, torch.float16)
     assert engine.backend == f"C kernels ({cpu_qgemm.isa()})"
 
 
@@ -27,13 +27,14 @@ def test_an_int8_kv_cache_keeps_the_c_rows_and_says_why_attention_is_torch(tiny_
     engine = LLMEngine(str(tiny_gguf_factory("llama")), device="cpu", dtype="float32", kv_cache_blocks=64,
                        kv_cache_dtype="int8")
     plan = engine.model.plan
-    assert (plan.rows, plan.attention, plan.one_call) == ("c", "torch", False)
+    assert (plan.rows, plan.attention, plan.one_call) == (RowOps.C, Attention.TORCH, False)
+    assert plan.unified_attention is not None and plan.store_kv is not None  # the torch reference's, named
     assert engine.backend == f"C kernels ({cpu_qgemm.isa()}); attention in torch (the C attention reads fp32 or fp16 KV caches, not int8)"
 
 
 def test_bf16_compute_runs_torch_throughout(tiny_gguf_factory) -> None:
     engine = LLMEngine(str(tiny_gguf_factory("llama")), device="cpu", dtype="bfloat16", kv_cache_blocks=64)
-    assert engine.model.plan == KernelPlan("torch", "torch", kv_dtype=torch.bfloat16)
+    assert engine.model.plan == KernelPlan(RowOps.TORCH, Attention.TORCH, kv_dtype=torch.bfloat16)
     assert engine.backend == "torch kernels: bfloat16 compute"
 
 
@@ -47,7 +48,8 @@ def test_a_pool_of_another_dtype_than_the_plan_is_refused_not_run(tiny_gguf_fact
 
 def test_what_a_model_leaves_to_torch_is_named() -> None:
     c = "C kernels (AVX2)"
-    assert KernelPlan("c", "c", True).describe(c) == c
+    assert KernelPlan(RowOps.C, Attention.C, True).describe(c) == c
+    assert KernelPlan("c", "c") == KernelPlan(RowOps.C, Attention.C)  # the names still read as the enums
     assert KernelPlan("torch", "torch").describe(c) == f"{c}; row ops and attention in torch (this model's sizes)"
     assert KernelPlan("c", "torch", kv_dtype=torch.float16).describe(c) == f"{c}; attention in torch (this model's sizes)"
     assert KernelPlan("torch", "torch").describe("torch kernels: no C compiler found") == "torch kernels: no C compiler found"
