@@ -2,7 +2,9 @@
 on one engine, how long does a completion take, and is anything answered 5xx or left holding KV?
 
     python -m benchmarks.serving.fim_editors --model qwen2.5-coder-1.5b-instruct [--editors 4] [--chats 2]
-        [--requests 8] [--pause 4] [--url http://127.0.0.1:8000]   # --url: an already running endpoint
+        [--requests 8] [--pause 4] [--url http://127.0.0.1:8000] [-- SERVE FLAGS]
+    # --url: an already running endpoint; after --: flags for `localbatch serve`
+    #   (e.g. -- --long-prefill-token-threshold 0 for first come, first served)
 
 Each editor edits its own file of this repository (an extra chunk, ~120 lines of prefix, 40 of
 suffix): it opens the file (one completion, waited for), then types one line just above the cursor, then pauses `--pause` seconds; at each pause it
@@ -106,7 +108,8 @@ async def chat(index: int, url: str, args: argparse.Namespace, stop: asyncio.Eve
                         (gaps if seen else ttfts).append(now - last)
                         last, tokens, seen = now, tokens + 1, True
             replies += 1
-    return {"chat": index, "replies": replies, "chunks": tokens, "ttft_max_s": max(ttfts, default=None),
+    return {"chat": index, "replies": replies, "chunks": tokens, "ttft_p50_s": median(ttfts),
+            "ttft_max_s": max(ttfts, default=None),
             "max_gap_s": max(gaps, default=None), "gap_p50_s": median(gaps), "statuses": sorted(set(statuses))}
 
 
@@ -146,13 +149,14 @@ def main() -> None:
     p.add_argument("--pause", type=float, default=4.0, help="seconds between an editor's requests")
     p.add_argument("--n-predict", type=int, default=32)
     p.add_argument("--chat-tokens", type=int, default=128)
+    p.add_argument("serve_args", nargs="*", help="after --: flags for localbatch serve")
     args = p.parse_args()
     if args.url:
         result = asyncio.run(scenario(args.url, args))
     else:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        with running(localbatch_serve_cmd(["--model", args.model], port), url, timeout=600):
+        with running(localbatch_serve_cmd(["--model", args.model, *args.serve_args], port), url, timeout=600):
             result = asyncio.run(scenario(url, args))
     print(json.dumps(result, indent=1))
     if args.json:

@@ -62,7 +62,8 @@ class LLMEngine:
         target = None if cfg.itl_target_ms is None else cfg.itl_target_ms / 1e3
         self.prefill_budget = PrefillBudget(cfg.max_num_batched_tokens, target)
         self.outputs = OutputProcessor(self.tokenizer, self.max_model_len)
-        self.scheduler = Scheduler(SchedulerConfig(cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_waiting),
+        self.scheduler = Scheduler(SchedulerConfig(cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_waiting,
+                                                   cfg.long_prefill_token_threshold),
                                    self.block_manager, self.speculator, self.prefill_budget.cap, self.outputs)
         self.worker.initialize_kv_cache(num_blocks)
         self.metrics = EngineMetrics.of(self.worker)

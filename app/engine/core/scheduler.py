@@ -1,7 +1,10 @@
 """Which sequences run this step, and how many tokens each.
 
-Policy (Sarathi / vLLM V1): running decodes first, one token each; then running prefills, then
-newly admitted prompts, in chunks that fill what is left of `max_num_batched_tokens`. A decode
+Policy (Sarathi / vLLM V1): running decodes first, one token each; then prompts, in chunks that fill
+what is left of `max_num_batched_tokens`: short ones (at most `long_prefill_token_threshold` tokens
+left to compute, vLLM's name) before long ones, each kind running prefills first, then newly admitted
+ones. So a chat's 30-token prompt is read in the next step even while editors' 2,000-token files
+are being read, instead of waiting behind them in the queue. A decode
 that speculates takes 1 + k tokens (its verify positions) when the blocks for them are free. A
 waiting request is admitted only when blocks for its next chunk are free (backpressure). A decode that
 needs a block when none is free preempts the most recently admitted sequence, which gives its
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from itertools import islice
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,7 +44,13 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 64
     max_waiting: int = 256
+    # A prompt with more tokens than this left to compute is long: short ones go first (0: all alike).
+    long_prefill_token_threshold: int = 0
 
+
+# Waiting requests a step looks through for short prompts: each look hashes the prompt for the
+# prefix cache, so a long queue costs a bounded amount per step.
+SHORT_LOOKAHEAD = 16
 
 # (decoding sequence, decodes this step) -> draft slots to reserve for it: the speculator's lookahead
 Lookahead = Callable[[Sequence, int], int]
@@ -83,12 +93,13 @@ class Scheduler:
         decodes = [s for s in self.running if s.is_decoding]
         prefills = [s for s in self.running if not s.is_decoding]
         budget = self._schedule_running(batch, decodes, budget, len(decodes))
-        prompt_budget = budget
         if self.prefill_cap is not None and batch.seqs:  # replies are waiting on this step
-            prompt_budget = min(budget, self.prefill_cap(len(batch.seqs)))
-        prompt_budget = self._schedule_running(batch, prefills, prompt_budget, len(decodes))
-        if not batch.preempted:
-            self._admit(batch, prompt_budget)
+            budget = min(budget, self.prefill_cap(len(batch.seqs)))
+        for long in (False, True):
+            running = [s for s in prefills if self._is_long(s.num_uncomputed_tokens) == long]
+            budget = self._schedule_running(batch, running, budget, len(decodes))
+            if not batch.preempted:
+                budget = self._admit(batch, budget, long)
         # Counted at the end: a prompt's room can preempt a decode scheduled before it.
         batch.num_decode_tokens = sum(n for s, n in zip(batch.seqs, batch.num_tokens, strict=True) if s.is_decoding)
         if self.speculator is not None:
@@ -150,22 +161,34 @@ class Scheduler:
         self.waiting.appendleft(seq)
         batch.preempted.append(seq)
 
-    def _admit(self, batch: ScheduledBatch, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
+    def _is_long(self, num_tokens: int) -> bool:
+        threshold = self.config.long_prefill_token_threshold
+        return threshold > 0 and num_tokens > threshold
+
+    def _admit(self, batch: ScheduledBatch, budget: int, long: bool) -> int:
+        """Admit waiting requests in order while the budget lasts: the short ones (`long` False,
+        passing long ones), then all of them. Returns what is left of the budget."""
+        queue = list(self.waiting) if long else list(islice(self.waiting, SHORT_LOOKAHEAD))
+        for seq in queue:
+            if budget == 0 or len(self.running) >= self.config.max_num_seqs:
+                break
             cached = self.bm.find_cached_prefix(seq)
+            uncached = seq.num_tokens - cached.num_blocks * self.bm.block_size
+            if not long and self._is_long(uncached):
+                continue  # its turn comes after the short ones
             if self._prefix_in_flight(seq, cached.num_blocks):
                 break  # a step or two later those blocks are cached: shared, not computed twice
-            n = min(seq.num_tokens - cached.num_blocks * self.bm.block_size, budget)
+            n = min(uncached, budget)
             if not self.bm.can_admit(seq, cached, n):
                 break  # backpressure: wait for blocks to come back
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             seq.num_computed_tokens = seq.num_cached_tokens = self.bm.admit(seq, cached)
             self.bm.allocate(seq, n)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             batch.add(seq, n)
             budget -= n
+        return budget
 
     def _prefix_in_flight(self, seq: Sequence, num_cached_blocks: int) -> bool:
         """Whether a running sequence is still computing `seq`'s next full prompt block (n > 1

@@ -77,6 +77,8 @@ class Worker:
             torch.set_num_threads(config.num_threads)  # the step thread's count: the engine is built there
         if config.max_num_batched_tokens is None:
             config.max_num_batched_tokens = 8192 if self.setup.device.type == "cuda" else 512
+        if config.long_prefill_token_threshold is None:
+            config.long_prefill_token_threshold = config.max_num_batched_tokens // 4
         self.runner: ModelRunner | None = None  # once the pool is sized
 
     # ---- loading ------------------------------------------------------------------------------

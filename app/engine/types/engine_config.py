@@ -18,6 +18,9 @@ class EngineConfig:
     # While replies stream, prompt chunks are sized so that a step takes about this long
     # (core/step_budget.py). None: 2 decode steps, at least 60 ms; 0: only max_num_batched_tokens.
     itl_target_ms: float | None = None
+    # A prompt with more tokens than this left to read is long: short prompts (a chat's next
+    # message) are read before long ones (a pasted file). None: max_num_batched_tokens / 4; 0: in order.
+    long_prefill_token_threshold: int | None = None
     max_num_seqs: int = 64
     block_size: int = 16
     kv_cache_bytes: int | None = None  # CPU pool size; None: by need, at most 25% of available RAM
@@ -54,6 +57,9 @@ class EngineConfig:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise LocalbatchError(f"invalid {name}={value!r}: must be a positive integer")
+        threshold = self.long_prefill_token_threshold
+        if threshold is not None and (not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 0):
+            raise LocalbatchError(f"invalid long_prefill_token_threshold={threshold!r}: must be an integer >= 0")
         if self.itl_target_ms is not None and (isinstance(self.itl_target_ms, bool)
                                                or not isinstance(self.itl_target_ms, (int, float))
                                                or not 0 <= self.itl_target_ms < float("inf")):

@@ -176,6 +176,22 @@ def test_no_stall_while_long_prompt_prefills(tiny_gguf_factory):
     assert steps >= 2000 // 64
 
 
+def test_short_prompt_is_answered_while_a_long_one_is_read(tiny_gguf_factory):
+    """A chat's next message does not wait for a pasted file's prompt (long_prefill_token_threshold),
+    and its tokens are those it gets alone."""
+    long_context = tiny_gguf_factory("gemma3", context_length=4096)
+    engine = make_engine(long_context, max_num_batched_tokens=64, kv_cache_blocks=1024)
+    file = engine.add_request([5 + i % 200 for i in range(2000)], SamplingParams(max_tokens=2, **GREEDY))
+    engine.step()
+    question = prompts(1, seed=3, hi=12)[0]
+    chat = engine.add_request(question, SamplingParams(max_tokens=3, **GREEDY))
+    engine.step()
+    assert chat.num_output_tokens == 1 and file.num_output_tokens == 0
+    while engine.has_unfinished():
+        engine.step()
+    assert chat.output_token_ids == run_all(make_engine(long_context, kv_cache_blocks=1024), [question], 3)[0]
+
+
 def test_rejects_what_can_never_fit(model_path):
     engine = make_engine(model_path, kv_cache_blocks=8 * GROUPS)  # 32 tokens of pool, context 256
     with pytest.raises(RequestError, match="KV pool"):

@@ -198,3 +198,57 @@ def test_freed_blocks_without_a_prefix_are_handed_out_first():
     d = make_seq("d", 4, base=200)
     cached.allocate(d, 4)
     assert not set(kept) & set(d.block_tables[0])  # a cached prefix is not the first to go
+
+
+def test_short_prompt_is_read_beside_a_long_one():
+    """A chat's short prompt arriving while a long file is read gets its whole prompt in the next
+    step, ahead of the rest of the file and of long prompts queued before it."""
+    bm = BlockManager(256, 4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=32, long_prefill_token_threshold=8), bm)
+    files = [make_seq(f"file{i}", 100, base=1000 * i) for i in range(3)]
+    for f in files:
+        sched.add(f)
+    fake_step(sched)
+    assert files[0].num_computed_tokens == 32 and files[1].status is SequenceStatus.WAITING
+    chat = make_seq("chat", 6, base=5000)
+    sched.add(chat)  # queued behind two long prompts
+    batch = sched.schedule()
+    assert batch.seqs[0] is chat and batch.num_tokens[0] == 6
+    assert batch.seqs[1:] == [files[0]] and batch.total_tokens == 32
+
+
+def test_long_prompts_keep_their_order_and_fill_the_step():
+    bm = BlockManager(256, 4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=32, long_prefill_token_threshold=8), bm)
+    a, b = make_seq("a", 40, base=0), make_seq("b", 40, base=100)
+    sched.add(a)
+    sched.add(b)
+    fake_step(sched)
+    batch = sched.schedule()  # a has 8 left: short now, then b fills the rest
+    assert batch.seqs == [a, b] and batch.num_tokens == [8, 24]
+
+
+def test_a_cached_history_makes_a_long_prompt_short():
+    """A chat's next turn repeats its history: only the uncached tokens count."""
+    bm = BlockManager(256, 4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=32, long_prefill_token_threshold=8), bm)
+    history = make_seq("turn1", 40, max_tokens=1)
+    sched.add(history)
+    while not history.is_finished:
+        fake_step(sched)
+    file = make_seq("file", 100, base=1000)
+    sched.add(file)
+    turn2 = Sequence("turn2", list(range(40)) + [7, 900, 901], SamplingParams(max_tokens=4), 4)
+    sched.add(turn2)
+    batch = sched.schedule()
+    assert batch.seqs[0] is turn2 and turn2.num_cached_tokens == 40
+    assert batch.seqs[1] is file
+
+
+def test_threshold_zero_is_first_come_first_served():
+    bm = BlockManager(256, 4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=32, long_prefill_token_threshold=0), bm)
+    file, chat = make_seq("file", 100), make_seq("chat", 6, base=5000)
+    sched.add(file)
+    sched.add(chat)
+    assert sched.schedule().seqs == [file]
