@@ -1,5 +1,5 @@
-"""A/B runs taken seconds apart. On a shared VM the machine's speed drifts by tens of percent
-within a minute, so two figures measured a minute apart compare badly. Here the two sides run in
+"""A/B runs taken seconds apart. On a shared VM the machine's speed drifts within a minute
+(docs/tuning.md), so two figures measured a minute apart compare badly. Here the two sides run in
 turns, the order switching each round, and the summary is the median of the pairs' ratios.
 
 `EngineWorker` is the usual B side: the engine alone, an `LLMEngine` as `localbatch bench` builds

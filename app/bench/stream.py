@@ -2,9 +2,9 @@
 streaming requests one after another to `/v1/completions` (token-id prompts) or
 `/v1/chat/completions` (one user message), timing each SSE event that carries text.
 
-The client shares the machine with the server. Parsing SSE as it streams (httpx: ~8% of a core at
-one 100 tok/s stream on a 2-core VM; asyncio streams: ~4%) took time from the server's engine,
-about twice over (both of its threads wait for the one that lost its core). So each piece of a
+The client shares the machine with the server. Parsing SSE as it streams (httpx, or asyncio
+streams) took a share of a core from the server's engine, and cost the engine more than that
+(both of its threads wait for the one that lost its core; docs/tuning.md). So each piece of a
 response is kept with its arrival time and nothing more, and parsed once the response has ended."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ terminal size, headless driver) broadcasts one prompt to N tabs. Both read the e
 decode tok/s while all N decode; the ratio app / no app is the figure (target >= 0.9). Also
 measured: the UI thread's CPU share while the tabs stream, and the process's CPU while the app
 sits idle. (Running the headless half on another thread would not do: a second thread computing
-with torch leaves its OpenMP team behind and the step thread then ran ~30% slower here.)"""
+with torch leaves its OpenMP team behind and the step thread then ran slower: docs/tuning.md.)"""
 
 from __future__ import annotations
 

@@ -10,11 +10,9 @@ Every row count goes through these loops, prefill chunks too: each output is sum
 row in the same order whatever the batch, so with the C attention (`cpu_attention`) a sequence's
 numbers are the same alone, batched, chunked or from the prefix cache, bit for bit (quantized
 activations would otherwise carry an fp32 difference of 1e-7 upstream across a rounding boundary
-and grow it). The weights take about the GGUF file's size (SmolLM2 92 MiB for a 94 MiB file,
-Gemma 3 245 MiB for 241, against 311 and 832 with fp16). Accuracy against llama.cpp,
-teacher-forced (fp16 KV cache): Gemma 3 1096/1096 top-1 at 0.0054 nats, SmolLM2 1106/1106 at
-0.0074. Prefill-sized batches run faster than fbgemm's fp16 (3072 x 576 at 512 rows: 12.7 against
-19.4 ms).
+and grow it). The weights take about the GGUF file's size, a fraction of fp16's; teacher-forced
+against llama.cpp they agree on the top token (tests/engine/test_oracle.py), and prefill-sized
+batches run faster than fbgemm's fp16 (figures in docs/tuning.md).
 
 The default wherever the fp32 path runs and the kernels build (a CPU without fast bf16: the
 start-up probe picks fp32 compute there); `LOCALBATCH_CPU_QUANT_KERNELS=0` keeps fbgemm's fp16
@@ -22,8 +20,8 @@ weights instead (three times the memory, batched runs equal to alone ones only u
 to near-ties).
 
 The C source ships in the package and is compiled once per machine into the user cache dir at the
-first start, with the system C compiler (about a second). Without a compiler, or on a CPU without
-AVX2/FMA/F16C, `enabled()` is False and fbgemm's fp16 weights serve instead.
+first start, with the system C compiler. Without a compiler, or on a CPU without AVX2/FMA/F16C,
+`enabled()` is False and fbgemm's fp16 weights serve instead.
 
 `fake_quantize` and `dequantize_ref` are the torch references; the tests hold the kernels to
 `fake_quantize(x) @ dequantize_ref().T`.
@@ -359,9 +357,8 @@ def consolidate(weights: list[_GroupWeight]) -> None:
 
     A decode step streams every weight once: with 4 KiB pages that is ~25k TLB misses and a
     prefetcher that stops at every page boundary. On 2 MiB pages the layer matrices (each under
-    2 MiB) are read as one stream: SmolLM2's 120 layer GEMMs at one row went from 4.5 to 3.8 ms and
-    its 28 MB head from 2.4 to 1.6 ms (AMD EPYC, 2 threads). Nothing changes where huge pages are
-    off (`never`)."""
+    2 MiB) are read as one stream, and decode's GEMMs get faster (docs/tuning.md). Nothing changes
+    where huge pages are off (`never`)."""
     tensors = [getattr(w, name) for w in weights for name in w._TENSORS]
     if not tensors:
         return

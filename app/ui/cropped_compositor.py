@@ -2,10 +2,10 @@
 
 Textual's partial update renders every widget whose container's visible area meets the bounding
 box of the dirty regions, each one whole: a reply's changed line rendered the header, the footer,
-the sidebar, the prompt and every container of the chat, all of their lines (3 ms of the UI thread
-a frame, five frames a second, on two cores shared with the engine). Here a widget outside that
-box renders nothing and one inside it only the box's rows: the same output in the repainted
-spans, from the few widgets under them. A full render (no box) is Textual's own.
+the sidebar, the prompt and every container of the chat, all of their lines, at every frame and
+on cores shared with the engine (docs/tuning.md). Here a widget outside that box renders nothing
+and one inside it only the box's rows: the same output in the repainted spans, from the few
+widgets under them. A full render (no box) is Textual's own.
 
 It overrides Textual's private `Compositor._get_renders` and replaces a screen's private
 `_compositor`: `install` does so only where textual_private finds them as tested."""

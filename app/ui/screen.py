@@ -632,10 +632,10 @@ def _read_rate(stats: EngineStats, last: float) -> float:
 
 
 def relabel(tab: Tab, label: Text) -> None:
-    """Set a tab's label without animating the tabs' underline: Textual slides it for 0.3 s (~17
-    repaints of the screen) at every relabel, which came at every reply's start and end (the busy
-    dot) and at a chat's first message (its title). A label of the same width leaves it alone; one
-    of another width puts it under the tab at once."""
+    """Set a tab's label without animating the tabs' underline: Textual slides it for 0.3 s (a
+    repaint of the screen every frame) at every relabel, which came at every reply's start and end
+    (the busy dot) and at a chat's first message (its title). A label of the same width leaves it
+    alone; one of another width puts it under the tab at once."""
     moved = tab.label.cell_length != label.cell_len
     if moved and not supported(QUIET_RELABEL):
         tab.label = label  # Textual's private API changed: its own relabel, which slides the underline
@@ -655,7 +655,7 @@ def _fork_title(title: str) -> str:
 def freeze_long_lived_objects() -> None:
     """Move every object alive now (the widgets, styles and caches of a freshly built screen) out
     of the collector's reach. Streaming churns enough garbage for a full collection every few
-    seconds, and each walked all of them: 80 ms holding the GIL (the engine's step thread stalls)
-    and a tab switch of ~250 ms instead of ~110. Objects made later are collected as usual."""
+    seconds, and each walked all of them holding the GIL (the engine's step thread stalls) and
+    slowed tab switches (docs/tuning.md). Objects made later are collected as usual."""
     gc.collect()
     gc.freeze()

@@ -72,7 +72,7 @@ class AsyncEngine:
         self._loaded = threading.Event()
         self._load_error: BaseException | None = None
         # The model loads on the step thread itself: torch's OpenMP pool belongs to the thread that
-        # first computes, and a step thread that inherits another thread's pool ran ~50% slower here.
+        # first computes, and a step thread that inherits another thread's pool ran far slower.
         self._thread = threading.Thread(
             target=self._main, args=(model, device, dtype, progress, engine_kwargs), name="localbatch-engine", daemon=True
         )
@@ -268,7 +268,7 @@ class AsyncEngine:
         every stream with something held allows it (`max_delay_s`), once the oldest has waited
         that long (or now, when the next step would end past that). Each wake-up of the loop
         costs its thread the GIL, which the step thread needs between torch ops: the TUI paints
-        5 times a second and need not be woken 40 times."""
+        5 times a second and need not be woken at every step."""
         if not items and not self._held:
             return
         now = time.monotonic()

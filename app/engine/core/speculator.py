@@ -28,8 +28,8 @@ _DECAY = 0.95  # per step, a sequence's acceptance record fades: an old miss sto
 # The record starts as if 1.5 drafts had been kept and 0.5 rejected (a rate of 0.75): every
 # sequence tries drafting, and one that stopped tries again once its misses have faded (~14 steps).
 _PRIOR_KEPT, _PRIOR_REJECTED = 1.5, 0.5
-# Until measured: a verify row costs this share of a one-sequence step (on 2 CPU cores a 1.5B
-# model's extra row is ~0.3 of a decode; a GPU's ~0.02); a draft model's round 0.35.
+# Until measured: a verify row costs this share of a one-sequence step (a sizeable share on a
+# CPU, little on a GPU); a draft model's round 0.35.
 _PRIOR_ROW_COST = 0.25
 _PRIOR_ROUND_COST = 0.35
 

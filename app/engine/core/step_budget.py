@@ -9,9 +9,9 @@ from the steps the engine runs, and gives prefill what is left of the target."""
 
 from __future__ import annotations
 
-# The default target: this, or ITL_FACTOR decode steps when those are longer. At 16 streams of
-# SmolLM2 on 2 cores (30-35 ms decode steps) 3 steps and 100 ms put the inter-token p99 at 94-103 ms,
-# above llama-server's 88; 2 steps and 60 ms at 63-75 ms, for the same TTFT p50 (docs/benchmarks.md).
+# The default target: this, or ITL_FACTOR decode steps when those are longer. A longer target let
+# prefill push the inter-token p99 at many streams above llama-server's, for no better TTFT
+# (docs/tuning.md).
 ITL_FLOOR_S = 0.06
 ITL_FACTOR = 2.0
 MIN_CHUNK = 32  # below this a prompt's matrix products lose their row-blocking and TTFT suffers

@@ -93,7 +93,7 @@ def _q5_planes(blocks: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Te
     """Q5_0/Q5_1 quants (uint8, 0..31) of the two 16-element halves, from the uint32 of 5th bits at
     byte `start` and the 16 bytes of nibbles after it."""
     # Bit i of the little-endian uint32 is the 5th bit of element i. Shifting in int32 and then
-    # truncating to uint8 is ~3x faster than unpacking the four bytes separately.
+    # truncating to uint8 is faster than unpacking the four bytes separately.
     qh = _words(blocks[:, start:start + 4])
     high = (qh >> torch.arange(32, dtype=torch.int32)).to(torch.uint8).bitwise_and_(1).mul_(16).view(-1, 2, 16)
     low, top = _nibble_planes(blocks[:, start + 4:])

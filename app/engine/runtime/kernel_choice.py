@@ -1,10 +1,10 @@
 """Kernels chosen per shape by measurement, once per machine.
 
 On a bf16 CPU a packed weight (int8, or int4) reads fewer bytes than the bf16 one and wins at one
-row, but its kernel scales badly with rows (Gemma 3's 262,144 x 640 output projection, int8: 15.7
-ms at 1 row, 68 ms at 16, 323 ms at 32, where bf16 stays at 26-65 ms). Which is faster at which row count
-depends on the CPU and the shape, so it is measured at the first start and kept in the user cache
-dir, keyed by CPU, torch version, thread count and shape.
+row, but its kernel scales badly with rows and loses to bf16's from some row count on
+(docs/tuning.md). Which is faster at which row count depends on the CPU and the shape, so it is
+measured at the first start and kept in the user cache dir, keyed by CPU, torch version, thread
+count and shape.
 
 Each call is timed with the weight out of the caches, as a decode step meets it: a model's layers
 stream through far more bytes than a last-level cache holds, so every matrix comes from memory.
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 KERNEL_ENV = "LOCALBATCH_LINEAR_KERNEL"  # "packed" (or "int8") | "dense" | "auto" (default)
 _ROW_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 _REPEATS = 5  # best of: a busy machine only ever makes a call slower
-_EVICT_BYTES = 64 << 20  # twice a 32 MiB last-level cache: writing it pushes the weight out
+_EVICT_BYTES = 64 << 20  # twice a last-level cache: writing it pushes the weight out
 _KEY_VERSION = "cold"  # measurements taken before weights were evicted are not reused
 _evict_buffer: torch.Tensor | None = None
 PACKED_EVERYWHERE = 1 << 30  # packed_max_rows of a packed kernel that never lost: every row count
@@ -58,7 +58,7 @@ def choose_packed_rows(packed_fn: Callable[[torch.Tensor], torch.Tensor], dense_
                      kind: str | None = None) -> KernelChoice:
     """The row counts at which `packed_fn` (a form named `kind`, by default its `name`: "int8" or
     "int4") beats `dense_fn` for a `shape` weight on this machine (input `[rows, shape[1]]`), from the cache or measured now
-    (~2 s for Gemma 3's output projection, milliseconds for a layer's matrices) and cached."""
+    (once per machine and shape: the larger the matrix, the longer) and cached."""
     forced = os.environ.get(KERNEL_ENV, "auto")
     if forced in ("packed", "int8"):
         return KernelChoice(PACKED_EVERYWHERE)

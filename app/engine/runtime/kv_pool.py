@@ -20,10 +20,10 @@ _STORAGE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": tor
 
 def resolve_kv_cache_dtype(name: str, compute_dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The storage dtype for `kv_cache_dtype` `name`. "auto": the compute dtype, except fp32 compute
-    on a CPU whose C attention kernel builds: fp16 there (llama.cpp's default KV type). At 16
+    on a CPU whose C attention kernel builds: fp16 there (llama.cpp's default KV type). At many
     sequences attention reads the whole context of each from memory every layer; fp16 halves that
-    (SmolLM2: 12.5 -> 8 ms a step) and doubles the tokens the budget holds, within 0.008 nats of
-    llama.cpp (tests/engine/test_oracle.py). Raises LocalbatchError where the device cannot run it."""
+    (a faster step: docs/tuning.md) and doubles the tokens the budget holds, still close to
+    llama.cpp's logprobs (tests/engine/test_oracle.py). Raises LocalbatchError where the device cannot run it."""
     if name == "auto":
         if compute_dtype == torch.float32 and device.type == "cpu" and cpu_attention.available():
             return torch.float16

@@ -16,11 +16,8 @@ where torch's int4/int8 kernels want bf16 activations too) every matrix keeps it
 4/5/6/8-bit groups for the C kernels (`cpu_qgemm`) where they build, built from the file's blocks.
 The forms and the one choice among them live in `weight_forms`. Otherwise
 (`LOCALBATCH_CPU_QUANT_KERNELS=0`, no C compiler) it is kept as fbgemm's fp16 copy instead of
-fp32: half the bytes, fp32 activations in and out, finer rounding than bf16, and as fast as fp32
-at prefill sizes. Measured on a 2-core AMD EPYC (AVX2), weights cold: SmolLM2's
-3072 x 576 gate/up takes 0.20 / 0.26 / 0.54 / 9.7 ms at 1 / 4 / 16 / 512 rows against fp32's
-0.57 / 0.84 / 0.91 / 11.4, Gemma 3's 262k-row head 11.9 / 13.7 / 45 ms at 1 / 4 / 16 against
-49 / 125 / 134 (torch's int4 kernel with bf16 activations: 14.0 / 17.1 / 68).
+fp32: half the bytes, fp32 activations in and out, finer rounding than bf16, faster than fp32 at
+a few rows and as fast at prefill sizes (figures in docs/tuning.md).
 """
 
 from __future__ import annotations

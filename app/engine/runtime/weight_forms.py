@@ -173,8 +173,8 @@ class Int4Weight:
 
     name = "int4"
     GROUP = 32
-    # A 4-bit source rebuilt from its bf16 copy misses by bf16 rounding (measured ≤ 0.07 of a
-    # level step on SmolLM2's Q4_1 matrices); a 5-bit or finer one misses by up to half a step.
+    # A 4-bit source rebuilt from its bf16 copy misses by bf16 rounding (a small share of a level
+    # step: docs/tuning.md); a 5-bit or finer one misses by up to half a step.
     _TOLERANCE = 0.2
 
     def __init__(self, packed: torch.Tensor, scale_zero: torch.Tensor, out_features: int) -> None:
