@@ -230,11 +230,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     from app.engine.gguf.catalog import CATALOG, installed_path
     from app.engine.runtime.device import resolve_device
+    from app.engine.types.cpu_info import cpu_model
     from app.kernels import cpu_build, cpu_qgemm, triton_available
 
     flags = cpu_build.cpu_flags()
     wanted = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
-    cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), platform.machine())
+    cpu = cpu_model() or platform.machine()
     kernels = cpu_build.library()
     built = f"built in {kernels.build_s:.1f} s" if kernels.build_s else "built (cached)"
     setup = resolve_device("auto", "auto")
@@ -254,14 +255,6 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if kernels.lib is None and setup.device.type == "cpu":
         print("warning: without the C kernels the CPU path runs torch's, about 3x slower", file=sys.stderr)
     return 0
-
-
-def _cpuinfo() -> list[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return f.readlines()
-    except OSError:
-        return []
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from app.engine.types.cpu_info import cpu_flags, cpu_model
+
 # The flags the C kernels and llama.cpp choose their code by (AMX: any of its flags).
 CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile")
 _REPO = Path(__file__).resolve().parents[2]
@@ -26,18 +28,8 @@ _REPO = Path(__file__).resolve().parents[2]
 def cpu_model_and_flags() -> tuple[str, list[str]]:
     """The CPU's model name and which of CPU_FLAGS it lists (Linux /proc/cpuinfo; elsewhere the
     platform's processor string and no flags)."""
-    name, flags = "", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and not name:
-                    name = value.strip()
-                elif key.strip() == "flags" and not flags:
-                    flags = set(value.split())
-    except OSError:
-        pass
-    return name or platform.processor() or platform.machine(), [f for f in CPU_FLAGS if f in flags]
+    flags = cpu_flags()
+    return cpu_model() or platform.processor() or platform.machine(), [f for f in CPU_FLAGS if f in flags]
 
 
 def git_commit(repo: Path = _REPO) -> str | None:

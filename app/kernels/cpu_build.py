@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.engine.types.cpu_info import cpu_flags  # also read as cpu_build.cpu_flags (device, doctor)
+
 log = logging.getLogger(__name__)
 
 # No FMA contraction: where a kernel replaces torch's separate multiplies and adds it must round
@@ -92,16 +94,6 @@ def _warn_once(reason: str) -> None:
 def cpu_supports() -> bool:
     """AVX2, FMA and F16C, as /proc/cpuinfo lists them (not Linux: no way to tell, so False)."""
     return all(flag in cpu_flags() for flag in _CPU_FLAGS)
-
-
-@functools.lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The x86 feature flags /proc/cpuinfo lists; empty where it has none (not Linux, not x86)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return frozenset(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
-    except OSError:
-        return frozenset()
 
 
 def _cache_dir() -> Path:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from app.engine.types.cpu_info import cpu_model
+
 log = logging.getLogger(__name__)
 
 KERNEL_ENV = "LOCALBATCH_LINEAR_KERNEL"  # "packed" (or "int8") | "dense" | "auto" (default)
@@ -132,12 +134,7 @@ def _evict_caches() -> None:
 
 
 def _machine_key(shape: tuple[int, int], dtype: torch.dtype) -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass  # no /proc (not Linux): platform's name keys the cache instead
+    cpu = cpu_model() or platform.processor() or platform.machine()  # not Linux: platform's name
     return (f"{cpu}|torch {torch.__version__}|{torch.get_num_threads()} threads|linear {shape[0]}x{shape[1]}|{dtype}"
             f"|{_KEY_VERSION}")
 
