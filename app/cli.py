@@ -34,28 +34,36 @@ ENGINE_FLAGS: dict[str, tuple[type, str]] = {
 }
 
 
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None,
-                   help="GGUF file or catalog name (see `localbatch models`; default: the first pulled "
-                        "chat model there, else the embedded Gemma 3 270M)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+def add_engine_args(p: argparse.ArgumentParser) -> list[argparse.Action]:
+    """The engine's options on `p`. Returns the options it added, in order: `bench` rebuilds the
+    command line of the `localbatch serve` it starts from them (`bench.commands.engine_argv`)."""
+    added: list[argparse.Action] = []
+
+    def add(*flags: str, **kwargs: Any) -> None:
+        added.append(p.add_argument(*flags, **kwargs))
+
+    add("--model", default=None,
+        help="GGUF file or catalog name (see `localbatch models`; default: the first pulled "
+             "chat model there, else the embedded Gemma 3 270M)")
+    add("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    add("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     for name, (kind, text) in ENGINE_FLAGS.items():
-        p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=text)
-    p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=True,
-                   help="disable automatic prefix caching")
-    p.add_argument("--enforce-eager", action="store_true", default=None,
-                   help="CUDA: run decode steps eagerly instead of replaying CUDA graphs")
-    p.add_argument("--disable-hybrid-kv-cache-manager", action="store_true", default=None,
-                   help="keep every token in sliding-window layers too (one block table for all layers)")
-    p.add_argument("--kv-cache-dtype", default=None, choices=KV_CACHE_DTYPES,
-                   help="KV cache storage (default auto: the compute dtype, but float16 for float32 "
-                        "compute on a CPU with the C attention); int8 and fp8_e4m3 (CUDA) hold ~2x the "
-                        "tokens of 16-bit, with a scale per token and KV head")
-    p.add_argument("--speculative-config", default=None, metavar="JSON",
-                   help='speculative decoding, as vLLM spells it: \'{"method": "ngram", "num_speculative_tokens": 4}\' '
-                        '(prompt lookup) or \'{"model": "qwen2.5-coder-0.5b-instruct", "num_speculative_tokens": 4}\' '
-                        "(a draft model with the same vocabulary)")
+        add("--" + name.replace("_", "-"), type=kind, default=None, help=text)
+    add("--no-prefix-caching", dest="enable_prefix_caching", action="store_false", default=True,
+        help="disable automatic prefix caching")
+    add("--enforce-eager", action="store_true", default=None,
+        help="CUDA: run decode steps eagerly instead of replaying CUDA graphs")
+    add("--disable-hybrid-kv-cache-manager", action="store_true", default=None,
+        help="keep every token in sliding-window layers too (one block table for all layers)")
+    add("--kv-cache-dtype", default=None, choices=KV_CACHE_DTYPES,
+        help="KV cache storage (default auto: the compute dtype, but float16 for float32 "
+             "compute on a CPU with the C attention); int8 and fp8_e4m3 (CUDA) hold ~2x the "
+             "tokens of 16-bit, with a scale per token and KV head")
+    add("--speculative-config", default=None, metavar="JSON",
+        help='speculative decoding, as vLLM spells it: \'{"method": "ngram", "num_speculative_tokens": 4}\' '
+             '(prompt lookup) or \'{"model": "qwen2.5-coder-0.5b-instruct", "num_speculative_tokens": 4}\' '
+             "(a draft model with the same vocabulary)")
+    return added
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:

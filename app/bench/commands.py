@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 AddArgs = Callable[[argparse.ArgumentParser], None]
+# The command line's `add_engine_args`: adds the engine options and returns them, in order.
+AddEngineArgs = Callable[[argparse.ArgumentParser], list[argparse.Action]]
 Progress = Callable[[str, float | None], None]
 
 HELP = {
@@ -118,7 +120,7 @@ _ADDERS: dict[str, AddArgs] = {"throughput": add_throughput_args, "latency": _ad
                                "complete": _add_complete_args}
 
 
-def add_bench_parser(sub: Any, add_engine_args: AddArgs) -> argparse.ArgumentParser:
+def add_bench_parser(sub: Any, add_engine_args: AddEngineArgs) -> argparse.ArgumentParser:
     """`bench` and its benchmarks under `sub` (the command line's subparsers). Plain `localbatch
     bench [options]` is `bench throughput` (and `--tui N,...` is `bench tui --tabs N,...`), as before
     the benchmarks were subcommands."""
@@ -139,14 +141,15 @@ def add_bench_parser(sub: Any, add_engine_args: AddArgs) -> argparse.ArgumentPar
     return b
 
 
-def engine_argv(args: argparse.Namespace, add_engine_args: AddArgs, skip: tuple[str, ...] = ()) -> list[str]:
+def engine_argv(args: argparse.Namespace, add_engine_args: AddEngineArgs, skip: tuple[str, ...] = ()) -> list[str]:
     """The engine options `args` holds that differ from their defaults, as a command line (for a
-    `localbatch serve` or `bench` subprocess). `skip`: dests left out."""
+    `localbatch serve` or `bench` subprocess), in the order `add_engine_args` added them. `skip`:
+    dests left out."""
     parser = argparse.ArgumentParser()
-    add_engine_args(parser)
+    options = add_engine_args(parser)
     defaults = vars(parser.parse_args([]))
     argv: list[str] = []
-    for action in parser._actions:  # noqa: SLF001 - argparse keeps its actions nowhere public
+    for action in options:
         dest = action.dest
         if dest not in defaults or dest in skip or not action.option_strings:
             continue
@@ -157,7 +160,7 @@ def engine_argv(args: argparse.Namespace, add_engine_args: AddArgs, skip: tuple[
     return argv
 
 
-def run_bench(args: argparse.Namespace, engine_kwargs: Callable[[], dict[str, Any]], add_engine_args: AddArgs,
+def run_bench(args: argparse.Namespace, engine_kwargs: Callable[[], dict[str, Any]], add_engine_args: AddEngineArgs,
               progress: Progress | None = None) -> int:
     """Run the benchmark `args` names; `engine_kwargs()` gives the engine settings (it checks the
     model, so it is called only by the benchmarks that build an engine here)."""
