@@ -17,6 +17,9 @@ ITL_FACTOR = 2.0
 MIN_CHUNK = 32  # below this a prompt's matrix products lose their row-blocking and TTFT suffers
 MIN_SAMPLE = 16  # prompt tokens a step needs before its time says what one costs
 EMA = 0.3
+# While prompts are read beside every step's decodes, no step is decode-only, so the decode time
+# would never be measured (or go stale as contexts grow): one step in this many carries no prompt.
+DECODE_SAMPLE_STEPS = 20
 
 
 class PrefillBudget:
@@ -27,18 +30,27 @@ class PrefillBudget:
         self.target_s = target_s  # None: the default rule; 0: no limit beyond max_tokens
         self.decode_s: float | None = None  # a decode-only step, recent average
         self.token_s: float | None = None  # one prompt token, recent average
+        self.mixed_steps = 0  # steps with decodes and prompt tokens since the last decode-only one
 
     def observe(self, num_decode_tokens: int, num_prefill_tokens: int, seconds: float) -> None:
         if num_prefill_tokens == 0:
             if num_decode_tokens:
                 self.decode_s = _ema(self.decode_s, seconds)
-        elif num_prefill_tokens >= MIN_SAMPLE:
+                self.mixed_steps = 0
+            return
+        if num_decode_tokens:
+            self.mixed_steps += 1
+        if num_prefill_tokens >= MIN_SAMPLE:
             base = (self.decode_s or 0.0) if num_decode_tokens else 0.0
             self.token_s = _ema(self.token_s, max(seconds - base, 0.0) / num_prefill_tokens)
 
     def cap(self, num_decodes: int) -> int:
-        if not num_decodes or self.target_s == 0 or self.token_s is None or self.decode_s is None:
+        if not num_decodes or self.target_s == 0:
             return self.max_tokens
+        if self.decode_s is None or self.mixed_steps >= DECODE_SAMPLE_STEPS:
+            return 0  # a decode-only step, to measure one: replies must not wait on a guess
+        if self.token_s is None:
+            return MIN_CHUNK  # a small chunk, to measure a prompt token
         target = self.target_s or max(ITL_FLOOR_S, ITL_FACTOR * self.decode_s)
         tokens = int((target - self.decode_s) / self.token_s) if self.token_s > 0 else self.max_tokens
         return max(MIN_CHUNK, min(tokens, self.max_tokens))

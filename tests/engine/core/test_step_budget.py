@@ -18,10 +18,34 @@ def trained(target_s: float | None = None) -> PrefillBudget:
     return budget
 
 
-def test_unmeasured_or_without_decodes_the_whole_budget():
-    budget = PrefillBudget(512)
-    assert budget.cap(4) == 512
+def test_without_decodes_the_whole_budget():
+    assert PrefillBudget(512).cap(0) == 512
     assert trained().cap(0) == 512  # nothing is waiting on the step: prefill as fast as it goes
+
+
+def test_unmeasured_decodes_are_measured_before_prompts_join_them():
+    """Prompts read beside every step (editors' files) must not leave the decode time unknown,
+    which let whole-budget steps stall the replies."""
+    budget = PrefillBudget(512)
+    budget.observe(0, 512, 0.512)  # a prompt alone: a token costs 1 ms
+    assert budget.cap(4) == 0  # a decode-only step first
+    budget.observe(4, 0, 0.040)
+    assert abs(budget.cap(4) - 40) <= 1
+    fresh = PrefillBudget(512)
+    fresh.observe(4, 0, 0.040)
+    assert fresh.cap(4) == step_budget.MIN_CHUNK  # a prompt token not measured yet: a small chunk
+
+
+def test_decode_time_is_measured_again_while_every_step_is_mixed():
+    budget = trained()
+    budget.observe(4, 0, 0.040)
+    for _ in range(step_budget.DECODE_SAMPLE_STEPS - 1):
+        budget.observe(4, 40, 0.080)
+        assert budget.cap(4) > 0
+    budget.observe(4, 40, 0.080)
+    assert budget.cap(4) == 0
+    budget.observe(4, 0, 0.050)
+    assert budget.cap(4) > 0
 
 
 def test_default_target_is_two_decode_steps_and_a_chunk_floor():
@@ -58,3 +82,19 @@ def test_a_capped_prompt_still_finishes():
         fake_step(sched)
         steps += 1
     assert steps == 8  # 40 tokens, 5 a step
+
+
+def test_a_short_prompt_caps_the_long_ones_beside_it():
+    """A chat's message arriving while no reply streams still gets a short step: long prompts get
+    what the cap leaves beside it, not the whole budget."""
+    bm = BlockManager(128, 4)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, long_prefill_token_threshold=8), bm,
+                      prefill_cap=lambda num_decodes: 10)
+    file = make_seq("file", 200, base=1000)
+    sched.add(file)
+    assert sched.schedule().num_tokens == [64]  # nothing waits on the step: the whole budget
+    file.num_computed_tokens = 64
+    chat = make_seq("chat", 6, base=5000)
+    sched.add(chat)
+    batch = sched.schedule()
+    assert batch.seqs == [chat, file] and batch.num_tokens == [6, 4]
