@@ -54,7 +54,8 @@ SHORT_LOOKAHEAD = 16
 
 # (decoding sequence, decodes this step) -> draft slots to reserve for it: the speculator's lookahead
 Lookahead = Callable[[Sequence, int], int]
-# decodes this step -> prompt tokens the step may carry beside them (step_budget.PrefillBudget.cap)
+# sequences waiting on this step (decodes, short prompts) -> prompt tokens it may carry in all
+# (step_budget.PrefillBudget.cap)
 PrefillCap = Callable[[int], int]
 
 
