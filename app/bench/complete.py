@@ -57,6 +57,8 @@ def infill(client, url: str, body: dict, n_predict: int, stream: bool) -> dict: 
                 last = event
     except httpx.HTTPStatusError as e:
         raise LocalbatchError(f"{url}/infill answered {e.response.status_code}: {e.response.text[:300]}") from None
+    except httpx.TransportError as e:
+        raise LocalbatchError(f"{url}/infill: {e or type(e).__name__}") from None
     return {**last, "content": content, "ttft_s": first, "latency_s": time.perf_counter() - start}
 
 
@@ -64,7 +66,9 @@ def measure(name: str, url: str, cuts: list[tuple[str, str]], follow: list[dict]
     """The follow-ups (streamed) and the cut points' completions against one server."""
     import httpx
 
-    with httpx.Client(timeout=600) as client:
+    # A new connection a request, as llama.vim's curl jobs make (llama-server closes a kept-alive
+    # connection after a few requests, and a request sent on it as it closes is lost).
+    with httpx.Client(timeout=600, limits=httpx.Limits(max_keepalive_connections=0)) as client:
         contents = [infill(client, url, {"input_prefix": p, "input_suffix": s}, n_predict, stream=False)["content"]
                     for p, s in cuts]
         runs = [infill(client, url, body, n_predict, stream=True) for body in follow]
