@@ -94,14 +94,12 @@ class Scheduler:
         decodes = [s for s in self.running if s.is_decoding]
         prefills = [s for s in self.running if not s.is_decoding]
         budget = self._schedule_running(batch, decodes, budget, len(decodes))
-        capped = False
         for long in (False, True):
-            if self.prefill_cap is not None and batch.seqs and not capped:
+            if self.prefill_cap is not None and batch.seqs:
                 # Replies (or short prompts, soon replies) are waiting on this step: what is left
                 # of the prompt-token cap beside them.
                 prompt_tokens = sum(n for s, n in zip(batch.seqs, batch.num_tokens, strict=True) if not s.is_decoding)
                 budget = min(budget, max(0, self.prefill_cap(len(batch.seqs)) - prompt_tokens))
-                capped = True
             running = [s for s in prefills if self._is_long(s.num_uncomputed_tokens) == long]
             budget = self._schedule_running(batch, running, budget, len(decodes))
             if not batch.preempted:
