@@ -72,6 +72,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last one is preempted first
         self.num_preemptions = 0
+        self.waiting_for_kv = False  # the last step left a request waiting because its blocks were not free
 
     def add(self, seq: Sequence) -> None:
         """Queue a new request. Raises RequestError (its id is in use) or QueueFullError."""
@@ -91,6 +92,7 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.config.max_num_batched_tokens
+        self.waiting_for_kv = False
         decodes = [s for s in self.running if s.is_decoding]
         prefills = [s for s in self.running if not s.is_decoding]
         budget = self._schedule_running(batch, decodes, budget, len(decodes))
@@ -184,6 +186,7 @@ class Scheduler:
                 break  # a step or two later those blocks are cached: shared, not computed twice
             n = min(uncached, budget)
             if not self.bm.can_admit(seq, cached, n):
+                self.waiting_for_kv = True
                 break  # backpressure: wait for blocks to come back
             self.waiting.remove(seq)
             seq.num_computed_tokens = seq.num_cached_tokens = self.bm.admit(seq, cached)

@@ -123,6 +123,15 @@ def test_backpressure_and_queue_bound():
     batch = sched.schedule()
     assert batch.seqs == [big]  # small waits: no blocks for it yet
     assert list(sched.waiting) == [small]
+    assert sched.waiting_for_kv  # the panel says why: the cache, not the queue
+
+
+def test_waiting_for_the_step_budget_is_not_waiting_for_kv():
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=8, long_prefill_token_threshold=0), BlockManager(64, 4))
+    sched.add(make_seq("a", 8))
+    sched.add(make_seq("b", 8, base=40))
+    sched.schedule()
+    assert len(sched.waiting) == 1 and not sched.waiting_for_kv
 
 
 def test_max_num_seqs_caps_running():
