@@ -8,15 +8,17 @@
  * cu_seqlens_q[s+1], the last of its seq_lens[s] positions.
  *
  * Every (query row, head) is computed alone, over its keys in position order, in chunks of
- * KEY_CHUNK keys counted from its first visible key (online softmax across chunks): its result
- * depends on its own row, position and cache contents only, never on the batch around it, how the
- * prompt was chunked, or how the work was split between threads.
+ * KEY_CHUNK keys counted from its first visible key (online softmax across chunks), in partitions of
+ * KEY_PARTITION keys merged at the end: its result depends on its own row, position and cache
+ * contents only, never on the batch around it, how the prompt was chunked, or how the work was
+ * split between threads.
  */
 #include "cpu_kernels.h"
 #include "cpu_simd.h"
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define KEY_CHUNK 32
@@ -146,136 +148,347 @@ static inline void weigh_values_pair(float *ya, float *yb, const float *pa, cons
     }
 }
 
-/* Whether query head h and the next (`more`: one is there) read the same KV head. */
-static inline int pairs_with_next(int h, int more, int group) { return more && (h + 1) / group == h / group; }
+/* Scores (times `scale`) of three query heads that read the same KV head against keys j .. j+3:
+ * each key vector is widened once for all three; each score summed as scores_pair sums it. */
+static inline void scores_triple(const float *qa, const float *qb, const float *qc, const void *pool,
+                                 const int64_t *off, int64_t kv, int d, int f16, float scale, float *sa, float *sb,
+                                 float *sc) {
+    __m256 a[4], b[4], c[4];
+    for (int u = 0; u < 4; u++)
+        a[u] = b[u] = c[u] = _mm256_setzero_ps();
+    for (int e = 0; e < d; e += 8) {
+        for (int u = 0; u < 4; u++) {
+            __m256 k = load8(pool, off[u] + kv + e, f16);
+            a[u] = _mm256_fmadd_ps(_mm256_loadu_ps(qa + e), k, a[u]);
+            b[u] = _mm256_fmadd_ps(_mm256_loadu_ps(qb + e), k, b[u]);
+            c[u] = _mm256_fmadd_ps(_mm256_loadu_ps(qc + e), k, c[u]);
+        }
+    }
+    __m128 vs = _mm_set1_ps(scale);
+    _mm_storeu_ps(sa, _mm_mul_ps(hsum4_ps(a), vs));
+    _mm_storeu_ps(sb, _mm_mul_ps(hsum4_ps(b), vs));
+    _mm_storeu_ps(sc, _mm_mul_ps(hsum4_ps(c), vs));
+}
+
+/* weigh_values for three query heads of one KV head: each value vector widened once for all
+ * three; every element's fmas in weigh_values's order. */
+static inline void weigh_values_triple(float *ya, float *yb, float *yc, const float *pa, const float *pb,
+                                       const float *pc, const void *pool, const int64_t *off, int64_t kv, int n,
+                                       int d, int f16) {
+    int e0 = 0;
+    for (; e0 + 32 <= d; e0 += 32) {
+        __m256 a[4], b[4], c[4];
+        for (int u = 0; u < 4; u++) {
+            a[u] = _mm256_loadu_ps(ya + e0 + 8 * u);
+            b[u] = _mm256_loadu_ps(yb + e0 + 8 * u);
+            c[u] = _mm256_loadu_ps(yc + e0 + 8 * u);
+        }
+        for (int j = 0; j < n; j++) {
+            __m256 wa = _mm256_broadcast_ss(pa + j), wb = _mm256_broadcast_ss(pb + j), wc = _mm256_broadcast_ss(pc + j);
+            const int64_t o = off[j] + kv + e0;
+            for (int u = 0; u < 4; u++) {
+                __m256 v = load8(pool, o + 8 * u, f16);
+                a[u] = _mm256_fmadd_ps(wa, v, a[u]);
+                b[u] = _mm256_fmadd_ps(wb, v, b[u]);
+                c[u] = _mm256_fmadd_ps(wc, v, c[u]);
+            }
+        }
+        for (int u = 0; u < 4; u++) {
+            _mm256_storeu_ps(ya + e0 + 8 * u, a[u]);
+            _mm256_storeu_ps(yb + e0 + 8 * u, b[u]);
+            _mm256_storeu_ps(yc + e0 + 8 * u, c[u]);
+        }
+    }
+    if (e0 < d) {
+        int64_t rest[KEY_CHUNK];
+        for (int j = 0; j < n; j++) rest[j] = off[j] + e0;
+        weigh_values(ya + e0, pa, pool, rest, kv, n, d - e0, f16);
+        weigh_values(yb + e0, pb, pool, rest, kv, n, d - e0, f16);
+        weigh_values(yc + e0, pc, pool, rest, kv, n, d - e0, f16);
+    }
+}
+
+/* How many of query heads h .. h1-1, from h on, read h's KV head, at most three: the heads taken
+ * together, so that each key and value vector is widened once for them. */
+static inline int heads_sharing(int h, int h1, int group) {
+    int k = 1;
+    while (k < 3 && h + k < h1 && (h + k) / group == h / group)
+        k++;
+    return k;
+}
+
+/* Pool element offsets of positions c0 .. c0+n-1 (row starts): walking the block table, with no
+ * division per key. */
+static inline void key_offsets(const int32_t *blocks, int block_size, int64_t row_stride, int64_t c0, int n,
+                               int64_t *off) {
+    int64_t b = c0 / block_size, r = c0 % block_size;
+    int64_t base = (int64_t)blocks[b] * block_size;
+    for (int j = 0; j < n; j++) {
+        off[j] = (base + r) * row_stride;
+        if (++r == block_size) {
+            r = 0;
+            base = (int64_t)blocks[++b] * block_size;
+        }
+    }
+}
+
+/* The scores s[i][0..n) (times `scale`, softcapped) of query heads h0+i .. h0+i+k-1, which read one
+ * KV head, against the chunk's keys. */
+static inline void chunk_scores(const float *q, int h0, int i, int k, int group, int d, const void *k_pool, int f16,
+                                const int64_t *off, int n, float scale, float softcap, float (*s)[KEY_CHUNK]) {
+    const int h = h0 + i;
+    const float *qh = q + (int64_t)h * d;
+    const int64_t kv = (int64_t)(h / group) * d;
+    int j = 0;
+    for (; k > 1 && j + 8 <= n; j += 8)  /* eights, as the lone head's path: the tail's bits are dot_pool's */
+        for (int j4 = j; j4 < j + 8; j4 += 4) {
+            if (k == 3)
+                scores_triple(qh, qh + d, qh + 2 * d, k_pool, off + j4, kv, d, f16, scale, &s[i][j4], &s[i + 1][j4],
+                              &s[i + 2][j4]);
+            else
+                scores_pair(qh, qh + d, k_pool, off + j4, kv, d, f16, scale, &s[i][j4], &s[i + 1][j4]);
+        }
+    if (k == 1)
+        for (; j + 8 <= n; j += 8) {  /* eight keys' dot products side by side, summed at once */
+            __m256 acc[8];
+            for (int u = 0; u < 8; u++)
+                acc[u] = _mm256_setzero_ps();
+            for (int e = 0; e < d; e += 8) {
+                __m256 qv = _mm256_loadu_ps(qh + e);
+                for (int u = 0; u < 8; u++)
+                    acc[u] = _mm256_fmadd_ps(qv, load8(k_pool, off[j + u] + kv + e, f16), acc[u]);
+            }
+            _mm256_storeu_ps(&s[i][j], _mm256_mul_ps(hsum8_ps(acc), _mm256_set1_ps(scale)));
+        }
+    for (int t = i; t < i + k; t++) {
+        for (int jj = j; jj < n; jj++)
+            s[t][jj] = dot_pool(q + (int64_t)(h0 + t) * d, k_pool, off[jj] + kv, d, f16) * scale;
+        if (softcap > 0.0f)
+            for (int jj = 0; jj < n; jj++)
+                s[t][jj] = softcap * tanhf(s[t][jj] / softcap);
+    }
+}
+
+/* Online softmax over one chunk for one head: s[0..n) become exp(s - m) (the row's new running max
+ * m), l the running sum, and y (the head's output so far) rescaled when the max moved. */
+static inline void chunk_softmax(float *srow, int n, float *m, float *l, float *y, int d) {
+    for (int j = n; j < (n + 7) / 8 * 8; j++)
+        srow[j] = -INFINITY;
+    __m256 vm = _mm256_set1_ps(*m);
+    for (int j = 0; j < n; j += 8)
+        vm = _mm256_max_ps(vm, _mm256_loadu_ps(srow + j));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    float mx = _mm_cvtss_f32(h);
+    if (*m != mx) {  /* rescale what earlier chunks summed (nothing for the first) */
+        float alpha = expf(*m - mx);
+        *l *= alpha;
+        scale_vec(y, alpha, d);
+        *m = mx;
+    }
+    __m256 vmx = _mm256_set1_ps(mx);
+    for (int j = 0; j < n; j += 8)
+        _mm256_storeu_ps(srow + j, exp_ps(_mm256_sub_ps(_mm256_loadu_ps(srow + j), vmx)));
+    float sum = 0.0f;
+    for (int j = 0; j < n; j++)
+        sum += srow[j];
+    *l += sum;
+}
 
 /* Query heads h0..h1 of one row (q/out: the row's [heads, d]) attend to positions first..last;
  * query head h reads KV head h / group. All the row's heads walk the keys together: each key row
- * of the pool (every KV head side by side) is read from memory once, not once per KV head. */
-static void attend(const float *q, float *out, int h0, int h1, int group, int d, const void *k_pool,
-                   const void *v_pool, int f16, const int32_t *blocks, int block_size, int64_t row_stride,
-                   int64_t first, int64_t last, float scale, float softcap) {
+ * of the pool (every KV head side by side) is read from memory once, not once per KV head. Heads of
+ * one KV head go up to three at a time (GQA): each key and value vector is widened once for them.
+ * Always inlined into paged_attention's two calls, so the pool type is a constant in its loops. */
+static inline __attribute__((always_inline)) void attend(const float *q, float *out, int h0, int h1, int group,
+                                                         int d, const void *k_pool, const void *v_pool, int f16,
+                                                         const int32_t *blocks, int block_size, int64_t row_stride,
+                                                         int64_t first, int64_t last, float scale, float softcap,
+                                                         float *ml) {
     const int64_t esize = f16 ? 2 : 4;
     float m[MAX_HEADS], l[MAX_HEADS], s[MAX_HEADS][KEY_CHUNK];
-    int64_t off[KEY_CHUNK];
+    int64_t offs[2][KEY_CHUNK];
     int nh = h1 - h0;
+    const int64_t e_lo = (int64_t)(h0 / group) * d, e_hi = (int64_t)((h1 - 1) / group + 1) * d;
     for (int i = 0; i < nh; i++) {
         m[i] = -INFINITY;
         l[i] = 0.0f;
         memset(out + (int64_t)(h0 + i) * d, 0, sizeof(float) * d);
     }
-    for (int64_t c0 = first; c0 <= last; c0 += KEY_CHUNK) {
+    key_offsets(blocks, block_size, row_stride, first, last - first + 1 < KEY_CHUNK ? (int)(last - first + 1) : KEY_CHUNK,
+                offs[0]);
+    for (int64_t c0 = first, c = 0; c0 <= last; c0 += KEY_CHUNK, c ^= 1) {
         int n = last - c0 + 1 < KEY_CHUNK ? (int)(last - c0 + 1) : KEY_CHUNK;
-        for (int j = 0; j < n; j++) {
-            int64_t pos = c0 + j;
-            off[j] = ((int64_t)blocks[pos / block_size] * block_size + pos % block_size) * row_stride;
-        }
+        const int64_t *off = offs[c];
         /* The next chunk's key and value rows are requested now and arrive while this one is
          * computed: the rows are scattered over the pool, beyond the hardware prefetcher's reach. */
-        for (int64_t pos = c0 + KEY_CHUNK; pos < c0 + 2 * KEY_CHUNK && pos <= last; pos++) {
-            int64_t o = ((int64_t)blocks[pos / block_size] * block_size + pos % block_size) * row_stride;
-            for (int64_t e = (int64_t)(h0 / group) * d; e < (int64_t)((h1 - 1) / group + 1) * d; e += 64 / esize) {
-                _mm_prefetch((const char *)k_pool + (o + e) * esize, _MM_HINT_T0);
-                _mm_prefetch((const char *)v_pool + (o + e) * esize, _MM_HINT_T0);
-            }
-        }
-        /* Two query heads of one KV head at a time where the group has them (GQA): the key rows
-         * they share are read once. A lone head (or one left over) alone. */
-        for (int i = 0; i < nh;) {
-            int h = h0 + i, pair = pairs_with_next(h, i + 1 < nh, group);
-            const float *qh = q + (int64_t)h * d;
-            const int64_t kv = (int64_t)(h / group) * d;
-            int j = 0;
-            for (; j + 8 <= n; j += 8) {  /* eight keys' dot products side by side, summed at once */
-                if (pair) {
-                    scores_pair(qh, qh + d, k_pool, off + j, kv, d, f16, scale, &s[i][j], &s[i + 1][j]);
-                    scores_pair(qh, qh + d, k_pool, off + j + 4, kv, d, f16, scale, &s[i][j + 4], &s[i + 1][j + 4]);
-                    continue;
+        int64_t c1 = c0 + KEY_CHUNK;
+        if (c1 <= last) {
+            int n1 = last - c1 + 1 < KEY_CHUNK ? (int)(last - c1 + 1) : KEY_CHUNK;
+            key_offsets(blocks, block_size, row_stride, c1, n1, offs[c ^ 1]);
+            for (int j = 0; j < n1; j++)
+                for (int64_t e = e_lo; e < e_hi; e += 64 / esize) {
+                    _mm_prefetch((const char *)k_pool + (offs[c ^ 1][j] + e) * esize, _MM_HINT_T0);
+                    _mm_prefetch((const char *)v_pool + (offs[c ^ 1][j] + e) * esize, _MM_HINT_T0);
                 }
-                __m256 acc[8];
-                for (int u = 0; u < 8; u++)
-                    acc[u] = _mm256_setzero_ps();
-                for (int e = 0; e < d; e += 8) {
-                    __m256 qv = _mm256_loadu_ps(qh + e);
-                    for (int u = 0; u < 8; u++)
-                        acc[u] = _mm256_fmadd_ps(qv, load8(k_pool, off[j + u] + kv + e, f16), acc[u]);
-                }
-                _mm256_storeu_ps(&s[i][j], _mm256_mul_ps(hsum8_ps(acc), _mm256_set1_ps(scale)));
-            }
-            for (int k = i; k <= i + pair; k++) {
-                for (int jj = j; jj < n; jj++)
-                    s[k][jj] = dot_pool(q + (int64_t)(h0 + k) * d, k_pool, off[jj] + kv, d, f16) * scale;
-                if (softcap > 0.0f)
-                    for (int jj = 0; jj < n; jj++)
-                        s[k][jj] = softcap * tanhf(s[k][jj] / softcap);
-            }
-            i += 1 + pair;
         }
-        for (int i = 0; i < nh; i++) {
-            float mx = m[i];
-            for (int j = 0; j < n; j++)
-                mx = s[i][j] > mx ? s[i][j] : mx;
-            if (m[i] != mx) {  /* rescale what earlier chunks summed (nothing for the first) */
-                float alpha = expf(m[i] - mx);
-                l[i] *= alpha;
-                scale_vec(out + (int64_t)(h0 + i) * d, alpha, d);
-                m[i] = mx;
-            }
-            for (int j = n; j < (n + 7) / 8 * 8; j++)
-                s[i][j] = -INFINITY;
-            __m256 vmx = _mm256_set1_ps(mx);
-            for (int j = 0; j < n; j += 8)
-                _mm256_storeu_ps(&s[i][j], exp_ps(_mm256_sub_ps(_mm256_loadu_ps(&s[i][j]), vmx)));
-            float sum = 0.0f;
-            for (int j = 0; j < n; j++)
-                sum += s[i][j];
-            l[i] += sum;
+        for (int i = 0, k; i < nh; i += k) {
+            k = heads_sharing(h0 + i, h1, group);
+            chunk_scores(q, h0, i, k, group, d, k_pool, f16, off, n, scale, softcap, s);
         }
-        for (int i = 0; i < nh;) {
-            int h = h0 + i, pair = pairs_with_next(h, i + 1 < nh, group);
+        for (int i = 0; i < nh; i++)
+            chunk_softmax(s[i], n, &m[i], &l[i], out + (int64_t)(h0 + i) * d, d);
+        for (int i = 0, k; i < nh; i += k) {
+            int h = h0 + i;
+            k = heads_sharing(h, h1, group);
             float *y = out + (int64_t)h * d;
-            if (pair)
-                weigh_values_pair(y, y + d, s[i], s[i + 1], v_pool, off, (int64_t)(h / group) * d, n, d, f16);
+            const int64_t kv = (int64_t)(h / group) * d;
+            if (k == 3)
+                weigh_values_triple(y, y + d, y + 2 * d, s[i], s[i + 1], s[i + 2], v_pool, off, kv, n, d, f16);
+            else if (k == 2)
+                weigh_values_pair(y, y + d, s[i], s[i + 1], v_pool, off, kv, n, d, f16);
             else
-                weigh_values(y, s[i], v_pool, off, (int64_t)(h / group) * d, n, d, f16);
-            i += 1 + pair;
+                weigh_values(y, s[i], v_pool, off, kv, n, d, f16);
         }
     }
-    for (int i = 0; i < nh; i++)
-        scale_vec(out + (int64_t)(h0 + i) * d, 1.0f / l[i], d);
+    for (int i = 0; i < nh; i++) {
+        if (ml) {  /* a partition's partials: unnormalized sums, their max and total weight */
+            ml[2 * (h0 + i)] = m[i];
+            ml[2 * (h0 + i) + 1] = l[i];
+        } else {
+            scale_vec(out + (int64_t)(h0 + i) * d, 1.0f / l[i], d);
+        }
+    }
 }
 
-/* Work items are (query row, part): `splits` parts divide a row's query heads, so a batch of one
- * decode still spreads over the threads. The pools hold fp32, or fp16 when `f16`. `window` 0:
- * none; `softcap` 0: none. */
-void paged_attention(const float *q, float *out, int64_t num_tokens, int heads, int kv_heads, int d,
+/* A row's keys are read in partitions of KEY_PARTITION positions (from its first visible key),
+ * each on its own and merged after: one decode over a long context then spreads over the threads
+ * reading whole pool rows (every KV head side by side, contiguous), not each thread half of each row.
+ * The partitions are the same for a row whatever the batch or the threads, so its numbers are too;
+ * a row of at most KEY_PARTITION keys is computed in one piece, as before partitions. */
+#define KEY_PARTITION 512
+
+struct row_plan {
+    int seq;           /* the sequence that owns the row */
+    int parts;         /* its partitions */
+    int64_t first, last;  /* its visible positions */
+    int64_t slot;      /* its first partial slot (rows of more than one partition), else -1 */
+    int64_t item;      /* its first work item */
+};
+
+/* Each row's sequence, positions and partitions; returns the partial slots needed. */
+static int64_t plan_rows(struct row_plan *rows, int64_t num_tokens, const int32_t *cu_seqlens_q,
+                         const int32_t *seq_lens, int num_seqs, int64_t window) {
+    int64_t slots = 0;
+    for (int sq = 0; sq < num_seqs; sq++)
+        for (int64_t t = cu_seqlens_q[sq]; t < cu_seqlens_q[sq + 1] && t < num_tokens; t++) {
+            struct row_plan *r = &rows[t];
+            r->seq = sq;
+            r->last = (int64_t)seq_lens[sq] - (cu_seqlens_q[sq + 1] - cu_seqlens_q[sq]) + (t - cu_seqlens_q[sq]);
+            r->first = window > 0 && r->last - window + 1 > 0 ? r->last - window + 1 : 0;
+            r->parts = (int)((r->last - r->first) / KEY_PARTITION) + 1;
+            r->slot = r->parts > 1 ? slots : -1;
+            slots += r->parts > 1 ? r->parts : 0;
+        }
+    return slots;
+}
+
+/* Row t's heads from its partitions' partials (in partition order): each partition's sums weighted
+ * by exp(its max - the row's max), over the total weight. */
+static void merge_partitions(const struct row_plan *r, float *out, const float *acc, const float *ml, int heads,
+                             int h, int d) {
+    float mx = -INFINITY, total = 0.0f;
+    for (int p = 0; p < r->parts; p++)
+        mx = fmaxf(mx, ml[((r->slot + p) * heads + h) * 2]);
+    for (int e = 0; e < d; e += 8)
+        _mm256_storeu_ps(out + e, _mm256_setzero_ps());
+    for (int p = 0; p < r->parts; p++) {
+        const float *m_l = ml + ((r->slot + p) * heads + h) * 2;
+        float w = expf(m_l[0] - mx);
+        total += w * m_l[1];
+        __m256 vw = _mm256_set1_ps(w);
+        const float *a = acc + ((r->slot + p) * heads + h) * (int64_t)d;
+        for (int e = 0; e < d; e += 8)
+            _mm256_storeu_ps(out + e, _mm256_fmadd_ps(vw, _mm256_loadu_ps(a + e), _mm256_loadu_ps(out + e)));
+    }
+    scale_vec(out, 1.0f / total, d);
+}
+
+/* Returns 0, or -1 when the partitions' scratch cannot be allocated (nothing written then).
+ * Work items are (query row, partition, part of the heads): `splits` parts divide a row's query
+ * heads when there are too few partitions to spread over the threads otherwise, so a batch of one
+ * decode still spreads over them. The pools hold fp32, or fp16 when `f16`. `window` 0: none;
+ * `softcap` 0: none. */
+int paged_attention(const float *q, float *out, int64_t num_tokens, int heads, int kv_heads, int d,
                          const void *k_cache, const void *v_cache, int f16, int block_size, const int32_t *block_table,
                          int64_t max_blocks, const int32_t *cu_seqlens_q, const int32_t *seq_lens, int num_seqs,
                          float scale, int64_t window, float softcap, int splits, int threads) {
     if (cu_seqlens_q[num_seqs] < num_tokens)  /* padding rows past the last sequence: left as they are */
         num_tokens = cu_seqlens_q[num_seqs];
-    int group = heads / kv_heads;
-    int per = (heads + splits - 1) / splits;
-    int64_t items = num_tokens * splits;
-    int64_t row_stride = (int64_t)kv_heads * d;
+    if (num_tokens <= 0)
+        return 0;
+    const int group = heads / kv_heads;
+    const int64_t row_stride = (int64_t)kv_heads * d;
+    struct row_plan *rows = malloc(sizeof(struct row_plan) * num_tokens);
+    if (!rows)
+        return -1;
+    int64_t slots = plan_rows(rows, num_tokens, cu_seqlens_q, seq_lens, num_seqs, window), parts = 0;
+    for (int64_t t = 0; t < num_tokens; t++)
+        parts += rows[t].parts;
+    if (parts >= 2 * (int64_t)threads)
+        splits = 1;  /* enough partitions: whole rows of the pool per item */
+    int64_t items = 0;
+    for (int64_t t = 0; t < num_tokens; t++) {
+        rows[t].item = items;
+        items += (int64_t)rows[t].parts * splits;
+    }
+    float *acc = NULL, *ml = NULL;
+    if (slots > 0) {
+        acc = malloc(sizeof(float) * slots * heads * d);
+        ml = malloc(sizeof(float) * slots * heads * 2);
+        if (!acc || !ml) {
+            free(acc), free(ml), free(rows);
+            return -1;
+        }
+    }
+    const int per = (heads + splits - 1) / splits;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t it = 0; it < items; it++) {
-        int64_t t = it / splits;
-        int h0 = (int)(it % splits) * per;
+        int64_t lo = 0, hi = num_tokens - 1;  /* the last row whose items start at or before it */
+        while (lo < hi) {
+            int64_t mid = (lo + hi + 1) / 2;
+            if (rows[mid].item <= it) lo = mid; else hi = mid - 1;
+        }
+        const struct row_plan *r = &rows[lo];
+        int64_t k = it - r->item;
+        int p = (int)(k / splits), h0 = (int)(k % splits) * per;
         int h1 = h0 + per < heads ? h0 + per : heads;
         if (h0 >= h1)
             continue;
-        int lo = 0, hi = num_seqs - 1;  /* the last sequence whose rows start at or before t */
-        while (lo < hi) {
-            int mid = (lo + hi + 1) / 2;
-            if (cu_seqlens_q[mid] <= t) lo = mid; else hi = mid - 1;
-        }
-        int64_t pos = (int64_t)seq_lens[lo] - (cu_seqlens_q[lo + 1] - cu_seqlens_q[lo]) + (t - cu_seqlens_q[lo]);
-        int64_t first = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
-        int64_t row = t * heads * d;
-        attend(q + row, out + row, h0, h1, group, d, k_cache, v_cache, f16, block_table + lo * max_blocks,
-               block_size, row_stride, first, pos, scale, softcap);
+        int64_t first = r->first + (int64_t)p * KEY_PARTITION;
+        int64_t last = r->parts > 1 && first + KEY_PARTITION - 1 < r->last ? first + KEY_PARTITION - 1 : r->last;
+        const float *qr = q + lo * heads * d;
+        float *y = r->parts > 1 ? acc + (r->slot + p) * heads * d : out + lo * heads * d;
+        float *m_l = r->parts > 1 ? ml + (r->slot + p) * heads * 2 : NULL;
+        const int32_t *blocks = block_table + (int64_t)r->seq * max_blocks;
+        if (f16)
+            attend(qr, y, h0, h1, group, d, k_cache, v_cache, 1, blocks, block_size, row_stride, first, last, scale,
+                   softcap, m_l);
+        else
+            attend(qr, y, h0, h1, group, d, k_cache, v_cache, 0, blocks, block_size, row_stride, first, last, scale,
+                   softcap, m_l);
     }
+    if (slots > 0) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t it = 0; it < num_tokens * heads; it++) {
+            const struct row_plan *r = &rows[it / heads];
+            if (r->parts > 1)
+                merge_partitions(r, out + it * d, acc, ml, heads, (int)(it % heads), d);
+        }
+    }
+    free(acc), free(ml), free(rows);
+    return 0;
 }
 
 /* Token t's keys/values `[kv_heads * D]` (fp32; `row` a multiple of 8) into pool slot slots[t]

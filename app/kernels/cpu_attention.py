@@ -35,7 +35,7 @@ def _library() -> ctypes.CDLL | None:
                             i32, i32],
         "store_kv": [ptr, ptr, ptr, i64, i64, ptr, ptr, i32],
         "rope_store_kv": [ptr, i64, i32, i32, i32, ptr, f32, ptr, ptr, i32, ptr, ptr, ptr, ptr, i32],
-    })
+    }, restypes={"paged_attention": ctypes.c_int})
 
 
 def available() -> bool:
@@ -115,11 +115,13 @@ def unified_attention(
     splits = head_splits(num_tokens, heads, threads)
     q = q.contiguous()
     target = out if out.is_contiguous() else torch.empty_like(q)
-    _library().paged_attention(
+    failed = _library().paged_attention(
         q.data_ptr(), target.data_ptr(), num_tokens, heads, kv_heads, head_dim, k_cache.data_ptr(),
         v_cache.data_ptr(), k_cache.dtype == torch.float16, k_cache.shape[1], table.data_ptr(), table.shape[1],
         cu.data_ptr(), lens.data_ptr(), meta.num_seqs, scale, sliding_window or 0, softcap or 0.0, splits, threads,
     )
+    if failed:
+        raise MemoryError(f"no memory for the attention's scratch over {num_tokens} rows")
     if target is not out:
         out.copy_(target)
     return out

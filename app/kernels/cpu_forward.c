@@ -46,7 +46,7 @@ static void add_bias(float *y, const float *bias, int64_t M, int64_t n) {
         for (int64_t j = 0; j < n; j++) y[r * n + j] += bias[j];
 }
 
-/* Returns 0, or -1 when a GEMM's scratch cannot be allocated. */
+/* Returns 0, or -1 when a GEMM's or the attention's scratch cannot be allocated. */
 int forward_layers(const layer_desc *layers, int64_t n, const step_desc *s) {
     const int64_t M = s->M, D = s->hidden;
     for (int64_t i = 0; i < n; i++) {
@@ -60,9 +60,11 @@ int forward_layers(const layer_desc *layers, int64_t n, const step_desc *s) {
         rope_store_kv(s->qkv, M, (int)s->heads, (int)s->kv_heads, (int)s->head_dim, L->qk_norm, s->eps,
                       s->cos[L->rope], s->sin[L->rope], (int)s->neox, s->q, m->slots, L->k_cache, L->v_cache,
                       (int)s->f16);
-        paged_attention(s->q, s->attn, M, (int)s->heads, (int)s->kv_heads, (int)s->head_dim, L->k_cache, L->v_cache,
-                        (int)s->f16, (int)s->block_size, m->block_table, m->max_blocks, m->cu_seqlens_q, m->seq_lens,
-                        (int)m->num_seqs, s->scale, L->window, 0.0f, (int)s->splits, (int)s->threads);
+        if (paged_attention(s->q, s->attn, M, (int)s->heads, (int)s->kv_heads, (int)s->head_dim, L->k_cache,
+                            L->v_cache, (int)s->f16, (int)s->block_size, m->block_table, m->max_blocks,
+                            m->cu_seqlens_q, m->seq_lens, (int)m->num_seqs, s->scale, L->window, 0.0f, (int)s->splits,
+                            (int)s->threads))
+            return -1;
         if (qgemm(L->o, s->attn, M, s->h, (int)s->threads))
             return -1;
         if (L->post_attn_norm)

@@ -124,7 +124,7 @@ class OneCallLayers:
             keep += [cos, sin]
             step.cos[i], step.sin[i] = cos.data_ptr(), sin.data_ptr()
         if _library().forward_layers(descs, len(self.layers), ctypes.byref(step)):
-            raise MemoryError(f"no memory for the quantized activations of {m} rows")
+            raise MemoryError(f"no memory for the scratch of a {m}-row step (quantized activations, attention)")
         return x_out, h_out
 
     def _describe(self, kv_caches: list[KVCacheLayer], metas: list[AttentionMetadata]) -> ctypes.Array:

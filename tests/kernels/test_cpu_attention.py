@@ -35,6 +35,16 @@ FP32_CASES.update({
 })
 
 
+# Rows of more than 512 keys (the kernel's KEY_PARTITION): read in partitions, merged at the end.
+LONG = replace(FP32_CASES["decode-fp32-gqa1"], q_lens=(1, 3, 1), seq_lens=(1100, 600, 1537), heads=6, kv_heads=2,
+               head_dim=16)
+FP32_CASES.update({
+    "long-partitions": LONG,
+    "long-partitions-fp16-cache": replace(LONG, cache_dtype="float16"),
+    "long-partitions-window": replace(LONG, window=700),
+})
+
+
 def c_attention(*args, **kwargs) -> torch.Tensor:
     q, k_cache = args[0], args[1]
     assert cpu_attention.handles(q, k_cache, kwargs.get("k_scale"))
@@ -93,6 +103,27 @@ def test_a_row_is_the_same_alone_batched_and_chunked(window: int | None) -> None
     second = _run(inputs, [0, 8], [19], slice(start + 11, start + 19), [2], window)
     assert torch.equal(batched[mine], alone)
     assert torch.equal(alone, torch.cat((first, second)))
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_long_row_is_the_same_alone_batched_and_chunked(threads: int) -> None:
+    """Rows read in partitions: the 3-row chunk of sequence 1 (positions 597-599) and sequence 2's
+    decode at 1537 keys, inside the batch, alone, and split 2 + 1 rows, on 1 and 3 threads."""
+    inputs = make_attention_inputs(LONG)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        batched = torch.empty_like(inputs["q"])
+        c_attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], batched, attention_metadata(inputs), 0.2,
+                    None, None)
+        torch.set_num_threads(1)
+        decode = _run(inputs, [0, 1], [1537], slice(4, 5), [2])
+        chunk = _run(inputs, [0, 3], [600], slice(1, 4), [1])
+        split = torch.cat((_run(inputs, [0, 2], [599], slice(1, 3), [1]), _run(inputs, [0, 1], [600], slice(3, 4), [1])))
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(batched[4:5], decode)
+    assert torch.equal(batched[1:4], chunk) and torch.equal(chunk, split)
 
 
 @pytest.mark.parametrize("cache_dtype", ["float32", "float16"])
