@@ -169,11 +169,13 @@ def kv_sizes(stats: EngineStats) -> list[str]:
     return lines
 
 
+_WAITING_FOR = {"kv": ": KV cache full", "seqs": ": max-num-seqs reached", "turn": ": queued behind prompts"}
+
+
 def _append_waiting(text: Text, stats: EngineStats) -> None:
     if stats.num_waiting > 0:
-        # Two different waits: no room in the cache (more blocks would help), or the step's tokens
-        # taken by prompts ahead of them (the scheduler's order, not memory).
-        why = {True: ": KV cache full", False: ": queued behind prompts", None: ""}[stats.waiting_for_kv]
+        # Different waits, different remedies: more KV blocks, a higher --max-num-seqs, or patience.
+        why = _WAITING_FOR.get(stats.waiting_for or "", "")
         text.append(f"\n⏳ {stats.num_waiting} waiting{why}", style="bold yellow")
     if stats.num_preemptions > 0:
         text.append(f"\n{fmt_int(stats.num_preemptions)} preemptions so far", style="yellow")

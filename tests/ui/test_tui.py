@@ -425,7 +425,7 @@ async def test_panels_show_tabs_api_requests_cached_blocks_and_waiting_queue(tmp
         live = decoding(pane.request_id, prompt=10, output=20, blocks=2, ttft=0.05, itl=0.01, rate=31.5)
         api = decoding("chatcmpl-1", prompt=100, output=50, blocks=10, ttft=0.2, itl=0.02, rate=12.0)
         engine.frozen_stats = EngineStats(
-            num_running=2, num_waiting=3, waiting_for_kv=False, num_blocks_total=100, num_blocks_used=12,
+            num_running=2, num_waiting=3, waiting_for="turn", num_blocks_total=100, num_blocks_used=12,
             num_blocks_cached_free=5,
             block_size=16, kv_bytes_per_token=18432, decode_tokens_per_s=43.5, prefill_tokens_per_s=1250.0,
             last_batch_size=2, last_num_tokens=2, last_step_time_s=0.0412, num_steps=99, requests=(live, api),

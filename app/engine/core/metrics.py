@@ -128,7 +128,7 @@ class EngineMetrics:
         return EngineStats(
             num_running=len(sched.running),
             num_waiting=len(sched.waiting),
-            waiting_for_kv=sched.waiting_for_kv and bool(sched.waiting),
+            waiting_for=sched.waiting_for if sched.waiting else None,
             num_blocks_total=bm.num_blocks,
             num_blocks_used=bm.num_used_blocks,
             num_blocks_cached_free=bm.num_cached_free_blocks,

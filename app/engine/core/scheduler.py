@@ -72,7 +72,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last one is preempted first
         self.num_preemptions = 0
-        self.waiting_for_kv = False  # the last step left a request waiting because its blocks were not free
+        # What the last step's admission stopped at: "kv" (no free blocks), "seqs" (max_num_seqs
+        # running), "turn" (the step's tokens went to prompts ahead); None: nothing waits.
+        self.waiting_for: str | None = None
 
     def add(self, seq: Sequence) -> None:
         """Queue a new request. Raises RequestError (its id is in use) or QueueFullError."""
@@ -92,7 +94,7 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.config.max_num_batched_tokens
-        self.waiting_for_kv = False
+        self.waiting_for = None
         decodes = [s for s in self.running if s.is_decoding]
         prefills = [s for s in self.running if not s.is_decoding]
         budget = self._schedule_running(batch, decodes, budget, len(decodes))
@@ -106,6 +108,8 @@ class Scheduler:
             budget = self._schedule_running(batch, running, budget, len(decodes))
             if not batch.preempted:
                 budget = self._admit(batch, budget, long)
+        if self.waiting and self.waiting_for is None:
+            self.waiting_for = "kv" if batch.preempted else "turn"
         # Counted at the end: a prompt's room can preempt a decode scheduled before it.
         batch.num_decode_tokens = sum(n for s, n in zip(batch.seqs, batch.num_tokens, strict=True) if s.is_decoding)
         if self.speculator is not None:
@@ -176,7 +180,10 @@ class Scheduler:
         passing long ones), then all of them. Returns what is left of the budget."""
         queue = list(self.waiting) if long else list(islice(self.waiting, SHORT_LOOKAHEAD))
         for seq in queue:
-            if budget == 0 or len(self.running) >= self.config.max_num_seqs:
+            if len(self.running) >= self.config.max_num_seqs:
+                self.waiting_for = "seqs"
+                break
+            if budget == 0:
                 break
             cached = self.bm.find_cached_prefix(seq)
             uncached = seq.num_tokens - cached.num_blocks * self.bm.block_size
@@ -186,7 +193,7 @@ class Scheduler:
                 break  # a step or two later those blocks are cached: shared, not computed twice
             n = min(uncached, budget)
             if not self.bm.can_admit(seq, cached, n):
-                self.waiting_for_kv = True
+                self.waiting_for = "kv"
                 break  # backpressure: wait for blocks to come back
             self.waiting.remove(seq)
             seq.num_computed_tokens = seq.num_cached_tokens = self.bm.admit(seq, cached)

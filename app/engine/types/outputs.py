@@ -82,9 +82,9 @@ class EngineStats:
 
     num_running: int = 0
     num_waiting: int = 0
-    # Why the waiting wait: the last step found no free KV blocks for one (True), or only its turn
-    # had not come (False); None unknown (a remote backend).
-    waiting_for_kv: bool | None = None
+    # Why the waiting wait, as the last step's admission found: "kv" (no free blocks), "seqs"
+    # (max_num_seqs running), "turn" (the step's tokens went to prompts ahead); None unknown.
+    waiting_for: str | None = None
     num_blocks_total: int = 0
     num_blocks_used: int = 0  # held by live requests
     num_blocks_cached_free: int = 0  # free but still holding a reusable prefix

@@ -123,15 +123,15 @@ def test_backpressure_and_queue_bound():
     batch = sched.schedule()
     assert batch.seqs == [big]  # small waits: no blocks for it yet
     assert list(sched.waiting) == [small]
-    assert sched.waiting_for_kv  # the panel says why: the cache, not the queue
+    assert sched.waiting_for == "kv"  # the panel says why: the cache, not the queue
 
 
-def test_waiting_for_the_step_budget_is_not_waiting_for_kv():
+def test_waiting_for_the_step_budget_is_waiting_for_a_turn():
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=8, long_prefill_token_threshold=0), BlockManager(64, 4))
     sched.add(make_seq("a", 8))
     sched.add(make_seq("b", 8, base=40))
     sched.schedule()
-    assert len(sched.waiting) == 1 and not sched.waiting_for_kv
+    assert len(sched.waiting) == 1 and sched.waiting_for == "turn"
 
 
 def test_max_num_seqs_caps_running():
@@ -141,6 +141,7 @@ def test_max_num_seqs_caps_running():
         sched.add(make_seq(f"r{i}", 3, base=i * 10))
     batch = sched.schedule()
     assert len(batch) == 2 and len(sched.waiting) == 2
+    assert sched.waiting_for == "seqs"
 
 
 @settings(max_examples=60, deadline=None)
