@@ -539,7 +539,8 @@ def test_main_screen_snapshot(tmp_path: Path, snap_compare: Any) -> None:
     store.create_chat("Second tab")
     store.close()
     stats = EngineStats(
-        num_running=2, num_waiting=1, num_blocks_total=512, num_blocks_used=96, num_blocks_cached_free=40,
+        num_running=2, num_waiting=1, waiting_for="kv", num_blocks_total=512, num_blocks_used=96,
+        num_blocks_cached_free=40,
         block_size=16, kv_bytes_per_token=18432, prefix_cache_hit_rate=0.25, prefill_tokens_per_s=812.0,
         decode_tokens_per_s=57.4, last_batch_size=2, last_num_tokens=2, last_step_time_s=0.035, num_steps=1234,
         weight_bytes_per_step=369_115_648, last_kv_bytes_read=3_760_128, copy_bandwidth=29.4e9,
