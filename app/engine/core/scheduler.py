@@ -32,7 +32,7 @@ from app.engine.core.output_processor import OutputProcessor
 from app.engine.core.sequence import Sequence, SequenceStatus
 from app.engine.types.batch import ScheduledBatch
 from app.engine.types.errors import QueueFullError, RequestError
-from app.engine.types.outputs import TopLogprobs
+from app.engine.types.outputs import TopLogprobs, WaitingFor
 
 if TYPE_CHECKING:
     from app.engine.core.speculator import Speculator
@@ -72,9 +72,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last one is preempted first
         self.num_preemptions = 0
-        # What the last step's admission stopped at: "kv" (no free blocks), "seqs" (max_num_seqs
-        # running), "turn" (the step's tokens went to prompts ahead); None: nothing waits.
-        self.waiting_for: str | None = None
+        self.waiting_for: WaitingFor | None = None  # why the last step left requests waiting
 
     def add(self, seq: Sequence) -> None:
         """Queue a new request. Raises RequestError (its id is in use) or QueueFullError."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 # One position's top-k distribution: {token_id: logprob}.
 TopLogprobs = dict[int, float]
@@ -76,15 +77,18 @@ class SpecStats:
     tokens_per_step: float  # recent: tokens a speculating sequence gains per step (1 + kept)
 
 
+# Why waiting requests wait, as a step's admission found: no free KV blocks, max_num_seqs running,
+# or the step's tokens went to prompts ahead of them.
+WaitingFor = Literal["kv", "seqs", "turn"]
+
+
 @dataclass(frozen=True)
 class EngineStats:
     """Immutable snapshot of the engine, cheap to take (the UI polls it every panel refresh)."""
 
     num_running: int = 0
     num_waiting: int = 0
-    # Why the waiting wait, as the last step's admission found: "kv" (no free blocks), "seqs"
-    # (max_num_seqs running), "turn" (the step's tokens went to prompts ahead); None unknown.
-    waiting_for: str | None = None
+    waiting_for: WaitingFor | None = None  # None: nothing waits, or unknown (a remote backend)
     num_blocks_total: int = 0
     num_blocks_used: int = 0  # held by live requests
     num_blocks_cached_free: int = 0  # free but still holding a reusable prefix
