@@ -14,7 +14,7 @@ import torch
 
 from app.engine import LLM, SamplingParams
 from app.engine.runtime import kernel_choice
-from app.engine.runtime.linear import Int4Weight
+from app.engine.runtime.weight_forms import Int4Weight
 
 ORACLE_DIR = Path(os.environ.get("LOCALBATCH_ORACLE_DIR", Path(__file__).resolve().parents[3] / "shared" / "oracle"))
 SMOLLM2_GGUF = os.environ.get("LOCALBATCH_SMOLLM2_GGUF")
@@ -244,7 +244,7 @@ def test_cpu_quantized_kernels_teacher_forced_and_resident_weights(request, monk
 def test_fp16_weights_when_the_quantized_kernels_are_off(request, monkeypatch):
     """LOCALBATCH_CPU_QUANT_KERNELS=0: fbgemm's fp16 copies instead. Measured: Gemma 3 1096/1096,
     0.0047 nats (fp16 KV cache)."""
-    from app.engine.runtime.linear import Fp16Weight
+    from app.engine.runtime.weight_forms import Fp16Weight
     from app.kernels import cpu_qgemm
 
     monkeypatch.setenv(cpu_qgemm.ENABLE_ENV, "0")

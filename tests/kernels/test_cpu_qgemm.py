@@ -10,7 +10,8 @@ import torch
 
 from app.engine.gguf.quants import dequantize
 from app.engine.runtime import kernel_choice
-from app.engine.runtime.linear import Linear, grid_weight, group_weight
+from app.engine.runtime.linear import Linear
+from app.engine.runtime.weight_forms import grid_weight, group_weight
 from app.kernels import cpu_build, cpu_qgemm
 from app.kernels.cpu_qgemm import Q4Weight, Q5Weight, Q6Weight, Q8Weight, fake_quantize
 

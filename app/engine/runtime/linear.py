@@ -26,28 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from app.engine.gguf.quants import GridForm, Q6Form
-from app.engine.runtime.weight_forms import (
-    Fp16Weight,
-    Int4Weight,
-    Int8Weight,
-    Matrix,
-    PackedWeight,
-    as_matrix,
-    choose_forms,
-    grid_packed,
-    grid_weight,
-    group_weight,
-    takes_groups,
-)
+from app.engine.runtime.weight_forms import Fp16Weight, Matrix, PackedWeight, as_matrix, choose_forms
 
-__all__ = ["Fp16Weight", "Int4Weight", "Int8Weight", "Linear", "PackedWeight", "grid_packed", "grid_weight",
-           "group_weight", "nbytes", "storage_key", "takes_grids"]
-
-
-def takes_grids(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether matrices on `device` in `dtype` go to the C kernels' groups (so the loader should
-    hand out their blocks): `weight_forms.takes_groups`."""
-    return takes_groups(device, dtype)
+__all__ = ["Linear", "nbytes", "storage_key"]
 
 
 class Linear:

@@ -21,8 +21,8 @@ from app.engine.runtime.device import DeviceSetup, kv_pool_blocks, resolve_devic
 from app.engine.runtime.draft_model import DraftModel
 from app.engine.runtime.kv_cache_spec import kv_cache_spec
 from app.engine.runtime.kv_pool import kv_sizes, resolve_kv_cache_dtype
-from app.engine.runtime.linear import takes_grids
 from app.engine.runtime.model_runner import ModelRunner, StepOutput
+from app.engine.runtime.weight_forms import takes_groups
 from app.engine.text.tokenizer import Tokenizer
 from app.engine.types.batch import ScheduledBatch
 from app.engine.types.engine_config import EngineConfig
@@ -112,11 +112,11 @@ class Worker:
     def _read(self, path: str, progress: ProgressFn | None) -> LoadedModel:
         """A GGUF's weights for this device and dtype (4/5-bit matrices as their blocks' groups where
         the kernels take them)."""
-        grids = takes_grids(self.setup.device, self.setup.dtype)
+        grids = takes_groups(self.setup.device, self.setup.dtype)
         return load_gguf(path, self.setup.device, self.setup.dtype, progress, grids=grids)
 
     def _decoder(self, loaded: LoadedModel) -> DecoderLM:
-        grids = loaded.grids if takes_grids(self.setup.device, self.setup.dtype) else None
+        grids = loaded.grids if takes_groups(self.setup.device, self.setup.dtype) else None
         return DecoderLM(loaded.config, loaded.weights, self.setup.device, grids, self.kv_dtype)
 
     def _init_random(self, spec: str) -> None:

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from app.engine.runtime import kernel_choice
-from app.engine.runtime.linear import Int4Weight, Int8Weight, Linear
+from app.engine.runtime.linear import Linear
+from app.engine.runtime.weight_forms import Int4Weight, Int8Weight
 
 pytestmark = pytest.mark.skipif(
     not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"), reason="torch lacks the int4 CPU kernel"

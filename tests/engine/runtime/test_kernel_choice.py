@@ -63,7 +63,8 @@ def test_env_forces_a_kernel_and_a_broken_cache_is_remeasured(tmp_path: Path, mo
 
 
 def test_linear_uses_the_chosen_kernel_per_row_count(monkeypatch: pytest.MonkeyPatch):
-    from app.engine.runtime.linear import Int8Weight, Linear
+    from app.engine.runtime.linear import Linear
+    from app.engine.runtime.weight_forms import Int8Weight
 
     w = (torch.randn(1000, 64) * 0.05).bfloat16()
     if not Int8Weight.supported(w):
@@ -81,7 +82,7 @@ def test_linear_uses_the_chosen_kernel_per_row_count(monkeypatch: pytest.MonkeyP
 
 def test_int8_rows_are_batch_invariant_and_close_to_bf16():
     """Within the int8 kernel each row's output is the same whatever else is in the batch."""
-    from app.engine.runtime.linear import Int8Weight
+    from app.engine.runtime.weight_forms import Int8Weight
 
     w = (torch.randn(1000, 64) * 0.05).bfloat16()
     if not Int8Weight.supported(w):
@@ -99,7 +100,8 @@ def test_fp32_compute_runs_fp16_weights_batch_invariant_without_an_fp32_copy(mon
     weights instead of fp32 ones: fp32 activations, a row's numbers the same whatever the batch up
     to fp32 summation order (as with the dense fp32 GEMM), within fp32 rounding of the product with
     the fp16-rounded weight."""
-    from app.engine.runtime.linear import Fp16Weight, Linear
+    from app.engine.runtime.linear import Linear
+    from app.engine.runtime.weight_forms import Fp16Weight
     from app.kernels import cpu_qgemm
 
     monkeypatch.setenv(cpu_qgemm.ENABLE_ENV, "0")
