@@ -23,6 +23,39 @@
 
 #define KEY_CHUNK 32
 #define MAX_HEADS 128
+#define PREFETCH_CHUNKS 2  /* a chunk's keys and values are requested this many chunks ahead */
+
+/* The key and value lines of a chunk ahead, requested a few at a time from inside the current
+ * chunk's loops: requested all at once, hundreds of misses stall the loads queued behind them, and
+ * the memory's time adds to the arithmetic's instead of hiding under it. */
+struct prefetch {
+    const char *k, *v;     /* the pools, from the first element the heads read */
+    int64_t esize, bytes;  /* bytes of an element; of the heads' part of a key row */
+    const int64_t *off;    /* the chunk's row starts (elements) */
+    int n, j;              /* keys in the chunk; the next key to request */
+    int64_t e;             /* the next byte of key j to request */
+    int rate;              /* lines of each pool per step */
+};
+
+static inline void prefetch_step(struct prefetch *p) {
+    if (!p)
+        return;
+    for (int r = 0; r < p->rate && p->j < p->n; r++) {
+        _mm_prefetch(p->k + p->off[p->j] * p->esize + p->e, _MM_HINT_T0);
+        _mm_prefetch(p->v + p->off[p->j] * p->esize + p->e, _MM_HINT_T0);
+        if ((p->e += 64) >= p->bytes)
+            p->e = 0, p->j++;
+    }
+}
+
+/* Request n keys at `off`, spread over `steps` calls of prefetch_step (0: all at once). */
+static inline void prefetch_chunk(struct prefetch *p, const int64_t *off, int n, int steps) {
+    int64_t lines = (int64_t)n * ((p->bytes + 63) / 64);
+    p->off = off, p->n = n, p->j = 0, p->e = 0;
+    p->rate = steps > 0 ? (int)((lines + steps - 1) / steps) : (int)lines;
+    if (steps == 0)
+        prefetch_step(p);
+}
 
 /* The eight sums of a[0..7]'s lanes, as one vector. */
 static inline __m256 hsum8_ps(const __m256 *a) {
@@ -64,13 +97,14 @@ static inline float dot_pool(const float *q, const void *pool, int64_t i, int n,
  * stay in registers while the chunk's values stream past (adding into memory a key at a time
  * loaded and stored y once per key). Each element's fmas come in the same order either way. */
 static inline void weigh_values(float *y, const float *p, const void *pool, const int64_t *off, int64_t kv, int n,
-                                int d, int f16) {
+                                int d, int f16, struct prefetch *pf) {
     for (int e0 = 0; e0 < d; e0 += 64) {
         if (e0 + 64 <= d) {
             __m256 acc[8];
             for (int u = 0; u < 8; u++)
                 acc[u] = _mm256_loadu_ps(y + e0 + 8 * u);
             for (int j = 0; j < n; j++) {
+                prefetch_step(pf);
                 __m256 pj = _mm256_set1_ps(p[j]);
                 for (int u = 0; u < 8; u++)
                     acc[u] = _mm256_fmadd_ps(pj, load8(pool, off[j] + kv + e0 + 8 * u, f16), acc[u]);
@@ -101,6 +135,19 @@ static inline __m128 hsum4_ps(const __m256 *a) {
     return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
 }
 
+/* Elements e0 .. d of k heads' outputs (head sizes not a multiple of 32: the tail the pair and
+ * triple loops leave), each head as weigh_values weighs it. */
+static inline void weigh_values_tail(float **ys, const float **ps, int k, int e0, const void *pool,
+                                     const int64_t *off, int64_t kv, int n, int d, int f16) {
+    if (e0 >= d)
+        return;
+    int64_t rest[KEY_CHUNK];
+    for (int j = 0; j < n; j++)
+        rest[j] = off[j] + e0;
+    for (int h = 0; h < k; h++)
+        weigh_values(ys[h] + e0, ps[h], pool, rest, kv, n, d - e0, f16, NULL);
+}
+
 /* Scores (times `scale`) of two query heads that read the same KV head against keys j .. j+3:
  * each key vector is loaded (and widened from fp16) once for both. */
 static inline void scores_pair(const float *qa, const float *qb, const void *pool, const int64_t *off, int64_t kv,
@@ -123,13 +170,14 @@ static inline void scores_pair(const float *qa, const float *qb, const void *poo
 /* weigh_values for two query heads of one KV head: each value vector loaded once for both; every
  * element's fmas in the same order as weigh_values's. */
 static inline void weigh_values_pair(float *ya, float *yb, const float *pa, const float *pb, const void *pool,
-                                     const int64_t *off, int64_t kv, int n, int d, int f16) {
+                                     const int64_t *off, int64_t kv, int n, int d, int f16, struct prefetch *pf) {
     int e0 = 0;
     for (; e0 + 32 <= d; e0 += 32) {
         __m256 a[4], b[4];
         for (int u = 0; u < 4; u++)
             a[u] = _mm256_loadu_ps(ya + e0 + 8 * u), b[u] = _mm256_loadu_ps(yb + e0 + 8 * u);
         for (int j = 0; j < n; j++) {
+            prefetch_step(pf);
             __m256 wa = _mm256_set1_ps(pa[j]), wb = _mm256_set1_ps(pb[j]);
             for (int u = 0; u < 4; u++) {
                 __m256 v = load8(pool, off[j] + kv + e0 + 8 * u, f16);
@@ -140,12 +188,9 @@ static inline void weigh_values_pair(float *ya, float *yb, const float *pa, cons
         for (int u = 0; u < 4; u++)
             _mm256_storeu_ps(ya + e0 + 8 * u, a[u]), _mm256_storeu_ps(yb + e0 + 8 * u, b[u]);
     }
-    if (e0 < d) {
-        int64_t rest[KEY_CHUNK];
-        for (int j = 0; j < n; j++) rest[j] = off[j] + e0;
-        weigh_values(ya + e0, pa, pool, rest, kv, n, d - e0, f16);
-        weigh_values(yb + e0, pb, pool, rest, kv, n, d - e0, f16);
-    }
+    const float *ps[2] = {pa, pb};
+    float *ys[2] = {ya, yb};
+    weigh_values_tail(ys, ps, 2, e0, pool, off, kv, n, d, f16);
 }
 
 /* Scores (times `scale`) of three query heads that read the same KV head against keys j .. j+3:
@@ -174,7 +219,7 @@ static inline void scores_triple(const float *qa, const float *qb, const float *
  * three; every element's fmas in weigh_values's order. */
 static inline void weigh_values_triple(float *ya, float *yb, float *yc, const float *pa, const float *pb,
                                        const float *pc, const void *pool, const int64_t *off, int64_t kv, int n,
-                                       int d, int f16) {
+                                       int d, int f16, struct prefetch *pf) {
     int e0 = 0;
     for (; e0 + 32 <= d; e0 += 32) {
         __m256 a[4], b[4], c[4];
@@ -184,6 +229,7 @@ static inline void weigh_values_triple(float *ya, float *yb, float *yc, const fl
             c[u] = _mm256_loadu_ps(yc + e0 + 8 * u);
         }
         for (int j = 0; j < n; j++) {
+            prefetch_step(pf);
             __m256 wa = _mm256_broadcast_ss(pa + j), wb = _mm256_broadcast_ss(pb + j), wc = _mm256_broadcast_ss(pc + j);
             const int64_t o = off[j] + kv + e0;
             for (int u = 0; u < 4; u++) {
@@ -199,13 +245,9 @@ static inline void weigh_values_triple(float *ya, float *yb, float *yc, const fl
             _mm256_storeu_ps(yc + e0 + 8 * u, c[u]);
         }
     }
-    if (e0 < d) {
-        int64_t rest[KEY_CHUNK];
-        for (int j = 0; j < n; j++) rest[j] = off[j] + e0;
-        weigh_values(ya + e0, pa, pool, rest, kv, n, d - e0, f16);
-        weigh_values(yb + e0, pb, pool, rest, kv, n, d - e0, f16);
-        weigh_values(yc + e0, pc, pool, rest, kv, n, d - e0, f16);
-    }
+    const float *ps[3] = {pa, pb, pc};
+    float *ys[3] = {ya, yb, yc};
+    weigh_values_tail(ys, ps, 3, e0, pool, off, kv, n, d, f16);
 }
 
 /* How many of query heads h .. h1-1, from h on, read h's KV head, at most three: the heads taken
@@ -235,13 +277,15 @@ static inline void key_offsets(const int32_t *blocks, int block_size, int64_t ro
 /* The scores s[i][0..n) (times `scale`, softcapped) of query heads h0+i .. h0+i+k-1, which read one
  * KV head, against the chunk's keys. */
 static inline void chunk_scores(const float *q, int h0, int i, int k, int group, int d, const void *k_pool, int f16,
-                                const int64_t *off, int n, float scale, float softcap, float (*s)[KEY_CHUNK]) {
+                                const int64_t *off, int n, float scale, float softcap, float (*s)[KEY_CHUNK],
+                                struct prefetch *pf) {
     const int h = h0 + i;
     const float *qh = q + (int64_t)h * d;
     const int64_t kv = (int64_t)(h / group) * d;
     int j = 0;
     for (; k > 1 && j + 8 <= n; j += 8)  /* eights, as the lone head's path: the tail's bits are dot_pool's */
         for (int j4 = j; j4 < j + 8; j4 += 4) {
+            prefetch_step(pf);
             if (k == 3)
                 scores_triple(qh, qh + d, qh + 2 * d, k_pool, off + j4, kv, d, f16, scale, &s[i][j4], &s[i + 1][j4],
                               &s[i + 2][j4]);
@@ -250,6 +294,8 @@ static inline void chunk_scores(const float *q, int h0, int i, int k, int group,
         }
     if (k == 1)
         for (; j + 8 <= n; j += 8) {  /* eight keys' dot products side by side, summed at once */
+            prefetch_step(pf);
+            prefetch_step(pf);
             __m256 acc[8];
             for (int u = 0; u < 8; u++)
                 acc[u] = _mm256_setzero_ps();
@@ -308,34 +354,41 @@ static inline __attribute__((always_inline)) void attend(const float *q, float *
                                                          float *ml) {
     const int64_t esize = f16 ? 2 : 4;
     float m[MAX_HEADS], l[MAX_HEADS], s[MAX_HEADS][KEY_CHUNK];
-    int64_t offs[2][KEY_CHUNK];
-    int nh = h1 - h0;
+    int64_t offs[PREFETCH_CHUNKS + 1][KEY_CHUNK];  /* key row starts of this chunk and those requested */
+    int nh = h1 - h0, groups = 0;
+    for (int i = 0; i < nh; i += heads_sharing(h0 + i, h1, group))
+        groups++;
     const int64_t e_lo = (int64_t)(h0 / group) * d, e_hi = (int64_t)((h1 - 1) / group + 1) * d;
+    struct prefetch pf = {.k = (const char *)k_pool + e_lo * esize, .v = (const char *)v_pool + e_lo * esize,
+                          .esize = esize, .bytes = (e_hi - e_lo) * esize};
     for (int i = 0; i < nh; i++) {
         m[i] = -INFINITY;
         l[i] = 0.0f;
         memset(out + (int64_t)(h0 + i) * d, 0, sizeof(float) * d);
     }
-    key_offsets(blocks, block_size, row_stride, first, last - first + 1 < KEY_CHUNK ? (int)(last - first + 1) : KEY_CHUNK,
-                offs[0]);
-    for (int64_t c0 = first, c = 0; c0 <= last; c0 += KEY_CHUNK, c ^= 1) {
+    /* The first chunks' rows: the first is read now, the others requested at once (the rows lie
+     * scattered over the pool, beyond the hardware prefetcher's reach). */
+    for (int64_t a = 0, c1 = first; a < PREFETCH_CHUNKS && c1 <= last; a++, c1 += KEY_CHUNK) {
+        int n1 = last - c1 + 1 < KEY_CHUNK ? (int)(last - c1 + 1) : KEY_CHUNK;
+        key_offsets(blocks, block_size, row_stride, c1, n1, offs[a]);
+        if (a > 0)
+            prefetch_chunk(&pf, offs[a], n1, 0);
+    }
+    for (int64_t c0 = first, a = 0; c0 <= last; c0 += KEY_CHUNK, a++) {
         int n = last - c0 + 1 < KEY_CHUNK ? (int)(last - c0 + 1) : KEY_CHUNK;
-        const int64_t *off = offs[c];
-        /* The next chunk's key and value rows are requested now and arrive while this one is
-         * computed: the rows are scattered over the pool, beyond the hardware prefetcher's reach. */
-        int64_t c1 = c0 + KEY_CHUNK;
-        if (c1 <= last) {
-            int n1 = last - c1 + 1 < KEY_CHUNK ? (int)(last - c1 + 1) : KEY_CHUNK;
-            key_offsets(blocks, block_size, row_stride, c1, n1, offs[c ^ 1]);
-            for (int j = 0; j < n1; j++)
-                for (int64_t e = e_lo; e < e_hi; e += 64 / esize) {
-                    _mm_prefetch((const char *)k_pool + (offs[c ^ 1][j] + e) * esize, _MM_HINT_T0);
-                    _mm_prefetch((const char *)v_pool + (offs[c ^ 1][j] + e) * esize, _MM_HINT_T0);
-                }
+        const int64_t *off = offs[a % (PREFETCH_CHUNKS + 1)];
+        /* The chunk PREFETCH_CHUNKS ahead is requested a few lines per step of this one's loops. */
+        int64_t ca = c0 + PREFETCH_CHUNKS * KEY_CHUNK;
+        pf.n = 0;
+        if (ca <= last) {
+            int na = last - ca + 1 < KEY_CHUNK ? (int)(last - ca + 1) : KEY_CHUNK;
+            int64_t *oa = offs[(a + PREFETCH_CHUNKS) % (PREFETCH_CHUNKS + 1)];
+            key_offsets(blocks, block_size, row_stride, ca, na, oa);
+            prefetch_chunk(&pf, oa, na, groups * (n / 4 + n));
         }
         for (int i = 0, k; i < nh; i += k) {
             k = heads_sharing(h0 + i, h1, group);
-            chunk_scores(q, h0, i, k, group, d, k_pool, f16, off, n, scale, softcap, s);
+            chunk_scores(q, h0, i, k, group, d, k_pool, f16, off, n, scale, softcap, s, &pf);
         }
         for (int i = 0; i < nh; i++)
             chunk_softmax(s[i], n, &m[i], &l[i], out + (int64_t)(h0 + i) * d, d);
@@ -345,12 +398,14 @@ static inline __attribute__((always_inline)) void attend(const float *q, float *
             float *y = out + (int64_t)h * d;
             const int64_t kv = (int64_t)(h / group) * d;
             if (k == 3)
-                weigh_values_triple(y, y + d, y + 2 * d, s[i], s[i + 1], s[i + 2], v_pool, off, kv, n, d, f16);
+                weigh_values_triple(y, y + d, y + 2 * d, s[i], s[i + 1], s[i + 2], v_pool, off, kv, n, d, f16, &pf);
             else if (k == 2)
-                weigh_values_pair(y, y + d, s[i], s[i + 1], v_pool, off, kv, n, d, f16);
+                weigh_values_pair(y, y + d, s[i], s[i + 1], v_pool, off, kv, n, d, f16, &pf);
             else
-                weigh_values(y, s[i], v_pool, off, kv, n, d, f16);
+                weigh_values(y, s[i], v_pool, off, kv, n, d, f16, &pf);
         }
+        pf.rate = pf.n * (int)((pf.bytes + 63) / 64);  /* whatever the loops left, before its turn */
+        prefetch_step(&pf);
     }
     for (int i = 0; i < nh; i++) {
         if (ml) {  /* a partition's partials: unnormalized sums, their max and total weight */
@@ -377,10 +432,12 @@ struct row_plan {
     int64_t item;      /* its first work item */
 };
 
-/* Each row's sequence, positions and partitions; returns the partial slots needed. */
+/* Each row's sequence, positions and partitions; returns the partial slots needed, and the
+ * partitions of all rows in *parts. */
 static int64_t plan_rows(struct row_plan *rows, int64_t num_tokens, const int32_t *cu_seqlens_q,
-                         const int32_t *seq_lens, int num_seqs, int64_t window) {
+                         const int32_t *seq_lens, int num_seqs, int64_t window, int64_t *parts) {
     int64_t slots = 0;
+    *parts = 0;
     for (int sq = 0; sq < num_seqs; sq++)
         for (int64_t t = cu_seqlens_q[sq]; t < cu_seqlens_q[sq + 1] && t < num_tokens; t++) {
             struct row_plan *r = &rows[t];
@@ -390,6 +447,7 @@ static int64_t plan_rows(struct row_plan *rows, int64_t num_tokens, const int32_
             r->parts = (int)((r->last - r->first) / KEY_PARTITION) + 1;
             r->slot = r->parts > 1 ? slots : -1;
             slots += r->parts > 1 ? r->parts : 0;
+            *parts += r->parts;
         }
     return slots;
 }
@@ -415,15 +473,23 @@ static void merge_partitions(const struct row_plan *r, float *out, const float *
     scale_vec(out, 1.0f / total, d);
 }
 
+/* Parts to divide each row's query heads into: with fewer rows than threads and too few partitions
+ * to spread over them, enough that a batch of one decode still spreads over the threads; else 1
+ * (whole pool rows per work item). The split never changes a number. */
+static int head_splits(int64_t num_tokens, int64_t parts, int heads, int threads) {
+    if (num_tokens >= threads || parts >= 2 * (int64_t)threads)
+        return 1;
+    int64_t per_row = (threads + num_tokens - 1) / num_tokens;
+    return per_row < heads ? (int)per_row : heads;
+}
+
 /* Returns 0, or -1 when the partitions' scratch cannot be allocated (nothing written then).
- * Work items are (query row, partition, part of the heads): `splits` parts divide a row's query
- * heads when there are too few partitions to spread over the threads otherwise, so a batch of one
- * decode still spreads over them. The pools hold fp32, or fp16 when `f16`. `window` 0: none;
- * `softcap` 0: none. */
+ * Work items are (query row, partition, part of the heads: head_splits). The pools hold fp32, or
+ * fp16 when `f16`. `window` 0: none; `softcap` 0: none. */
 int paged_attention(const float *q, float *out, int64_t num_tokens, int heads, int kv_heads, int d,
                          const void *k_cache, const void *v_cache, int f16, int block_size, const int32_t *block_table,
                          int64_t max_blocks, const int32_t *cu_seqlens_q, const int32_t *seq_lens, int num_seqs,
-                         float scale, int64_t window, float softcap, int splits, int threads) {
+                         float scale, int64_t window, float softcap, int threads) {
     if (cu_seqlens_q[num_seqs] < num_tokens)  /* padding rows past the last sequence: left as they are */
         num_tokens = cu_seqlens_q[num_seqs];
     if (num_tokens <= 0)
@@ -433,11 +499,8 @@ int paged_attention(const float *q, float *out, int64_t num_tokens, int heads, i
     struct row_plan *rows = malloc(sizeof(struct row_plan) * num_tokens);
     if (!rows)
         return -1;
-    int64_t slots = plan_rows(rows, num_tokens, cu_seqlens_q, seq_lens, num_seqs, window), parts = 0;
-    for (int64_t t = 0; t < num_tokens; t++)
-        parts += rows[t].parts;
-    if (parts >= 2 * (int64_t)threads)
-        splits = 1;  /* enough partitions: whole rows of the pool per item */
+    int64_t parts, slots = plan_rows(rows, num_tokens, cu_seqlens_q, seq_lens, num_seqs, window, &parts);
+    const int splits = head_splits(num_tokens, parts, heads, threads);
     int64_t items = 0;
     for (int64_t t = 0; t < num_tokens; t++) {
         rows[t].item = items;

@@ -32,7 +32,7 @@ def _library() -> ctypes.CDLL | None:
     i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
     return cpu_build.load({
         "paged_attention": [ptr, ptr, i64, i32, i32, i32, ptr, ptr, i32, i32, ptr, i64, ptr, ptr, i32, f32, i64, f32,
-                            i32, i32],
+                            i32],
         "store_kv": [ptr, ptr, ptr, i64, i64, ptr, ptr, i32],
         "rope_store_kv": [ptr, i64, i32, i32, i32, ptr, f32, ptr, ptr, i32, ptr, ptr, ptr, ptr, i32],
     }, restypes={"paged_attention": ctypes.c_int})
@@ -58,12 +58,6 @@ def takes(device: torch.device, dtype: torch.dtype, cache_dtype: torch.dtype, he
     hold (a multiple of 16, at most 512), the library built and not turned off."""
     return (device.type == "cpu" and dtype == torch.float32 and cache_dtype in CACHE_DTYPES
             and head_dim % 16 == 0 and head_dim <= 512 and heads <= _MAX_HEADS and available())
-
-
-def head_splits(num_tokens: int, heads: int, threads: int) -> int:
-    """Parts the kernel divides each row's query heads into: with fewer rows than threads, enough
-    that a batch of one decode still spreads over the threads."""
-    return min(heads, -(-threads // num_tokens)) if 0 < num_tokens < threads else 1
 
 
 def int64_slots(slot_mapping: torch.Tensor) -> torch.Tensor:
@@ -111,14 +105,12 @@ def unified_attention(
     kv_heads = k_cache.shape[2]
     cu, lens, table = int32_metadata(meta)
     threads = torch.get_num_threads()
-    # Fewer rows than threads: divide each row's query heads among them.
-    splits = head_splits(num_tokens, heads, threads)
     q = q.contiguous()
     target = out if out.is_contiguous() else torch.empty_like(q)
     failed = _library().paged_attention(
         q.data_ptr(), target.data_ptr(), num_tokens, heads, kv_heads, head_dim, k_cache.data_ptr(),
         v_cache.data_ptr(), k_cache.dtype == torch.float16, k_cache.shape[1], table.data_ptr(), table.shape[1],
-        cu.data_ptr(), lens.data_ptr(), meta.num_seqs, scale, sliding_window or 0, softcap or 0.0, splits, threads,
+        cu.data_ptr(), lens.data_ptr(), meta.num_seqs, scale, sliding_window or 0, softcap or 0.0, threads,
     )
     if failed:
         raise MemoryError(f"no memory for the attention's scratch over {num_tokens} rows")

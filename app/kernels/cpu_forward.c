@@ -32,7 +32,7 @@ typedef struct {
 
 typedef struct {
     int64_t M, hidden, heads, kv_heads, head_dim, ffn, block_size;
-    int64_t act, neox, f16, threads, splits;
+    int64_t act, neox, f16, threads;
     float eps, scale;
     const float *cos[MAX_ROPES], *sin[MAX_ROPES];
     const meta_desc *metas; /* one per KV cache group */
@@ -62,8 +62,7 @@ int forward_layers(const layer_desc *layers, int64_t n, const step_desc *s) {
                       (int)s->f16);
         if (paged_attention(s->q, s->attn, M, (int)s->heads, (int)s->kv_heads, (int)s->head_dim, L->k_cache,
                             L->v_cache, (int)s->f16, (int)s->block_size, m->block_table, m->max_blocks,
-                            m->cu_seqlens_q, m->seq_lens, (int)m->num_seqs, s->scale, L->window, 0.0f, (int)s->splits,
-                            (int)s->threads))
+                            m->cu_seqlens_q, m->seq_lens, (int)m->num_seqs, s->scale, L->window, 0.0f, (int)s->threads))
             return -1;
         if (qgemm(L->o, s->attn, M, s->h, (int)s->threads))
             return -1;

@@ -12,7 +12,7 @@ import functools
 import torch
 
 from app.kernels import cpu_build, cpu_ops
-from app.kernels.cpu_attention import head_splits, int32_metadata, int64_slots
+from app.kernels.cpu_attention import int32_metadata, int64_slots
 from app.kernels.cpu_qgemm import Q4Weight, Q6Weight, Q8Weight
 from app.kernels.kv_cache import KVCacheLayer
 from app.kernels.metadata import AttentionMetadata
@@ -34,7 +34,7 @@ class _Layer(ctypes.Structure):
 
 class _Step(ctypes.Structure):
     _fields_ = [(name, _i64) for name in ("M", "hidden", "heads", "kv_heads", "head_dim", "ffn", "block_size", "act",
-                                         "neox", "f16", "threads", "splits")] + [
+                                         "neox", "f16", "threads")] + [
         ("eps", _f32), ("scale", _f32), ("cos", _ptr * MAX_ROPES), ("sin", _ptr * MAX_ROPES), ("metas", _ptr)] + [
         (name, _ptr) for name in ("x", "h", "normed", "qkv", "q", "attn", "gate_up", "act_out")]
 
@@ -116,8 +116,7 @@ class OneCallLayers:
         step = _Step(M=m, hidden=cfg.hidden_size, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
                      head_dim=cfg.head_dim, ffn=self.ffn, block_size=kv_caches[0].k.shape[1],
                      act=cpu_ops.GLU_ACTIVATIONS[cfg.hidden_act], neox=self.layers[0].rope.style == "neox",
-                     f16=kv_caches[0].k.dtype == torch.float16, threads=threads,
-                     splits=head_splits(m, cfg.num_heads, threads), eps=cfg.rms_norm_eps,
+                     f16=kv_caches[0].k.dtype == torch.float16, threads=threads, eps=cfg.rms_norm_eps,
                      scale=cfg.attn_scale, metas=ctypes.addressof(metas_c), **pointers)
         for i, rope in enumerate(self.ropes):
             cos, sin = (t.contiguous() for t in tables[rope])

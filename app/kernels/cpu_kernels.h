@@ -24,7 +24,7 @@ int qgemm(const qweight *w, const float *x, int64_t M, float *y, int nthreads);
 int paged_attention(const float *q, float *out, int64_t num_tokens, int heads, int kv_heads, int d,
                     const void *k_cache, const void *v_cache, int f16, int block_size, const int32_t *block_table,
                     int64_t max_blocks, const int32_t *cu_seqlens_q, const int32_t *seq_lens, int num_seqs,
-                    float scale, int64_t window, float softcap, int splits, int threads);
+                    float scale, int64_t window, float softcap, int threads);
 void rope_store_kv(const float *qkv, int64_t num_tokens, int heads, int kv_heads, int d, const float *norm_w,
                    float eps, const float *cos, const float *sin, int neox, float *q_out, const int64_t *slots,
                    void *k_cache, void *v_cache, int f16);
