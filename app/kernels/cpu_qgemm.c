@@ -1,10 +1,10 @@
 /* Weight-quantized GEMM for x86 CPUs with AVX2, FMA and F16C (llama.cpp's way of multiplying on
- * the CPU): a decode step reads 5 (q4), 6 (q5), 7 (q6) or 8.5 (q8) bits a weight.
+ * the CPU): a decode step reads 5 (q4), 6 (q5), 6.5625 (q6) or 8.5 (q8) bits a weight.
  *
  * y[M, N] = x[M, K] @ W[N, K]^T with W stored in groups of 32 along K:
  *   q4: w = d * level + m, level 0..15, d and m fp16 per group (a Q4_1 block's numbers);
  *   q5: the same with levels 0..31 (Q5_0 / Q5_1 blocks);
- *   q6: w = d * sc * (level - 32), level 0..63, sc int8 per 16 weights, d fp16 per group (Q6_K);
+ *   q6: w = d * sc * (level - 32), level 0..63, sc int8 per 16 weights, d fp16 per 8 groups (Q6_K);
  *   q8: w = d * level, level -127..127 (int8), d fp16 per group.
  * The weights come in tiles of 8 rows, interleaved so that a tile is read front to back (the
  * hardware prefetcher then streams it) and so that each row's partial dot product lands in its own

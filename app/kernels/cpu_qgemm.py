@@ -240,19 +240,37 @@ class Q5Weight(Q4Weight):
         return super().nbytes + self.qh.numel()
 
 
+Q6_BLOCK = 256  # weights per Q6_K block: one d each
+
+
+def _block_d(d: torch.Tensor) -> torch.Tensor:
+    """Per-group d `[n, G]` as one fp16 per block of 8 groups `[n, G / 8]`; a ValueError if it is
+    not the same over each block (not a Q6_K tensor's)."""
+    n, groups = d.shape
+    per = Q6_BLOCK // GROUP
+    if groups % per:
+        raise ValueError(f"a Q6_K matrix's rows are whole blocks of {Q6_BLOCK}, not {groups * GROUP}")
+    blocks = d.reshape(n, groups // per, per)
+    if not torch.equal(blocks, blocks[..., :1].expand_as(blocks)):
+        raise ValueError("a Q6_K matrix's d differs within a block of 256 weights")
+    return blocks[..., 0].to(torch.float16)
+
+
 class Q6Weight(_GroupWeight):
     """A Q6_K tensor at its own bits: w = d * sc * (level - 32), level 0..63, an int8 sub-scale `sc`
-    per 16 weights and d (fp16) per group of 32 (a Q6_K block's d, repeated): 7 bits a weight (8.5
+    per 16 weights and d (fp16) per block of 256 (Q6_K's): 6.5625 bits a weight as in the file (8.5
     as 8-bit groups), and exact. Laid out for the kernel: `qs [tiles, G, 192]` bytes, q4's 128
     bytes of low nibbles then 64 of the top two bits (vector s // 2, byte 4j+b, bits 2k..2k+1 with
-    k = 2 (s % 2) + p: row j's level 16p+4s+b); `sc [tiles, G, 8, 2]`; d tiled as `tile_rows`."""
+    k = 2 (s % 2) + p: row j's level 16p+4s+b); `sc [tiles, G, 8, 2]`; d `[tiles, G / 8, 8]`, tiled
+    as `tile_rows`."""
 
     name = "q6"
 
     _TENSORS = ("qs", "sc", "d")
 
     def __init__(self, levels: torch.Tensor, scales: torch.Tensor, d: torch.Tensor) -> None:
-        """levels uint8 `[n, k]` (0..63), scales int8 `[n, k / 16]`, d `[n, k / 32]`."""
+        """levels uint8 `[n, k]` (0..63), scales int8 `[n, k / 16]`, d `[n, k / 32]`, the same over
+        each 8 groups (a block's d: k a multiple of 256)."""
         n, k = levels.shape
         levels = levels.to(torch.uint8)
         g = levels.view(n, k // GROUP, 2, GROUP // 2)
@@ -277,7 +295,7 @@ class Q6Weight(_GroupWeight):
         packed = _or_shifted(fields.flatten(-2), 2).reshape(-1, groups, 64)
         self.qs = torch.cat((low, packed), -1).contiguous()
         self.sc = tile_rows(scales.to(torch.int8).view(n, groups, 2).flatten(1).view(torch.int16)).view(torch.int8)
-        self.d = tile_rows(d.to(torch.float16))
+        self.d = tile_rows(_block_d(d))
         self._describe()
 
     def levels(self, ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -295,7 +313,7 @@ class Q6Weight(_GroupWeight):
         return _tile_at(self.sc.view(torch.int16), ids).view(torch.int8).view(len(ids), -1)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        d = _tile_at(self.d, ids).float().repeat_interleave(2, -1)  # per 16
+        d = _tile_at(self.d, ids).float().repeat_interleave(Q6_BLOCK // 16, -1)  # per 16
         w = (self.levels(ids).float() - 32).view(len(ids), -1, 16)
         return (w * (d * self.scales(ids).float()).unsqueeze(-1)).view(-1, self.in_features)
 

@@ -205,7 +205,8 @@ ALWAYS_INLINE void QG(tile_in)(const gemm_args *a, int64_t t, int64_t r, const i
     const int64_t wbytes = fmt == QG_Q8 ? TILE * 32 : fmt == QG_Q6 ? TILE * 24 : TILE * 16; /* a group's bytes */
     const char *w = (const char *)a->qs + t * G * wbytes;
     const uint8_t *qh = fmt == QG_Q5 ? a->qh + t * G * 32 : NULL;
-    const uint16_t *dt = a->d + t * G * TILE, *mt = fmt == QG_Q8 || fmt == QG_Q6 ? NULL : a->m + t * G * TILE;
+    const int dshift = fmt == QG_Q6 ? 3 : 0; /* q6: one d per block of 8 groups (Q6_K's 256 weights) */
+    const uint16_t *dt = a->d + t * (G >> dshift) * TILE, *mt = fmt == QG_Q8 || fmt == QG_Q6 ? NULL : a->m + t * G * TILE;
     const int8_t *sc = fmt == QG_Q6 ? a->sc + t * G * 16 : NULL;
     const int8_t *xg = a->xq + x_at(r, K);
     const float *xd = a->xd + tab_at(r, G), *xs = a->xs + tab_at(r, G);
@@ -217,7 +218,8 @@ ALWAYS_INLINE void QG(tile_in)(const gemm_args *a, int64_t t, int64_t r, const i
             __m256i dots[R];
             QG(group_dots)(fmt, w + g * wbytes, qh ? qh + g * 32 : NULL, sc ? sc + g * 16 : NULL, xg + g * 32 * TILE,
                            xb + g * TILE, R, dots);
-            QG(scale_group)(dots, dt + g * TILE, mt ? mt + g * TILE : NULL, xd + g * TILE, xs + g * TILE, R, acc, mac);
+            QG(scale_group)(dots, dt + (g >> dshift) * TILE, mt ? mt + g * TILE : NULL, xd + g * TILE, xs + g * TILE, R,
+                            acc, mac);
         }
     } else {
         __m256i dots[QG_CHUNK][R];
@@ -232,7 +234,7 @@ ALWAYS_INLINE void QG(tile_in)(const gemm_args *a, int64_t t, int64_t r, const i
                 const int n = R - i0 < 4 ? R - i0 : 4;
                 for (int c = 0; c < gn; c++) {
                     const int64_t g = g0 + c;
-                    QG(scale_group)(dots[c] + i0, dt + g * TILE, mt ? mt + g * TILE : NULL, xd + g * TILE + i0,
+                    QG(scale_group)(dots[c] + i0, dt + (g >> dshift) * TILE, mt ? mt + g * TILE : NULL, xd + g * TILE + i0,
                                     xs + g * TILE + i0, n, acc + i0, mac + i0);
                 }
             }

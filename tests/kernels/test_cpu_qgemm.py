@@ -39,11 +39,25 @@ def _q5(n: int = 96, k: int = 128, seed: int = 0) -> Q5Weight:
 
 
 def _q6(n: int = 96, k: int = 128, seed: int = 0) -> Q6Weight:
+    """Q6_K rows are whole blocks of 256: k's groups become as many blocks (96: an odd number)."""
     g = torch.Generator().manual_seed(seed)
+    k = k // 32 * 256
     levels = torch.randint(0, 64, (n, k), generator=g).to(torch.uint8)
     levels[:, 0], levels[:, 1] = 0, 63
     scales = torch.randint(-128, 128, (n, k // 16), generator=g).to(torch.int8)
-    return Q6Weight(levels, scales, torch.rand(n, k // 32, generator=g) * 1e-3 + 1e-4)
+    d = torch.rand(n, k // 256, generator=g) * 1e-3 + 1e-4
+    return Q6Weight(levels, scales, d.repeat_interleave(8, -1))
+
+
+def test_q6_holds_one_d_a_block_and_refuses_what_is_not_q6_k():
+    w = _q6(24, 96)
+    assert w.d.shape == (3, 3, 8)  # [tiles, blocks, rows]: one fp16 per 256 weights, as the file
+    assert w.nbytes * 8 / (24 * 768) == 6.5625
+    levels, scales = torch.zeros(8, 256, dtype=torch.uint8), torch.ones(8, 16, dtype=torch.int8)
+    with pytest.raises(ValueError, match="differs within a block"):
+        Q6Weight(levels, scales, torch.arange(8.0).repeat(8, 1))
+    with pytest.raises(ValueError, match="whole blocks of 256"):
+        Q6Weight(levels[:, :128], scales[:, :8], torch.ones(8, 4))
 
 
 def _q8(n: int = 96, k: int = 128, seed: int = 0) -> Q8Weight:
@@ -140,7 +154,7 @@ def test_a_q6_k_tensor_keeps_its_own_bits():
     lin = Linear(weight, grid=form)
     assert isinstance(lin.packed, Q6Weight) and lin.weight is None
     assert torch.equal(lin.packed.dequantize_ref(), weight)
-    assert lin.packed.nbytes * 8 / weight.numel() == 7.0
+    assert lin.packed.nbytes * 8 / weight.numel() == 6.5625  # as the file: d once per 256
     x = torch.randn(5, 256)
     want = (fake_quantize(x).double() @ weight.double().T).float()
     assert (lin(x) - want).abs().max() <= 1e-6 * want.abs().max()
