@@ -3,6 +3,8 @@
  *
  * y[M, N] = x[M, K] @ W[N, K]^T with W stored in groups of 32 along K:
  *   q4: w = d * level + m, level 0..15, d and m fp16 per group (a Q4_1 block's numbers);
+ *   q4k: the same with d = d' * scale and m = m' * min, d' and m' fp16 per 8 groups, scale and min
+ *        0..63 per group (Q4_K's numbers: the products are exact in fp32);
  *   q5: the same with levels 0..31 (Q5_0 / Q5_1 blocks);
  *   q6: w = d * sc * (level - 32), level 0..63, sc int8 per 16 weights, d fp16 per 8 groups (Q6_K);
  *   q8: w = d * level, level -127..127 (int8), d fp16 per group.
@@ -88,8 +90,9 @@ typedef struct {
     int8_t *xq;            /* activation levels, rows interleaved in blocks of 8: see x_at */
     float *xd, *xs;        /* activation scales, and scale * level sums: [M/8][G][8] */
     int32_t *xb;           /* the level sums of each group's two halves, int16 each: [M/8][G][8] */
-    const int8_t *sc;      /* q6's sub-scales; NULL for the others */
+    const int8_t *sc;      /* q6's sub-scales, q4k's scales and mins; NULL for the others */
     float *y;
+    int fmt;               /* QG_Q8 .. QG_Q4K */
 } gemm_args;
 
 static inline __m256 load_ph(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
@@ -242,7 +245,7 @@ int qgemm(const qweight *w, const float *x, int64_t M, float *y, int nthreads) {
     if (!buf)
         return -1;
     gemm_args a = {M, w->K, G, w->N, w->qs, w->d, w->m, w->qh, (int8_t *)buf, (float *)(buf + levels),
-                   (float *)(buf + levels + table), (int32_t *)(buf + levels + 2 * table), w->sc, y};
+                   (float *)(buf + levels + table), (int32_t *)(buf + levels + 2 * table), w->sc, y, (int)w->fmt};
     run_gemm(&a, x, nthreads, qgemm_isa() == ISA_VNNI ? tile_rows_vnni : tile_rows_avx2);
     return 0;
 }

@@ -82,7 +82,10 @@ class _QWeight(ctypes.Structure):
     """The kernel's `qweight`: a matrix's shape and tensors, passed as one pointer a call."""
 
     _fields_ = [("K", ctypes.c_int64), ("N", ctypes.c_int64), ("qs", ctypes.c_void_p), ("d", ctypes.c_void_p),
-                ("m", ctypes.c_void_p), ("qh", ctypes.c_void_p), ("sc", ctypes.c_void_p)]
+                ("m", ctypes.c_void_p), ("qh", ctypes.c_void_p), ("sc", ctypes.c_void_p), ("fmt", ctypes.c_int64)]
+
+
+FORMATS = {"q8": 0, "q4": 1, "q5": 2, "q6": 3, "q4k": 4}  # each form's name -> cpu_kernels.h's QG_* code
 
 
 def fake_quantize(x: torch.Tensor) -> torch.Tensor:
@@ -131,7 +134,7 @@ class _GroupWeight(abc.ABC):
         """The C side's view of this matrix (again whenever its tensors move)."""
         m, qh, sc = (getattr(self, name, None) for name in ("m", "qh", "sc"))
         self._desc = _QWeight(self.in_features, self.out_features, self.qs.data_ptr(), self.d.data_ptr(),
-                              *(None if t is None else t.data_ptr() for t in (m, qh, sc)))
+                              *(None if t is None else t.data_ptr() for t in (m, qh, sc)), FORMATS[self.name])
         self._desc_ptr = ctypes.addressof(self._desc)
 
     @abc.abstractmethod
@@ -210,6 +213,58 @@ class Q4Weight(_GroupWeight):
         return self.qs.numel() + 2 * self.d.numel() * 2
 
 
+K_BLOCK = 256  # weights per k-quant block (Q4_K, Q6_K): one d each
+
+
+class Q4KWeight(Q4Weight):
+    """A Q4_K tensor at its own numbers: w = (d * scale) * level - (dmin * min) per group of 32, d
+    and dmin fp16 per block of 256 (8 groups), scale and min 0..63 per group: 4.625 bits a weight
+    (the file's 4.5 packs the 6-bit pairs tighter), and exact, where `Q4Weight`'s fp16 step and low
+    per group would round the products. Laid out as `Q4Weight`'s nibbles; `sc [tiles, G, 2, 8]`
+    uint8 (a tile's 8 scales, then its 8 mins); d and -dmin `[tiles, G / 8, 8]` as `tile_rows`."""
+
+    name = "q4k"
+
+    _TENSORS = ("qs", "d", "m", "sc")
+
+    def __init__(self, levels: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, scales: torch.Tensor,
+                 mins: torch.Tensor) -> None:
+        """levels `[n, k]` (0..15), d and dmin `[n, k / 256]`, scales and mins `[n, k / 32]` (0..63)."""
+        n, k = levels.shape
+        g = levels.view(n, k // GROUP, 2, GROUP // 2).to(torch.uint8)
+        self._pack_k(g[:, :, 0] | (g[:, :, 1] << 4), d, dmin, scales, mins)
+
+    @staticmethod
+    def from_nibbles(nibbles: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, scales: torch.Tensor,
+                     mins: torch.Tensor) -> Q4KWeight:
+        """From levels two a byte (`nibbles [n, k / 2]`, as `Q4Weight.from_nibbles`)."""
+        self = Q4KWeight.__new__(Q4KWeight)
+        self._pack_k(nibbles.view(nibbles.shape[0], -1, GROUP // 2), d, dmin, scales, mins)
+        return self
+
+    def _pack_k(self, nibbles: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, scales: torch.Tensor,
+                mins: torch.Tensor) -> None:
+        n, groups = nibbles.shape[:2]
+        if groups % (K_BLOCK // GROUP) or d.shape != (n, groups * GROUP // K_BLOCK) or d.shape != dmin.shape:
+            raise ValueError(f"a Q4_K matrix's rows are whole blocks of {K_BLOCK} with one d and dmin each")
+        self.out_features, self.in_features, self.groups = n, groups * GROUP, groups
+        self.qs = _lanes(nibbles, 4)
+        self.d = tile_rows(d.to(torch.float16))
+        self.m = tile_rows((-dmin).to(torch.float16))
+        self.sc = tile_rows(torch.stack((scales, mins), -1).to(torch.uint8).flatten(1))
+        self._describe()
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        d, m = (_tile_at(t, ids).float().repeat_interleave(K_BLOCK // GROUP, -1) for t in (self.d, self.m))
+        pairs = _tile_at(self.sc, ids).view(len(ids), self.groups, 2).float()
+        step, low = d * pairs[..., 0], m * pairs[..., 1]
+        return (self.levels(ids).float() * step.unsqueeze(-1) + low.unsqueeze(-1)).view(-1, self.in_features)
+
+    @property
+    def nbytes(self) -> int:
+        return self.qs.numel() + 2 * (self.d.numel() + self.m.numel()) + self.sc.numel()
+
+
 class Q5Weight(Q4Weight):
     """w = d * level + m per group of 32 with levels 0..31 (Q5_0 / Q5_1 blocks: d and m fp16), 6
     bits a weight: `Q4Weight`'s nibbles plus the 5th bits, `qh [tiles, G, 32]`: byte 4j+b, bit
@@ -240,16 +295,13 @@ class Q5Weight(Q4Weight):
         return super().nbytes + self.qh.numel()
 
 
-Q6_BLOCK = 256  # weights per Q6_K block: one d each
-
-
 def _block_d(d: torch.Tensor) -> torch.Tensor:
     """Per-group d `[n, G]` as one fp16 per block of 8 groups `[n, G / 8]`; a ValueError if it is
     not the same over each block (not a Q6_K tensor's)."""
     n, groups = d.shape
-    per = Q6_BLOCK // GROUP
+    per = K_BLOCK // GROUP
     if groups % per:
-        raise ValueError(f"a Q6_K matrix's rows are whole blocks of {Q6_BLOCK}, not {groups * GROUP}")
+        raise ValueError(f"a Q6_K matrix's rows are whole blocks of {K_BLOCK}, not {groups * GROUP}")
     blocks = d.reshape(n, groups // per, per)
     if not torch.equal(blocks, blocks[..., :1].expand_as(blocks)):
         raise ValueError("a Q6_K matrix's d differs within a block of 256 weights")
@@ -313,7 +365,7 @@ class Q6Weight(_GroupWeight):
         return _tile_at(self.sc.view(torch.int16), ids).view(torch.int8).view(len(ids), -1)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        d = _tile_at(self.d, ids).float().repeat_interleave(Q6_BLOCK // 16, -1)  # per 16
+        d = _tile_at(self.d, ids).float().repeat_interleave(K_BLOCK // 16, -1)  # per 16
         w = (self.levels(ids).float() - 32).view(len(ids), -1, 16)
         return (w * (d * self.scales(ids).float()).unsqueeze(-1)).view(-1, self.in_features)
 

@@ -148,19 +148,31 @@ ALWAYS_INLINE void QG(q8_dots)(const int8_t *w, const int8_t *x, const int R, __
     }
 }
 
+/* A group's weight scales d[n, g] and minimums m[n, g] for a tile's 8 rows: fp16 per group, or
+ * (q4k) an fp16 per block of 8 groups times the group's 0..63 scale and min, exact in fp32. */
+ALWAYS_INLINE void QG(group_scales)(const int fmt, const uint16_t *dt, const uint16_t *mt, const int8_t *sct,
+                                    const int64_t g, __m256 *dv, __m256 *mv) {
+    if (fmt == QG_Q4K) {
+        const __m128i sm = _mm_loadu_si128((const __m128i *)(sct + g * 16)); /* 8 scales, then 8 mins */
+        *dv = _mm256_mul_ps(load_ph(dt + (g >> 3) * TILE), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
+        *mv = _mm256_mul_ps(load_ph(mt + (g >> 3) * TILE),
+                            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
+        return;
+    }
+    *dv = load_ph(dt + (fmt == QG_Q6 ? g >> 3 : g) * TILE); /* q6: one d per block of 8 groups (Q6_K's) */
+    *mv = mt ? load_ph(mt + g * TILE) : _mm256_setzero_ps();
+}
+
 /* Every output y[r, n] is, over the groups g in order,
  *     acc = fma(d[n, g] * xd[r, g], (float)dot(w[n, g], x[r, g]), acc)
- *     mac = fma(m[n, g], xs[r, g], mac)            (q4 and q5: m != NULL)
+ *     mac = fma(m[n, g], xs[r, g], mac)            (q4, q4k and q5: with minimums)
  * and then acc + mac, in lane n % 8 of a tile. This is that float half for one group of R rows. */
-ALWAYS_INLINE void QG(scale_group)(const __m256i *dots, const uint16_t *d, const uint16_t *m, const float *xd,
-                                   const float *xs, const int R, __m256 *acc, __m256 *mac) {
-    const __m256 dv = load_ph(d);
+ALWAYS_INLINE void QG(scale_group)(const __m256i *dots, const __m256 dv, const __m256 mv, const int has_m,
+                                   const float *xd, const float *xs, const int R, __m256 *acc, __m256 *mac) {
     for (int i = 0; i < R; i++)
         acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(xd[i])), _mm256_cvtepi32_ps(dots[i]), acc[i]);
-    if (m) {
-        const __m256 mv = load_ph(m);
+    if (has_m)
         for (int i = 0; i < R; i++) mac[i] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xs[i]), mac[i]);
-    }
 }
 
 ALWAYS_INLINE void QG(store_tile)(const gemm_args *a, int64_t t, int64_t r, const int R, const __m256 *acc,
@@ -172,10 +184,6 @@ ALWAYS_INLINE void QG(store_tile)(const gemm_args *a, int64_t t, int64_t r, cons
     }
 }
 
-#ifndef QG_FORMATS_DEFINED
-#define QG_FORMATS_DEFINED
-enum { QG_Q8, QG_Q4, QG_Q5, QG_Q6 }; /* a matrix's format: a constant in each copy of the tile loops */
-#endif
 
 /* A group's integer dots for R rows: q4 / q5 unpack the group once for all of them. */
 ALWAYS_INLINE void QG(group_dots)(const int fmt, const void *w, const uint8_t *qh, const int8_t *sc, const int8_t *x,
@@ -205,9 +213,10 @@ ALWAYS_INLINE void QG(tile_in)(const gemm_args *a, int64_t t, int64_t r, const i
     const int64_t wbytes = fmt == QG_Q8 ? TILE * 32 : fmt == QG_Q6 ? TILE * 24 : TILE * 16; /* a group's bytes */
     const char *w = (const char *)a->qs + t * G * wbytes;
     const uint8_t *qh = fmt == QG_Q5 ? a->qh + t * G * 32 : NULL;
-    const int dshift = fmt == QG_Q6 ? 3 : 0; /* q6: one d per block of 8 groups (Q6_K's 256 weights) */
-    const uint16_t *dt = a->d + t * (G >> dshift) * TILE, *mt = fmt == QG_Q8 || fmt == QG_Q6 ? NULL : a->m + t * G * TILE;
-    const int8_t *sc = fmt == QG_Q6 ? a->sc + t * G * 16 : NULL;
+    const int blocked = fmt == QG_Q6 || fmt == QG_Q4K, has_m = fmt != QG_Q8 && fmt != QG_Q6;
+    const int64_t GS = blocked ? G >> 3 : G; /* scale entries a tile: q6 and q4k per block of 8 groups */
+    const uint16_t *dt = a->d + t * GS * TILE, *mt = has_m ? a->m + t * GS * TILE : NULL;
+    const int8_t *sc = blocked ? a->sc + t * G * 16 : NULL;
     const int8_t *xg = a->xq + x_at(r, K);
     const float *xd = a->xd + tab_at(r, G), *xs = a->xs + tab_at(r, G);
     const int32_t *xb = a->xb + tab_at(r, G);
@@ -216,26 +225,29 @@ ALWAYS_INLINE void QG(tile_in)(const gemm_args *a, int64_t t, int64_t r, const i
     if (R <= QG_FUSED_ROWS) {
         for (int64_t g = 0; g < G; g++) {
             __m256i dots[R];
+            __m256 dv, mv;
             QG(group_dots)(fmt, w + g * wbytes, qh ? qh + g * 32 : NULL, sc ? sc + g * 16 : NULL, xg + g * 32 * TILE,
                            xb + g * TILE, R, dots);
-            QG(scale_group)(dots, dt + (g >> dshift) * TILE, mt ? mt + g * TILE : NULL, xd + g * TILE, xs + g * TILE, R,
-                            acc, mac);
+            QG(group_scales)(fmt, dt, mt, sc, g, &dv, &mv);
+            QG(scale_group)(dots, dv, mv, has_m, xd + g * TILE, xs + g * TILE, R, acc, mac);
         }
     } else {
         __m256i dots[QG_CHUNK][R];
+        __m256 dvs[QG_CHUNK], mvs[QG_CHUNK];
         for (int64_t g0 = 0; g0 < G; g0 += QG_CHUNK) {
             const int gn = G - g0 < QG_CHUNK ? (int)(G - g0) : QG_CHUNK;
             for (int c = 0; c < gn; c++) {
                 const int64_t g = g0 + c;
                 QG(group_dots)(fmt, w + g * wbytes, qh ? qh + g * 32 : NULL, sc ? sc + g * 16 : NULL,
                                xg + g * 32 * TILE, xb + g * TILE, R, dots[c]);
+                QG(group_scales)(fmt, dt, mt, sc, g, &dvs[c], &mvs[c]);
             }
             for (int i0 = 0; i0 < R; i0 += 4) {
                 const int n = R - i0 < 4 ? R - i0 : 4;
                 for (int c = 0; c < gn; c++) {
                     const int64_t g = g0 + c;
-                    QG(scale_group)(dots[c] + i0, dt + (g >> dshift) * TILE, mt ? mt + g * TILE : NULL, xd + g * TILE + i0,
-                                    xs + g * TILE + i0, n, acc + i0, mac + i0);
+                    QG(scale_group)(dots[c] + i0, dvs[c], mvs[c], has_m, xd + g * TILE + i0, xs + g * TILE + i0, n,
+                                    acc + i0, mac + i0);
                 }
             }
         }
@@ -245,14 +257,13 @@ ALWAYS_INLINE void QG(tile_in)(const gemm_args *a, int64_t t, int64_t r, const i
 
 /* Tile t against rows r .. r+R-1, in the matrix's format (a branch per tile, not per group). */
 ALWAYS_INLINE void QG(tile)(const gemm_args *a, int64_t t, int64_t r, const int R) {
-    if (a->sc)
-        QG(tile_in)(a, t, r, R, QG_Q6);
-    else if (a->qh)
-        QG(tile_in)(a, t, r, R, QG_Q5);
-    else if (a->m)
-        QG(tile_in)(a, t, r, R, QG_Q4);
-    else
-        QG(tile_in)(a, t, r, R, QG_Q8);
+    switch (a->fmt) {
+    case QG_Q6: QG(tile_in)(a, t, r, R, QG_Q6); break;
+    case QG_Q5: QG(tile_in)(a, t, r, R, QG_Q5); break;
+    case QG_Q4: QG(tile_in)(a, t, r, R, QG_Q4); break;
+    case QG_Q4K: QG(tile_in)(a, t, r, R, QG_Q4K); break;
+    default: QG(tile_in)(a, t, r, R, QG_Q8);
+    }
 }
 
 /* Tile t against rows r .. end-1, eight at a time, then the rest in one pass: a tile's unpacking

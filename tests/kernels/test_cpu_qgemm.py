@@ -13,7 +13,7 @@ from app.engine.runtime import kernel_choice
 from app.engine.runtime.linear import Linear
 from app.engine.runtime.weight_forms import grid_weight, group_weight
 from app.kernels import cpu_build, cpu_qgemm
-from app.kernels.cpu_qgemm import Q4Weight, Q5Weight, Q6Weight, Q8Weight, fake_quantize
+from app.kernels.cpu_qgemm import Q4KWeight, Q4Weight, Q5Weight, Q6Weight, Q8Weight, fake_quantize
 
 pytestmark = pytest.mark.skipif(
     cpu_qgemm._library() is None, reason="no C compiler or no AVX2/FMA/F16C here: the C kernels cannot build"
@@ -36,6 +36,17 @@ def _q5(n: int = 96, k: int = 128, seed: int = 0) -> Q5Weight:
     levels = torch.randint(0, 32, (n, k // 32, 32), generator=g)
     levels[..., 0], levels[..., 1] = 0, 31
     return Q5Weight(levels.view(n, k), d, m)
+
+
+def _q4k(n: int = 96, k: int = 128, seed: int = 0) -> Q4KWeight:
+    """Q4_K rows are whole blocks of 256: k's groups become as many blocks (96: an odd number)."""
+    g = torch.Generator().manual_seed(seed)
+    k = k // 32 * 256
+    levels = torch.randint(0, 16, (n, k), generator=g)
+    levels[:, 0], levels[:, 1] = 0, 15
+    d, dmin = (torch.rand(n, k // 256, generator=g).half().float() * 1e-3 for _ in range(2))
+    scales, mins = (torch.randint(0, 64, (n, k // 32), generator=g).to(torch.uint8) for _ in range(2))
+    return Q4KWeight(levels, d, dmin, scales, mins)
 
 
 def _q6(n: int = 96, k: int = 128, seed: int = 0) -> Q6Weight:
@@ -65,7 +76,7 @@ def _q8(n: int = 96, k: int = 128, seed: int = 0) -> Q8Weight:
 
 
 @pytest.mark.parametrize("k", [128, 96])  # 96: an odd number of groups
-@pytest.mark.parametrize("make", [_q4, _q5, _q6, _q8], ids=["q4", "q5", "q6", "q8"])
+@pytest.mark.parametrize("make", [_q4, _q4k, _q5, _q6, _q8], ids=["q4", "q4k", "q5", "q6", "q8"])
 def test_kernel_matches_quantized_activations_times_dequantized_weights(make, k):
     w = make(k=k)
     x = torch.randn(19, w.in_features) * 3
@@ -77,7 +88,7 @@ def test_kernel_matches_quantized_activations_times_dequantized_weights(make, k)
 
 
 @pytest.mark.parametrize(("n", "k"), [(96, 128), (100, 96)])
-@pytest.mark.parametrize("make", [_q4, _q5, _q6, _q8], ids=["q4", "q5", "q6", "q8"])
+@pytest.mark.parametrize("make", [_q4, _q4k, _q5, _q6, _q8], ids=["q4", "q4k", "q5", "q6", "q8"])
 def test_rows_are_batch_invariant_and_empty_batches_work(make, n, k):
     """13 rows are a block of 8, one of 4 and one row; a single row only the last kind (100 weight
     rows: a last tile of 4): the same bits either way."""
@@ -205,7 +216,7 @@ def each_isa():
 
 
 @pytest.mark.parametrize("isa", ["AVX2", _VNNI])
-@pytest.mark.parametrize("make", [_q4, _q5, _q6, _q8], ids=["q4", "q5", "q6", "q8"])
+@pytest.mark.parametrize("make", [_q4, _q4k, _q5, _q6, _q8], ids=["q4", "q4k", "q5", "q6", "q8"])
 def test_each_instruction_set_gives_the_reference_and_the_same_bits(make, isa, each_isa):
     """Every row count a tile sees (1..8, blocks of 8 and a rest) against the torch reference; the
     VNNI tiles' integer dots are exact too, so their outputs equal AVX2's bit for bit."""

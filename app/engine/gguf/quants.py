@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 
 import numpy as np
@@ -337,7 +337,7 @@ def cat_rows(forms: list):
     first = forms[0]
     return type(first)(*(
         torch.cat([getattr(f, fl.name) for f in forms]) if isinstance(getattr(first, fl.name), torch.Tensor)
-        else max(getattr(f, fl.name) for f in forms)
+        else None if getattr(first, fl.name) is None else max(getattr(f, fl.name) for f in forms)
         for fl in fields(first)))
 
 
@@ -351,13 +351,21 @@ class GridForm:
     step: torch.Tensor  # fp32 [rows, k // 32]
     low: torch.Tensor  # fp32 [rows, k // 32]
     bits: int
+    # Q4_K's own numbers, as `NibbleForm`'s; None for other types:
+    d: torch.Tensor | None = None
+    dmin: torch.Tensor | None = None
+    scales: torch.Tensor | None = None
+    mins: torch.Tensor | None = None
 
     @staticmethod
     def cat(forms: list[GridForm | Q6Form | None]) -> GridForm | Q6Form | None:
         """Row-wise concatenation (fused q/k/v, gate/up); 4-bit levels are valid 5-bit ones. Forms
-        of both kinds (a Q6_K v beside Q4_K q and k) have no common one: None."""
+        of both kinds (a Q6_K v beside Q4_K q and k) have no common one: None. Q4_K's own numbers
+        are kept only where every part has them."""
         if not forms or any(f is None for f in forms) or len({type(f) for f in forms}) != 1:
             return None
+        if isinstance(forms[0], GridForm) and any(f.scales is None for f in forms):
+            forms = [replace(f, d=None, dmin=None, scales=None, mins=None) for f in forms]
         return cat_rows(forms)
 
 
@@ -398,7 +406,8 @@ _GRID_KERNELS: MappingProxyType[int, tuple[int, Callable[[torch.Tensor], tuple]]
     _T.Q4_1: (4, lambda b: _grid_legacy(_nibble_planes(b[:, 4:]), _f16(b, 0), _f16(b, 2))),
     _T.Q5_0: (5, lambda b: _grid_legacy(_q5_planes(b, 2), _f16(b, 0), -16 * _f16(b, 0))),
     _T.Q5_1: (5, lambda b: _grid_legacy(_q5_planes(b, 4), _f16(b, 0), _f16(b, 2))),
-    _T.Q4_K: (4, lambda b: _grid_k(b, _nibble_planes(b[:, 16:].view(-1, 4, 32)))),
+    _T.Q4_K: (4, lambda b: (*_grid_k(b, _nibble_planes(b[:, 16:].view(-1, 4, 32))), _f16(b, 0), _f16(b, 2),
+                            *_k_scales_mins(b[:, 4:16]))),
     _T.Q5_K: (5, lambda b: _grid_k(b, _q5_k_planes(b))),
 })
 
@@ -421,9 +430,12 @@ def grid_form(raw: np.ndarray | torch.Tensor, ggml_type: int, shape: tuple[int, 
     step = max(1, _CHUNK_ELEMENTS // block_size)
     parts = [decode(blocks[start:start + step]) for start in range(0, blocks.shape[0], step)]
     rows, k = shape
-    levels, steps, lows = (torch.cat([p[i] for p in parts]) for i in range(3))
+    levels, steps, lows, *own = (torch.cat([p[i] for p in parts]) for i in range(len(parts[0])))
+    if own:  # Q4_K: its blocks' d and dmin, its groups' scales and mins
+        own = [t.reshape(rows, -1).contiguous() for t in own]
+        own[:2] = [t.float() for t in own[:2]]
     return GridForm(levels.reshape(rows, k).contiguous(), steps.reshape(rows, k // 32).float(),
-                    lows.reshape(rows, k // 32).float(), bits)
+                    lows.reshape(rows, k // 32).float(), bits, *own)
 
 
 @dataclass(frozen=True)
@@ -436,9 +448,16 @@ class NibbleForm:
     nibbles: torch.Tensor  # uint8 [rows, k // 2]
     step: torch.Tensor  # fp32 [rows, k // 32]
     low: torch.Tensor  # fp32 [rows, k // 32]
+    # Q4_K's own numbers (step = d * scale, low = -(dmin * min)), None for other types:
+    d: torch.Tensor | None = None  # fp32 [rows, k // 256], each block's d
+    dmin: torch.Tensor | None = None  # fp32 [rows, k // 256]
+    scales: torch.Tensor | None = None  # uint8 [rows, k // 32], 0..63
+    mins: torch.Tensor | None = None  # uint8 [rows, k // 32], 0..63
 
     @staticmethod
     def cat(forms: list[NibbleForm]) -> NibbleForm:
+        if any(f.scales is None for f in forms):  # a Q4_0/Q4_1 part beside Q4_K ones: steps and lows only
+            forms = [replace(f, d=None, dmin=None, scales=None, mins=None) for f in forms]
         return cat_rows(forms)
 
 
@@ -509,7 +528,7 @@ def q6_parts(raw: np.ndarray | torch.Tensor, shape: tuple[int, ...], *, name: st
 _NIBBLE_KERNELS: MappingProxyType[int, Callable[[torch.Tensor], tuple]] = MappingProxyType({
     _T.Q4_0: lambda b: (b[:, 2:], _f16(b, 0), -8 * _f16(b, 0)),
     _T.Q4_1: lambda b: (b[:, 4:], _f16(b, 0), _f16(b, 2)),
-    _T.Q4_K: lambda b: (_q4_k_nibbles(b), *_k_steps(b)),
+    _T.Q4_K: lambda b: (_q4_k_nibbles(b), *_k_steps(b), _f16(b, 0), _f16(b, 2), *_k_scales_mins(b[:, 4:16])),
 })
 
 
@@ -525,14 +544,18 @@ def nibble_form(raw: np.ndarray | torch.Tensor, ggml_type: int, shape: tuple[int
     block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(ggml_type))]
     blocks = data.view(-1, type_size)
     groups = block_size // 32
-    nibbles = torch.empty(blocks.shape[0], block_size // 2, dtype=torch.uint8)
-    step, low = (torch.empty(blocks.shape[0], groups) for _ in range(2))
+    n = blocks.shape[0]
+    nibbles = torch.empty(n, block_size // 2, dtype=torch.uint8)
+    outs = [nibbles, *(torch.empty(n, groups) for _ in range(2))]
+    if int(ggml_type) == int(_T.Q4_K):  # and its blocks' d, dmin, scales and mins
+        outs += [torch.empty(n, 1), torch.empty(n, 1), *(torch.empty(n, groups, dtype=torch.uint8) for _ in range(2))]
     chunk = max(1, _CHUNK_ELEMENTS // block_size)
-    for start in range(0, blocks.shape[0], chunk):
-        part = kernel(blocks[start:start + chunk])
-        for out, value in zip((nibbles, step, low), part):
+    for start in range(0, n, chunk):
+        for out, value in zip(outs, kernel(blocks[start:start + chunk])):
             out[start:start + chunk] = value
-    return NibbleForm(nibbles.view(rows, k // 2), step.view(rows, k // 32), low.view(rows, k // 32))
+    per_group, per_block = (rows, k // 32), (rows, k // block_size)
+    shapes = [(rows, k // 2), per_group, per_group, per_block, per_block, per_group, per_group]
+    return NibbleForm(*(out.view(shape) for out, shape in zip(outs, shapes)))
 
 
 def _q6_form(data: torch.Tensor, shape: tuple[int, int], name: str | None) -> Q6Form:

@@ -7,7 +7,8 @@ one place that picks a matrix's forms (`choose_forms`) when the model is built.
 | `Fp16Weight` | fbgemm's fp16 GEMM | fp32 compute on a CPU without the C kernels |
 | `Int8Weight` | torch's int8 weight GEMM | bf16 CPU, up to the measured crossover |
 | `Int4Weight` | torch's int4 weight GEMM | bf16 CPU, a 4-bit source (or a large head), up to the crossover |
-| `Q4Weight` / `Q5Weight` | the C kernels (`cpu_qgemm`) | fp32 CPU: a 4/5-bit GGUF type, every row count |
+| `Q4KWeight` | the C kernels (`cpu_qgemm`) | fp32 CPU: a Q4_K tensor (read from its blocks), every row count |
+| `Q4Weight` / `Q5Weight` | the C kernels | fp32 CPU: another 4/5-bit GGUF type, every row count |
 | `Q6Weight` | the C kernels | fp32 CPU: a Q6_K tensor |
 | `Q8Weight` | the C kernels | fp32 CPU: anything else (Q8_0, F16, a fused q/k/v of mixed types) |
 
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from app.engine.gguf.quants import BlockTensor, GridForm, NibbleForm, Q6Form, Q6Parts
 from app.engine.runtime.kernel_choice import PACKED_EVERYWHERE, KernelChoice, choose_packed_rows, dense_forced
 from app.kernels import cpu_qgemm
-from app.kernels.cpu_qgemm import CHUNK_ROWS, GROUP, Q4Weight, Q5Weight, Q6Weight, Q8Weight
+from app.kernels.cpu_qgemm import CHUNK_ROWS, GROUP, Q4KWeight, Q4Weight, Q5Weight, Q6Weight, Q8Weight
 
 
 class WeightForm(Protocol):
@@ -295,10 +296,12 @@ def group_form(matrix: Matrix) -> GroupWeight:
     return file_groups(matrix) or Q8Weight.from_rows(matrix.shape, matrix.rows)
 
 
-def file_groups(matrix: Matrix) -> Q4Weight | Q5Weight | Q6Weight | None:
+def file_groups(matrix: Matrix) -> Q4KWeight | Q4Weight | Q5Weight | Q6Weight | None:
     """The C kernels' copy of a matrix at its file's own bits (4/5-bit groups, Q6_K), None if it has
     none: 4-bit and Q6_K blocks have their levels regrouped as they are packed, never a byte a level."""
     nibbles = matrix.nibbles()
+    if isinstance(nibbles, NibbleForm) and nibbles.scales is not None:  # Q4_K: its own numbers, exact
+        return Q4KWeight.from_nibbles(nibbles.nibbles, nibbles.d, nibbles.dmin, nibbles.scales, nibbles.mins)
     if isinstance(nibbles, NibbleForm):
         return Q4Weight.from_nibbles(nibbles.nibbles, nibbles.step, nibbles.low)
     if isinstance(nibbles, Q6Parts):
@@ -307,10 +310,12 @@ def file_groups(matrix: Matrix) -> Q4Weight | Q5Weight | Q6Weight | None:
     return None if grid is None else grid_packed(grid)
 
 
-def grid_packed(grid: GridForm | Q6Form) -> Q4Weight | Q5Weight | Q6Weight:
+def grid_packed(grid: GridForm | Q6Form) -> Q4KWeight | Q4Weight | Q5Weight | Q6Weight:
     """The C kernels' copy of a matrix read from 4/5-bit or Q6_K GGUF blocks."""
     if isinstance(grid, Q6Form):
         return Q6Weight(grid.levels, grid.scales, grid.d)
+    if grid.scales is not None and grid.bits == 4:  # Q4_K: its own numbers, exact
+        return Q4KWeight(grid.levels, grid.d, grid.dmin, grid.scales, grid.mins)
     return (Q4Weight if grid.bits == 4 else Q5Weight)(grid.levels, grid.step, grid.low)
 
 

@@ -26,7 +26,7 @@ from app.engine.runtime.weight_forms import (
     takes_groups,
 )
 from app.kernels import cpu_qgemm
-from app.kernels.cpu_qgemm import Q4Weight, Q5Weight, Q6Weight, Q8Weight
+from app.kernels.cpu_qgemm import Q4KWeight, Q4Weight, Q5Weight, Q6Weight, Q8Weight
 
 pytestmark = pytest.mark.skipif(
     cpu_qgemm._library() is None, reason="no C compiler or no AVX2/FMA/F16C here: the C kernels cannot build"
@@ -76,7 +76,8 @@ def test_each_type_built_from_its_blocks_holds_the_same_bytes(qtype):
     blocks = BlockTensor(raw, int(t), (rows, cols))
     new = choose_forms(blocks).packed
     _same(new, _old_form(raw, int(t), (rows, cols)))
-    assert type(new) is {4: Q4Weight, 5: Q5Weight, 6: Q6Weight, None: Q8Weight}[blocks.grid_bits]
+    want = Q4KWeight if qtype == "Q4_K" else {4: Q4Weight, 5: Q5Weight, 6: Q6Weight, None: Q8Weight}[blocks.grid_bits]
+    assert type(new) is want
     assert torch.equal(blocks.rows(3, 17), blocks.dense()[3:17])
 
 
