@@ -8,17 +8,17 @@
 #include <stdint.h>
 
 /* A weight's format (cpu_qgemm.py's FORMATS): a constant in each copy of the tile loops. */
-enum { QG_Q8, QG_Q4, QG_Q5, QG_Q6, QG_Q4K };
+enum { QG_Q8, QG_Q4, QG_Q5, QG_Q6, QG_Q4K, QG_Q4_0, QG_Q5_0 };
 
 /* A weight as Q4Weight / Q4KWeight / Q5Weight / Q6Weight / Q8Weight (cpu_qgemm.py) lay it out: built
  * once per matrix, so a call passes one pointer for it. */
 typedef struct {
     int64_t K, N;
     const void *qs;
-    const uint16_t *d, *m; /* m: NULL for q8 and q6; per block of 8 groups for q6 and q4k */
+    const uint16_t *d, *m; /* m: NULL for q8, q6, q4_0 and q5_0; per block of 8 groups for q6 and q4k */
     const uint8_t *qh;     /* q5 only */
     const int8_t *sc;      /* q6: its sub-scales; q4k: each group's 6-bit scale and min (uint8) */
-    int64_t fmt;           /* QG_Q8 .. QG_Q4K */
+    int64_t fmt;           /* QG_Q8 .. QG_Q5_0 */
 } qweight;
 
 /* cpu_qgemm.c */

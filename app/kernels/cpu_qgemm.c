@@ -6,6 +6,7 @@
  *   q4k: the same with d = d' * scale and m = m' * min, d' and m' fp16 per 8 groups, scale and min
  *        0..63 per group (Q4_K's numbers: the products are exact in fp32);
  *   q5: the same with levels 0..31 (Q5_0 / Q5_1 blocks);
+ *   q4_0, q5_0: q4 and q5 with m = -8 d and -16 d (Q4_0, Q5_0), made here, not stored;
  *   q6: w = d * sc * (level - 32), level 0..63, sc int8 per 16 weights, d fp16 per 8 groups (Q6_K);
  *   q8: w = d * level, level -127..127 (int8), d fp16 per group.
  * The weights come in tiles of 8 rows, interleaved so that a tile is read front to back (the
@@ -92,7 +93,7 @@ typedef struct {
     int32_t *xb;           /* the level sums of each group's two halves, int16 each: [M/8][G][8] */
     const int8_t *sc;      /* q6's sub-scales, q4k's scales and mins; NULL for the others */
     float *y;
-    int fmt;               /* QG_Q8 .. QG_Q4K */
+    int fmt;               /* QG_Q8 .. QG_Q5_0 */
 } gemm_args;
 
 static inline __m256 load_ph(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }

@@ -85,7 +85,7 @@ class _QWeight(ctypes.Structure):
                 ("m", ctypes.c_void_p), ("qh", ctypes.c_void_p), ("sc", ctypes.c_void_p), ("fmt", ctypes.c_int64)]
 
 
-FORMATS = {"q8": 0, "q4": 1, "q5": 2, "q6": 3, "q4k": 4}  # each form's name -> cpu_kernels.h's QG_* code
+FORMATS = {"q8": 0, "q4": 1, "q5": 2, "q6": 3, "q4k": 4, "q4_0": 5, "q5_0": 6}  # each form's name -> cpu_kernels.h's QG_* code
 
 
 def fake_quantize(x: torch.Tensor) -> torch.Tensor:
@@ -170,11 +170,13 @@ class Q4Weight(_GroupWeight):
     """w = d * level + m per group of 32 (level 0..15, d and m fp16): 5 bits a weight, as a Q4_1
     GGUF tensor stores it. Laid out for the kernel (`cpu_qgemm.c`): `qs [tiles, G, 4, 8, 4]`,
     byte b of row j in vector s holding level 4s+b | level 16+4s+b << 4; d and m tiled as
-    `tile_rows`."""
+    `tile_rows`. Where every m is -8 d (a Q4_0 tensor: "q4_0") m is not stored (4.5 bits a weight,
+    as the file) but made in the kernel, exactly."""
 
     name = "q4"
 
     _TENSORS = ("qs", "d", "m")
+    _OFFSET = -8  # Q4_0's m over d
 
     def __init__(self, levels: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
         n, k = levels.shape
@@ -194,8 +196,13 @@ class Q4Weight(_GroupWeight):
         n, groups = nibbles.shape[:2]
         self.out_features, self.in_features, self.groups = n, groups * GROUP, groups
         self.qs = _lanes(nibbles, 4)
-        self.d = tile_rows(d.to(torch.float16))
-        self.m = tile_rows(m.to(torch.float16))
+        d, m = d.to(torch.float16), m.to(torch.float16)
+        if torch.equal(m.float(), d.float() * self._OFFSET):  # Q4_0 / Q5_0: m from d in the kernel
+            self.name, self._TENSORS = type(self).name + "_0", tuple(t for t in type(self)._TENSORS if t != "m")
+            self.m = None
+        else:
+            self.m = tile_rows(m)
+        self.d = tile_rows(d)
         self._describe()
 
     def levels(self, ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -205,12 +212,13 @@ class Q4Weight(_GroupWeight):
         return torch.cat((halves & 0x0F, halves >> 4), -1)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        d, m = (_tile_at(t, ids).float().unsqueeze(-1) for t in (self.d, self.m))
+        d = _tile_at(self.d, ids).float().unsqueeze(-1)
+        m = d * self._OFFSET if self.m is None else _tile_at(self.m, ids).float().unsqueeze(-1)
         return (self.levels(ids).float() * d + m).view(-1, self.in_features)
 
     @property
     def nbytes(self) -> int:
-        return self.qs.numel() + 2 * self.d.numel() * 2
+        return self.qs.numel() + 2 * (self.d.numel() + (0 if self.m is None else self.m.numel()))
 
 
 K_BLOCK = 256  # weights per k-quant block (Q4_K, Q6_K): one d each
@@ -273,6 +281,7 @@ class Q5Weight(Q4Weight):
     name = "q5"
 
     _TENSORS = ("qs", "qh", "d", "m")
+    _OFFSET = -16  # Q5_0's m over d: "q5_0", 5.5 bits a weight
 
     def __init__(self, levels: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
         n, k = levels.shape

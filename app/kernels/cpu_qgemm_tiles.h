@@ -160,7 +160,10 @@ ALWAYS_INLINE void QG(group_scales)(const int fmt, const uint16_t *dt, const uin
         return;
     }
     *dv = load_ph(dt + (fmt == QG_Q6 ? g >> 3 : g) * TILE); /* q6: one d per block of 8 groups (Q6_K's) */
-    *mv = mt ? load_ph(mt + g * TILE) : _mm256_setzero_ps();
+    if (fmt == QG_Q4_0 || fmt == QG_Q5_0) /* m = -8 d or -16 d: a power of two, exact */
+        *mv = _mm256_mul_ps(*dv, _mm256_set1_ps(fmt == QG_Q4_0 ? -8.0f : -16.0f));
+    else
+        *mv = mt ? load_ph(mt + g * TILE) : _mm256_setzero_ps();
 }
 
 /* Every output y[r, n] is, over the groups g in order,
@@ -176,10 +179,10 @@ ALWAYS_INLINE void QG(scale_group)(const __m256i *dots, const __m256 dv, const _
 }
 
 ALWAYS_INLINE void QG(store_tile)(const gemm_args *a, int64_t t, int64_t r, const int R, const __m256 *acc,
-                                  const __m256 *mac) {
+                                  const __m256 *mac, const int has_m) {
     for (int i = 0; i < R; i++) {
         float out[TILE];
-        _mm256_storeu_ps(out, a->m ? _mm256_add_ps(acc[i], mac[i]) : acc[i]);
+        _mm256_storeu_ps(out, has_m ? _mm256_add_ps(acc[i], mac[i]) : acc[i]);
         for (int j = 0; j < TILE && t * TILE + j < a->N; j++) a->y[(r + i) * a->N + t * TILE + j] = out[j];
     }
 }
@@ -199,7 +202,7 @@ ALWAYS_INLINE void QG(group_dots)(const int fmt, const void *w, const uint8_t *q
         for (int i = 0; i < R; i++) dots[i] = QG(q6_dot)(lo, hi, scp, x + 32 * i, xb[i], R);
         return;
     }
-    const int q5 = fmt == QG_Q5;
+    const int q5 = fmt == QG_Q5 || fmt == QG_Q5_0;
     QG(q4_unpack)((const uint8_t *)w, qh, q5, lo, hi);
     for (int i = 0; i < R; i++) dots[i] = QG(q4_dot)(lo, hi, x + 32 * i, R, q5);
 }
@@ -212,10 +215,11 @@ ALWAYS_INLINE void QG(tile_in)(const gemm_args *a, int64_t t, int64_t r, const i
     const int64_t G = a->G, K = a->K;
     const int64_t wbytes = fmt == QG_Q8 ? TILE * 32 : fmt == QG_Q6 ? TILE * 24 : TILE * 16; /* a group's bytes */
     const char *w = (const char *)a->qs + t * G * wbytes;
-    const uint8_t *qh = fmt == QG_Q5 ? a->qh + t * G * 32 : NULL;
+    const uint8_t *qh = fmt == QG_Q5 || fmt == QG_Q5_0 ? a->qh + t * G * 32 : NULL;
     const int blocked = fmt == QG_Q6 || fmt == QG_Q4K, has_m = fmt != QG_Q8 && fmt != QG_Q6;
     const int64_t GS = blocked ? G >> 3 : G; /* scale entries a tile: q6 and q4k per block of 8 groups */
-    const uint16_t *dt = a->d + t * GS * TILE, *mt = has_m ? a->m + t * GS * TILE : NULL;
+    const int stored_m = fmt == QG_Q4 || fmt == QG_Q5 || fmt == QG_Q4K;
+    const uint16_t *dt = a->d + t * GS * TILE, *mt = stored_m ? a->m + t * GS * TILE : NULL;
     const int8_t *sc = blocked ? a->sc + t * G * 16 : NULL;
     const int8_t *xg = a->xq + x_at(r, K);
     const float *xd = a->xd + tab_at(r, G), *xs = a->xs + tab_at(r, G);
@@ -252,7 +256,7 @@ ALWAYS_INLINE void QG(tile_in)(const gemm_args *a, int64_t t, int64_t r, const i
             }
         }
     }
-    QG(store_tile)(a, t, r, R, acc, mac);
+    QG(store_tile)(a, t, r, R, acc, mac, has_m);
 }
 
 /* Tile t against rows r .. r+R-1, in the matrix's format (a branch per tile, not per group). */
@@ -262,6 +266,8 @@ ALWAYS_INLINE void QG(tile)(const gemm_args *a, int64_t t, int64_t r, const int 
     case QG_Q5: QG(tile_in)(a, t, r, R, QG_Q5); break;
     case QG_Q4: QG(tile_in)(a, t, r, R, QG_Q4); break;
     case QG_Q4K: QG(tile_in)(a, t, r, R, QG_Q4K); break;
+    case QG_Q4_0: QG(tile_in)(a, t, r, R, QG_Q4_0); break;
+    case QG_Q5_0: QG(tile_in)(a, t, r, R, QG_Q5_0); break;
     default: QG(tile_in)(a, t, r, R, QG_Q8);
     }
 }

@@ -38,6 +38,23 @@ def _q5(n: int = 96, k: int = 128, seed: int = 0) -> Q5Weight:
     return Q5Weight(levels.view(n, k), d, m)
 
 
+def _q4_0(n: int = 96, k: int = 128, seed: int = 0) -> Q4Weight:
+    """m = -8 d in every group (a Q4_0 tensor): m is made in the kernel, not stored."""
+    g = torch.Generator().manual_seed(seed)
+    d = torch.rand(n, k // 32, generator=g) * 1e-3
+    w = Q4Weight(torch.randint(0, 16, (n, k), generator=g), d, -8 * d.half().float())
+    assert w.name == "q4_0" and w.m is None
+    return w
+
+
+def _q5_0(n: int = 96, k: int = 128, seed: int = 0) -> Q5Weight:
+    g = torch.Generator().manual_seed(seed)
+    d = torch.rand(n, k // 32, generator=g) * 1e-3
+    w = Q5Weight(torch.randint(0, 32, (n, k), generator=g), d, -16 * d.half().float())
+    assert w.name == "q5_0" and w.m is None and w.nbytes * 8 == 5.5 * k * -(-n // 8) * 8  # 5.5 bits, padded tiles
+    return w
+
+
 def _q4k(n: int = 96, k: int = 128, seed: int = 0) -> Q4KWeight:
     """Q4_K rows are whole blocks of 256: k's groups become as many blocks (96: an odd number)."""
     g = torch.Generator().manual_seed(seed)
@@ -76,7 +93,8 @@ def _q8(n: int = 96, k: int = 128, seed: int = 0) -> Q8Weight:
 
 
 @pytest.mark.parametrize("k", [128, 96])  # 96: an odd number of groups
-@pytest.mark.parametrize("make", [_q4, _q4k, _q5, _q6, _q8], ids=["q4", "q4k", "q5", "q6", "q8"])
+@pytest.mark.parametrize("make", [_q4, _q4_0, _q4k, _q5, _q5_0, _q6, _q8],
+                         ids=["q4", "q4_0", "q4k", "q5", "q5_0", "q6", "q8"])
 def test_kernel_matches_quantized_activations_times_dequantized_weights(make, k):
     w = make(k=k)
     x = torch.randn(19, w.in_features) * 3
@@ -88,7 +106,8 @@ def test_kernel_matches_quantized_activations_times_dequantized_weights(make, k)
 
 
 @pytest.mark.parametrize(("n", "k"), [(96, 128), (100, 96)])
-@pytest.mark.parametrize("make", [_q4, _q4k, _q5, _q6, _q8], ids=["q4", "q4k", "q5", "q6", "q8"])
+@pytest.mark.parametrize("make", [_q4, _q4_0, _q4k, _q5, _q5_0, _q6, _q8],
+                         ids=["q4", "q4_0", "q4k", "q5", "q5_0", "q6", "q8"])
 def test_rows_are_batch_invariant_and_empty_batches_work(make, n, k):
     """13 rows are a block of 8, one of 4 and one row; a single row only the last kind (100 weight
     rows: a last tile of 4): the same bits either way."""
@@ -216,7 +235,8 @@ def each_isa():
 
 
 @pytest.mark.parametrize("isa", ["AVX2", _VNNI])
-@pytest.mark.parametrize("make", [_q4, _q4k, _q5, _q6, _q8], ids=["q4", "q4k", "q5", "q6", "q8"])
+@pytest.mark.parametrize("make", [_q4, _q4_0, _q4k, _q5, _q5_0, _q6, _q8],
+                         ids=["q4", "q4_0", "q4k", "q5", "q5_0", "q6", "q8"])
 def test_each_instruction_set_gives_the_reference_and_the_same_bits(make, isa, each_isa):
     """Every row count a tile sees (1..8, blocks of 8 and a rest) against the torch reference; the
     VNNI tiles' integer dots are exact too, so their outputs equal AVX2's bit for bit."""
