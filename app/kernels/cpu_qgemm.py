@@ -1,7 +1,8 @@
 """Weight-quantized CPU GEMMs (`cpu_qgemm.c`) for fp32 compute on x86 CPUs with AVX2 (and AVX-512
-VNNI's vpdpbusd where the CPU has it, chosen at run time: `isa`): Q6_K at its own 6 bits, 4- and 5-bit
-(Q4_1 / Q5_1-style, d * level + m) and 8-bit (d * level) weights in groups of 32, with the activations
-quantized per group of 32 to int8 inside the kernel, as llama.cpp multiplies on the CPU.
+VNNI's vpdpbusd where the CPU has it, chosen at run time: `isa`): Q6_K and Q4_K at their own bits and
+numbers, 4- and 5-bit (Q4_1 / Q5_1-style, d * level + m; Q4_0 / Q5_0 without a stored m) and 8-bit
+(d * level) weights in groups of 32, with the activations quantized per group of 32 to int8 inside
+the kernel, as llama.cpp multiplies on the CPU.
 
 Torch has nothing like it for such machines: its int4/int8 weight kernels want bf16 activations
 (slow without AVX512-BF16), and fbgemm's fp16 GEMM reads 16 bits a weight.
