@@ -17,7 +17,8 @@
  *   q5: q4's nibbles, and the 5th bits in [N/8][K/32][32 bytes] (see fifth_bits);
  *   q6: [N/8][K/32][192 bytes]: q4's nibbles, then the top two bits (cpu_qgemm_tiles.h, q6_unpack);
  *   q8: [N/8][K/32][8][8 rows][4 levels]: levels 4s .. 4s+3 in vector s.
- * Scale tables are tiled the same way, [N/8][groups][8 rows], and N is padded to whole tiles.
+ * Scale tables are tiled the same way, [N/8][groups][8 rows] (q6's and q4k's d and m per block of
+ * 8 groups; q4k's scales and mins [N/8][groups][2][8 rows] bytes), and N is padded to whole tiles.
  * Each row of x is quantized per group of 32 to int8 (scale absmax / 127, round to nearest even),
  * as llama.cpp's Q8 activations are; a group's dot product is then exact integer arithmetic
  * (maddubs / madd), scaled once. Every output is computed from its own row in the same order

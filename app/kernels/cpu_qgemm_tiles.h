@@ -148,8 +148,9 @@ ALWAYS_INLINE void QG(q8_dots)(const int8_t *w, const int8_t *x, const int R, __
     }
 }
 
-/* A group's weight scales d[n, g] and minimums m[n, g] for a tile's 8 rows: fp16 per group, or
- * (q4k) an fp16 per block of 8 groups times the group's 0..63 scale and min, exact in fp32. */
+/* A group's weight scales d[n, g] and minimums m[n, g] for a tile's 8 rows: fp16 per group (q6's d
+ * per block of 8 groups); q4k: an fp16 per block of 8 groups times the group's 0..63 scale and min;
+ * q4_0 / q5_0: m = -8 d / -16 d. Every product is exact in fp32. */
 ALWAYS_INLINE void QG(group_scales)(const int fmt, const uint16_t *dt, const uint16_t *mt, const int8_t *sct,
                                     const int64_t g, __m256 *dv, __m256 *mv) {
     if (fmt == QG_Q4K) {
@@ -159,8 +160,8 @@ ALWAYS_INLINE void QG(group_scales)(const int fmt, const uint16_t *dt, const uin
                             _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
         return;
     }
-    *dv = load_ph(dt + (fmt == QG_Q6 ? g >> 3 : g) * TILE); /* q6: one d per block of 8 groups (Q6_K's) */
-    if (fmt == QG_Q4_0 || fmt == QG_Q5_0) /* m = -8 d or -16 d: a power of two, exact */
+    *dv = load_ph(dt + (fmt == QG_Q6 ? g >> 3 : g) * TILE);
+    if (fmt == QG_Q4_0 || fmt == QG_Q5_0)
         *mv = _mm256_mul_ps(*dv, _mm256_set1_ps(fmt == QG_Q4_0 ? -8.0f : -16.0f));
     else
         *mv = mt ? load_ph(mt + g * TILE) : _mm256_setzero_ps();
@@ -168,7 +169,7 @@ ALWAYS_INLINE void QG(group_scales)(const int fmt, const uint16_t *dt, const uin
 
 /* Every output y[r, n] is, over the groups g in order,
  *     acc = fma(d[n, g] * xd[r, g], (float)dot(w[n, g], x[r, g]), acc)
- *     mac = fma(m[n, g], xs[r, g], mac)            (q4, q4k and q5: with minimums)
+ *     mac = fma(m[n, g], xs[r, g], mac)            (all but q8 and q6: with minimums)
  * and then acc + mac, in lane n % 8 of a tile. This is that float half for one group of R rows. */
 ALWAYS_INLINE void QG(scale_group)(const __m256i *dots, const __m256 dv, const __m256 mv, const int has_m,
                                    const float *xd, const float *xs, const int R, __m256 *acc, __m256 *mac) {
@@ -186,7 +187,6 @@ ALWAYS_INLINE void QG(store_tile)(const gemm_args *a, int64_t t, int64_t r, cons
         for (int j = 0; j < TILE && t * TILE + j < a->N; j++) a->y[(r + i) * a->N + t * TILE + j] = out[j];
     }
 }
-
 
 /* A group's integer dots for R rows: q4 / q5 unpack the group once for all of them. */
 ALWAYS_INLINE void QG(group_dots)(const int fmt, const void *w, const uint8_t *qh, const int8_t *sc, const int8_t *x,
