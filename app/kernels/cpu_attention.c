@@ -48,13 +48,25 @@ static inline void prefetch_step(struct prefetch *p) {
     }
 }
 
+/* Requests every line not yet requested. */
+static inline void prefetch_rest(struct prefetch *p) {
+    p->rate = INT32_MAX;
+    prefetch_step(p);
+}
+
 /* Request n keys at `off`, spread over `steps` calls of prefetch_step (0: all at once). */
 static inline void prefetch_chunk(struct prefetch *p, const int64_t *off, int n, int steps) {
     int64_t lines = (int64_t)n * ((p->bytes + 63) / 64);
     p->off = off, p->n = n, p->j = 0, p->e = 0;
-    p->rate = steps > 0 ? (int)((lines + steps - 1) / steps) : (int)lines;
     if (steps == 0)
-        prefetch_step(p);
+        prefetch_rest(p);
+    else
+        p->rate = (int)((lines + steps - 1) / steps);
+}
+
+/* Keys in the chunk from position c0 on, the row's last visible position `last`. */
+static inline int chunk_keys(int64_t c0, int64_t last) {
+    return last - c0 + 1 < KEY_CHUNK ? (int)(last - c0 + 1) : KEY_CHUNK;
 }
 
 /* The eight sums of a[0..7]'s lanes, as one vector. */
@@ -369,19 +381,19 @@ static inline __attribute__((always_inline)) void attend(const float *q, float *
     /* The first chunks' rows: the first is read now, the others requested at once (the rows lie
      * scattered over the pool, beyond the hardware prefetcher's reach). */
     for (int64_t a = 0, c1 = first; a < PREFETCH_CHUNKS && c1 <= last; a++, c1 += KEY_CHUNK) {
-        int n1 = last - c1 + 1 < KEY_CHUNK ? (int)(last - c1 + 1) : KEY_CHUNK;
+        int n1 = chunk_keys(c1, last);
         key_offsets(blocks, block_size, row_stride, c1, n1, offs[a]);
         if (a > 0)
             prefetch_chunk(&pf, offs[a], n1, 0);
     }
     for (int64_t c0 = first, a = 0; c0 <= last; c0 += KEY_CHUNK, a++) {
-        int n = last - c0 + 1 < KEY_CHUNK ? (int)(last - c0 + 1) : KEY_CHUNK;
+        int n = chunk_keys(c0, last);
         const int64_t *off = offs[a % (PREFETCH_CHUNKS + 1)];
         /* The chunk PREFETCH_CHUNKS ahead is requested a few lines per step of this one's loops. */
         int64_t ca = c0 + PREFETCH_CHUNKS * KEY_CHUNK;
         pf.n = 0;
         if (ca <= last) {
-            int na = last - ca + 1 < KEY_CHUNK ? (int)(last - ca + 1) : KEY_CHUNK;
+            int na = chunk_keys(ca, last);
             int64_t *oa = offs[(a + PREFETCH_CHUNKS) % (PREFETCH_CHUNKS + 1)];
             key_offsets(blocks, block_size, row_stride, ca, na, oa);
             prefetch_chunk(&pf, oa, na, groups * (n / 4 + n));
@@ -404,8 +416,7 @@ static inline __attribute__((always_inline)) void attend(const float *q, float *
             else
                 weigh_values(y, s[i], v_pool, off, kv, n, d, f16, &pf);
         }
-        pf.rate = pf.n * (int)((pf.bytes + 63) / 64);  /* whatever the loops left, before its turn */
-        prefetch_step(&pf);
+        prefetch_rest(&pf);  /* whatever the loops left, before its turn */
     }
     for (int i = 0; i < nh; i++) {
         if (ml) {  /* a partition's partials: unnormalized sums, their max and total weight */
