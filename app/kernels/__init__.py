@@ -68,13 +68,14 @@ def unified_attention(
     head_dim]`, with fp32 scales `[num_blocks, block_size, num_kv_heads]` when their dtype is int8
     or fp8 (`KVCacheLayer`); `meta` as `AttentionMetadata` describes (its `slot_mapping` is not
     read). Runs the Triton kernel on CUDA tensors when Triton is available, the C kernel
-    (`cpu_attention`) on fp32 CPU tensors over an fp32 or fp16 cache, else `unified_attention_ref`.
+    (`cpu_attention`) on fp32 CPU tensors over an fp32, fp16 or int8 cache, else `unified_attention_ref`.
     """
     _check_attention_args(q, k_cache, v_cache, out, meta, sliding_window, softcap)
     check_kv_cache(k_cache, v_cache, k_scale, v_scale)
     backend = _backend(q, k_cache, k_scale)
     if backend == "c":
-        return cpu_attention.unified_attention(q, k_cache, v_cache, out, meta, scale, sliding_window, softcap)
+        return cpu_attention.unified_attention(q, k_cache, v_cache, out, meta, scale, sliding_window, softcap,
+                                               k_scale, v_scale)
     attention = attention_kernels(backend)[0]
     return attention(q, k_cache, v_cache, out, meta, scale, sliding_window, softcap, k_scale=k_scale, v_scale=v_scale)
 
@@ -85,12 +86,12 @@ def store_kv(
 ) -> None:
     """Write the step's keys/values `[num_tokens, num_kv_heads, head_dim]` into their cache slots
     (slot = block_id * block_size + offset; -1 = padding, skipped), quantizing each (token, head)
-    row into an int8/fp8 cache and its scale. Triton on CUDA, C for an fp32/fp16 CPU cache, else torch."""
+    row into an int8/fp8 cache and its scale. Triton on CUDA, C for an fp32/fp16/int8 CPU cache, else torch."""
     _check_store_args(k, v, k_cache, v_cache, slot_mapping)
     check_kv_cache(k_cache, v_cache, k_scale, v_scale)
     backend = _backend(k, k_cache, k_scale)
     if backend == "c":
-        cpu_attention.store_kv(k, v, k_cache, v_cache, slot_mapping)
+        cpu_attention.store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
         return
     attention_kernels(backend)[1](k, v, k_cache, v_cache, slot_mapping, k_scale=k_scale, v_scale=v_scale)
 

@@ -1,11 +1,13 @@
-/* Paged attention for the fp32 CPU path (x86 with AVX2, FMA and F16C; fp32 or fp16 pools): reads each sequence's keys and
+/* Paged attention for the fp32 CPU path (x86 with AVX2, FMA and F16C; fp32, fp16 or int8 pools): reads each sequence's keys and
  * values where they lie in the block pool, instead of gathering them into a contiguous copy per
  * layer first (at many sequences the gathers and the batched SDPA cost a large share of a step;
  * docs/tuning.md).
  *
  * Layouts as app/kernels/reference.py: q/out [tokens, heads, D]; pools [blocks, block_size,
  * kv_heads, D]; block_table [seqs, max_blocks]; sequence s owns query rows cu_seqlens_q[s] ..
- * cu_seqlens_q[s+1], the last of its seq_lens[s] positions.
+ * cu_seqlens_q[s+1], the last of its seq_lens[s] positions. An int8 pool carries an fp32 scale per
+ * (slot, KV head) (kv_quant.py): a score is (q . k) * k_scale, a value weighed by p * v_scale, as the
+ * reference orders them.
  *
  * Every (query row, head) is computed alone, over its keys in position order, in chunks of
  * KEY_CHUNK keys counted from its first visible key (online softmax across chunks), in partitions of
@@ -30,8 +32,11 @@
  * the memory's time adds to the arithmetic's instead of hiding under it. */
 struct prefetch {
     const char *k, *v;     /* the pools, from the first element the heads read */
+    const char *ks, *vs;   /* an int8 pool's scales, from the first the heads read (else NULL) */
     int64_t esize, bytes;  /* bytes of an element; of the heads' part of a key row */
+    int64_t kv_heads;      /* scales a slot has */
     const int64_t *off;    /* the chunk's row starts (elements) */
+    const int64_t *slot;   /* the chunk's slots */
     int n, j;              /* keys in the chunk; the next key to request */
     int64_t e;             /* the next byte of key j to request */
     int rate;              /* lines of each pool per step */
@@ -41,6 +46,10 @@ static inline void prefetch_step(struct prefetch *p) {
     if (!p)
         return;
     for (int r = 0; r < p->rate && p->j < p->n; r++) {
+        if (p->ks && p->e == 0) {
+            _mm_prefetch(p->ks + p->slot[p->j] * p->kv_heads * 4, _MM_HINT_T0);
+            _mm_prefetch(p->vs + p->slot[p->j] * p->kv_heads * 4, _MM_HINT_T0);
+        }
         _mm_prefetch(p->k + p->off[p->j] * p->esize + p->e, _MM_HINT_T0);
         _mm_prefetch(p->v + p->off[p->j] * p->esize + p->e, _MM_HINT_T0);
         if ((p->e += 64) >= p->bytes)
@@ -54,10 +63,10 @@ static inline void prefetch_rest(struct prefetch *p) {
     prefetch_step(p);
 }
 
-/* Request n keys at `off`, spread over `steps` calls of prefetch_step (0: all at once). */
-static inline void prefetch_chunk(struct prefetch *p, const int64_t *off, int n, int steps) {
+/* Request n keys at `off` (in `slot`), spread over `steps` calls of prefetch_step (0: all at once). */
+static inline void prefetch_chunk(struct prefetch *p, const int64_t *off, const int64_t *slot, int n, int steps) {
     int64_t lines = (int64_t)n * ((p->bytes + 63) / 64);
-    p->off = off, p->n = n, p->j = 0, p->e = 0;
+    p->off = off, p->slot = slot, p->n = n, p->j = 0, p->e = 0;
     if (steps == 0)
         prefetch_rest(p);
     else
@@ -77,31 +86,25 @@ static inline __m256 hsum8_ps(const __m256 *a) {
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-/* Eight pool elements from element i on, as fp32: the pool holds fp32, or fp16 when `f16`. */
-static inline __m256 load8(const void *pool, int64_t i, int f16) {
-    if (f16)
+/* Eight pool elements from element i on, as fp32 (exact): the pool holds `kind` (KV_F32 ..). */
+static inline __m256 load8(const void *pool, int64_t i, int kind) {
+    if (kind == KV_F16)
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)pool + i)));
+    if (kind == KV_I8)
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)pool + i))));
     return _mm256_loadu_ps((const float *)pool + i);
 }
 
-/* Eight fp32 values into a pool at element i: fp32, or fp16 rounded to nearest even (as torch). */
-static inline void store8(void *pool, int64_t i, __m256 v, int f16) {
-    if (f16)
-        _mm_storeu_si128((__m128i *)((uint16_t *)pool + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-    else
-        _mm256_storeu_ps((float *)pool + i, v);
-}
-
 /* q . pool[i .. i+n), n a multiple of 8. */
-static inline float dot_pool(const float *q, const void *pool, int64_t i, int n, int f16) {
+static inline float dot_pool(const float *q, const void *pool, int64_t i, int n, int kind) {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
     int e = 0;
     for (; e + 16 <= n; e += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), load8(pool, i + e, f16), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + e + 8), load8(pool, i + e + 8, f16), s1);
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), load8(pool, i + e, kind), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + e + 8), load8(pool, i + e + 8, kind), s1);
     }
     if (e < n)
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), load8(pool, i + e, f16), s0);
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), load8(pool, i + e, kind), s0);
     return hsum_ps(_mm256_add_ps(s0, s1));
 }
 
@@ -109,17 +112,18 @@ static inline float dot_pool(const float *q, const void *pool, int64_t i, int n,
  * stay in registers while the chunk's values stream past (adding into memory a key at a time
  * loaded and stored y once per key). Each element's fmas come in the same order either way. */
 static inline void weigh_values(float *y, const float *p, const void *pool, const int64_t *off, int64_t kv, int n,
-                                int d, int f16, struct prefetch *pf) {
+                                int d, int kind, struct prefetch *pf) {
     for (int e0 = 0; e0 < d; e0 += 64) {
         if (e0 + 64 <= d) {
             __m256 acc[8];
             for (int u = 0; u < 8; u++)
                 acc[u] = _mm256_loadu_ps(y + e0 + 8 * u);
             for (int j = 0; j < n; j++) {
-                prefetch_step(pf);
+                if ((j & 3) == 0)
+                    prefetch_step(pf);
                 __m256 pj = _mm256_set1_ps(p[j]);
                 for (int u = 0; u < 8; u++)
-                    acc[u] = _mm256_fmadd_ps(pj, load8(pool, off[j] + kv + e0 + 8 * u, f16), acc[u]);
+                    acc[u] = _mm256_fmadd_ps(pj, load8(pool, off[j] + kv + e0 + 8 * u, kind), acc[u]);
             }
             for (int u = 0; u < 8; u++)
                 _mm256_storeu_ps(y + e0 + 8 * u, acc[u]);
@@ -127,7 +131,7 @@ static inline void weigh_values(float *y, const float *p, const void *pool, cons
             for (int e = e0; e < d; e += 8) {
                 __m256 acc = _mm256_loadu_ps(y + e);
                 for (int j = 0; j < n; j++)
-                    acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load8(pool, off[j] + kv + e, f16), acc);
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), load8(pool, off[j] + kv + e, kind), acc);
                 _mm256_storeu_ps(y + e, acc);
             }
         }
@@ -150,27 +154,27 @@ static inline __m128 hsum4_ps(const __m256 *a) {
 /* Elements e0 .. d of k heads' outputs (head sizes not a multiple of 32: the tail the pair and
  * triple loops leave), each head as weigh_values weighs it. */
 static inline void weigh_values_tail(float **ys, const float **ps, int k, int e0, const void *pool,
-                                     const int64_t *off, int64_t kv, int n, int d, int f16) {
+                                     const int64_t *off, int64_t kv, int n, int d, int kind) {
     if (e0 >= d)
         return;
     int64_t rest[KEY_CHUNK];
     for (int j = 0; j < n; j++)
         rest[j] = off[j] + e0;
     for (int h = 0; h < k; h++)
-        weigh_values(ys[h] + e0, ps[h], pool, rest, kv, n, d - e0, f16, NULL);
+        weigh_values(ys[h] + e0, ps[h], pool, rest, kv, n, d - e0, kind, NULL);
 }
 
 /* Scores (times `scale`) of two query heads that read the same KV head against keys j .. j+3:
  * each key vector is loaded (and widened from fp16) once for both. */
 static inline void scores_pair(const float *qa, const float *qb, const void *pool, const int64_t *off, int64_t kv,
-                               int d, int f16, float scale, float *sa, float *sb) {
+                               int d, int kind, float scale, float *sa, float *sb) {
     __m256 a[4], b[4];
     for (int u = 0; u < 4; u++)
         a[u] = b[u] = _mm256_setzero_ps();
     for (int e = 0; e < d; e += 8) {
         __m256 qva = _mm256_loadu_ps(qa + e), qvb = _mm256_loadu_ps(qb + e);
         for (int u = 0; u < 4; u++) {
-            __m256 k = load8(pool, off[u] + kv + e, f16);
+            __m256 k = load8(pool, off[u] + kv + e, kind);
             a[u] = _mm256_fmadd_ps(qva, k, a[u]);
             b[u] = _mm256_fmadd_ps(qvb, k, b[u]);
         }
@@ -182,17 +186,18 @@ static inline void scores_pair(const float *qa, const float *qb, const void *poo
 /* weigh_values for two query heads of one KV head: each value vector loaded once for both; every
  * element's fmas in the same order as weigh_values's. */
 static inline void weigh_values_pair(float *ya, float *yb, const float *pa, const float *pb, const void *pool,
-                                     const int64_t *off, int64_t kv, int n, int d, int f16, struct prefetch *pf) {
+                                     const int64_t *off, int64_t kv, int n, int d, int kind, struct prefetch *pf) {
     int e0 = 0;
     for (; e0 + 32 <= d; e0 += 32) {
         __m256 a[4], b[4];
         for (int u = 0; u < 4; u++)
             a[u] = _mm256_loadu_ps(ya + e0 + 8 * u), b[u] = _mm256_loadu_ps(yb + e0 + 8 * u);
         for (int j = 0; j < n; j++) {
-            prefetch_step(pf);
+            if ((j & 3) == 0)
+                prefetch_step(pf);
             __m256 wa = _mm256_set1_ps(pa[j]), wb = _mm256_set1_ps(pb[j]);
             for (int u = 0; u < 4; u++) {
-                __m256 v = load8(pool, off[j] + kv + e0 + 8 * u, f16);
+                __m256 v = load8(pool, off[j] + kv + e0 + 8 * u, kind);
                 a[u] = _mm256_fmadd_ps(wa, v, a[u]);
                 b[u] = _mm256_fmadd_ps(wb, v, b[u]);
             }
@@ -202,20 +207,20 @@ static inline void weigh_values_pair(float *ya, float *yb, const float *pa, cons
     }
     const float *ps[2] = {pa, pb};
     float *ys[2] = {ya, yb};
-    weigh_values_tail(ys, ps, 2, e0, pool, off, kv, n, d, f16);
+    weigh_values_tail(ys, ps, 2, e0, pool, off, kv, n, d, kind);
 }
 
 /* Scores (times `scale`) of three query heads that read the same KV head against keys j .. j+3:
  * each key vector is widened once for all three; each score summed as scores_pair sums it. */
 static inline void scores_triple(const float *qa, const float *qb, const float *qc, const void *pool,
-                                 const int64_t *off, int64_t kv, int d, int f16, float scale, float *sa, float *sb,
+                                 const int64_t *off, int64_t kv, int d, int kind, float scale, float *sa, float *sb,
                                  float *sc) {
     __m256 a[4], b[4], c[4];
     for (int u = 0; u < 4; u++)
         a[u] = b[u] = c[u] = _mm256_setzero_ps();
     for (int e = 0; e < d; e += 8) {
         for (int u = 0; u < 4; u++) {
-            __m256 k = load8(pool, off[u] + kv + e, f16);
+            __m256 k = load8(pool, off[u] + kv + e, kind);
             a[u] = _mm256_fmadd_ps(_mm256_loadu_ps(qa + e), k, a[u]);
             b[u] = _mm256_fmadd_ps(_mm256_loadu_ps(qb + e), k, b[u]);
             c[u] = _mm256_fmadd_ps(_mm256_loadu_ps(qc + e), k, c[u]);
@@ -231,7 +236,7 @@ static inline void scores_triple(const float *qa, const float *qb, const float *
  * three; every element's fmas in weigh_values's order. */
 static inline void weigh_values_triple(float *ya, float *yb, float *yc, const float *pa, const float *pb,
                                        const float *pc, const void *pool, const int64_t *off, int64_t kv, int n,
-                                       int d, int f16, struct prefetch *pf) {
+                                       int d, int kind, struct prefetch *pf) {
     int e0 = 0;
     for (; e0 + 32 <= d; e0 += 32) {
         __m256 a[4], b[4], c[4];
@@ -241,11 +246,12 @@ static inline void weigh_values_triple(float *ya, float *yb, float *yc, const fl
             c[u] = _mm256_loadu_ps(yc + e0 + 8 * u);
         }
         for (int j = 0; j < n; j++) {
-            prefetch_step(pf);
+            if ((j & 3) == 0)
+                prefetch_step(pf);
             __m256 wa = _mm256_broadcast_ss(pa + j), wb = _mm256_broadcast_ss(pb + j), wc = _mm256_broadcast_ss(pc + j);
             const int64_t o = off[j] + kv + e0;
             for (int u = 0; u < 4; u++) {
-                __m256 v = load8(pool, o + 8 * u, f16);
+                __m256 v = load8(pool, o + 8 * u, kind);
                 a[u] = _mm256_fmadd_ps(wa, v, a[u]);
                 b[u] = _mm256_fmadd_ps(wb, v, b[u]);
                 c[u] = _mm256_fmadd_ps(wc, v, c[u]);
@@ -259,7 +265,7 @@ static inline void weigh_values_triple(float *ya, float *yb, float *yc, const fl
     }
     const float *ps[3] = {pa, pb, pc};
     float *ys[3] = {ya, yb, yc};
-    weigh_values_tail(ys, ps, 3, e0, pool, off, kv, n, d, f16);
+    weigh_values_tail(ys, ps, 3, e0, pool, off, kv, n, d, kind);
 }
 
 /* How many of query heads h .. h1-1, from h on, read h's KV head, at most three: the heads taken
@@ -271,13 +277,14 @@ static inline int heads_sharing(int h, int h1, int group) {
     return k;
 }
 
-/* Pool element offsets of positions c0 .. c0+n-1 (row starts): walking the block table, with no
- * division per key. */
+/* The slots of positions c0 .. c0+n-1 and their pool element offsets (row starts): walking the
+ * block table, with no division per key. */
 static inline void key_offsets(const int32_t *blocks, int block_size, int64_t row_stride, int64_t c0, int n,
-                               int64_t *off) {
+                               int64_t *off, int64_t *slot) {
     int64_t b = c0 / block_size, r = c0 % block_size;
     int64_t base = (int64_t)blocks[b] * block_size;
     for (int j = 0; j < n; j++) {
+        slot[j] = base + r;
         off[j] = (base + r) * row_stride;
         if (++r == block_size) {
             r = 0;
@@ -287,10 +294,11 @@ static inline void key_offsets(const int32_t *blocks, int block_size, int64_t ro
 }
 
 /* The scores s[i][0..n) (times `scale`, softcapped) of query heads h0+i .. h0+i+k-1, which read one
- * KV head, against the chunk's keys. */
-static inline void chunk_scores(const float *q, int h0, int i, int k, int group, int d, const void *k_pool, int f16,
-                                const int64_t *off, int n, float scale, float softcap, float (*s)[KEY_CHUNK],
-                                struct prefetch *pf) {
+ * KV head, against the chunk's keys; an int8 pool's dot products times the keys' scales `ksc` first. */
+static inline void chunk_scores(const float *q, int h0, int i, int k, int group, int d, const void *k_pool, int kind,
+                                const int64_t *off, int n, const float *ksc, float scale, float softcap,
+                                float (*s)[KEY_CHUNK], struct prefetch *pf) {
+    const float sc = kind == KV_I8 ? 1.0f : scale;  /* int8: the scale after the key's own */
     const int h = h0 + i;
     const float *qh = q + (int64_t)h * d;
     const int64_t kv = (int64_t)(h / group) * d;
@@ -299,10 +307,10 @@ static inline void chunk_scores(const float *q, int h0, int i, int k, int group,
         for (int j4 = j; j4 < j + 8; j4 += 4) {
             prefetch_step(pf);
             if (k == 3)
-                scores_triple(qh, qh + d, qh + 2 * d, k_pool, off + j4, kv, d, f16, scale, &s[i][j4], &s[i + 1][j4],
+                scores_triple(qh, qh + d, qh + 2 * d, k_pool, off + j4, kv, d, kind, sc, &s[i][j4], &s[i + 1][j4],
                               &s[i + 2][j4]);
             else
-                scores_pair(qh, qh + d, k_pool, off + j4, kv, d, f16, scale, &s[i][j4], &s[i + 1][j4]);
+                scores_pair(qh, qh + d, k_pool, off + j4, kv, d, kind, sc, &s[i][j4], &s[i + 1][j4]);
         }
     if (k == 1)
         for (; j + 8 <= n; j += 8) {  /* eight keys' dot products side by side, summed at once */
@@ -314,17 +322,26 @@ static inline void chunk_scores(const float *q, int h0, int i, int k, int group,
             for (int e = 0; e < d; e += 8) {
                 __m256 qv = _mm256_loadu_ps(qh + e);
                 for (int u = 0; u < 8; u++)
-                    acc[u] = _mm256_fmadd_ps(qv, load8(k_pool, off[j + u] + kv + e, f16), acc[u]);
+                    acc[u] = _mm256_fmadd_ps(qv, load8(k_pool, off[j + u] + kv + e, kind), acc[u]);
             }
-            _mm256_storeu_ps(&s[i][j], _mm256_mul_ps(hsum8_ps(acc), _mm256_set1_ps(scale)));
+            _mm256_storeu_ps(&s[i][j], _mm256_mul_ps(hsum8_ps(acc), _mm256_set1_ps(sc)));
         }
     for (int t = i; t < i + k; t++) {
         for (int jj = j; jj < n; jj++)
-            s[t][jj] = dot_pool(q + (int64_t)(h0 + t) * d, k_pool, off[jj] + kv, d, f16) * scale;
+            s[t][jj] = dot_pool(q + (int64_t)(h0 + t) * d, k_pool, off[jj] + kv, d, kind) * sc;
+        if (kind == KV_I8)
+            for (int jj = 0; jj < n; jj++)
+                s[t][jj] = s[t][jj] * ksc[jj] * scale;
         if (softcap > 0.0f)
             for (int jj = 0; jj < n; jj++)
                 s[t][jj] = softcap * tanhf(s[t][jj] / softcap);
     }
+}
+
+/* The chunk's scales of KV head `kvh` in an int8 pool's `scales` [slots, kv_heads]. */
+static inline void chunk_scales(const float *scales, const int64_t *slot, int n, int kv_heads, int kvh, float *out) {
+    for (int j = 0; j < n; j++)
+        out[j] = scales[slot[j] * kv_heads + kvh];
 }
 
 /* Online softmax over one chunk for one head: s[0..n) become exp(s - m) (the row's new running max
@@ -358,21 +375,26 @@ static inline void chunk_softmax(float *srow, int n, float *m, float *l, float *
  * query head h reads KV head h / group. All the row's heads walk the keys together: each key row
  * of the pool (every KV head side by side) is read from memory once, not once per KV head. Heads of
  * one KV head go up to three at a time (GQA): each key and value vector is widened once for them.
- * Always inlined into paged_attention's two calls, so the pool type is a constant in its loops. */
+ * Always inlined into paged_attention's calls, one per pool type, so `kind` is a constant in its loops. */
 static inline __attribute__((always_inline)) void attend(const float *q, float *out, int h0, int h1, int group,
-                                                         int d, const void *k_pool, const void *v_pool, int f16,
+                                                         int d, const kv_pools *kv, int kind,
                                                          const int32_t *blocks, int block_size, int64_t row_stride,
                                                          int64_t first, int64_t last, float scale, float softcap,
                                                          float *ml) {
-    const int64_t esize = f16 ? 2 : 4;
-    float m[MAX_HEADS], l[MAX_HEADS], s[MAX_HEADS][KEY_CHUNK];
+    const void *k_pool = kv->k, *v_pool = kv->v;
+    const int64_t esize = kind == KV_F32 ? 4 : kind == KV_F16 ? 2 : 1;
+    float m[MAX_HEADS], l[MAX_HEADS], s[MAX_HEADS][KEY_CHUNK], ksc[KEY_CHUNK], vsc[KEY_CHUNK];
     int64_t offs[PREFETCH_CHUNKS + 1][KEY_CHUNK];  /* key row starts of this chunk and those requested */
+    int64_t slots[PREFETCH_CHUNKS + 1][KEY_CHUNK]; /* their slots */
+    const int kv_heads = (int)(row_stride / d);
     int nh = h1 - h0, groups = 0;
     for (int i = 0; i < nh; i += heads_sharing(h0 + i, h1, group))
         groups++;
     const int64_t e_lo = (int64_t)(h0 / group) * d, e_hi = (int64_t)((h1 - 1) / group + 1) * d;
     struct prefetch pf = {.k = (const char *)k_pool + e_lo * esize, .v = (const char *)v_pool + e_lo * esize,
-                          .esize = esize, .bytes = (e_hi - e_lo) * esize};
+                          .esize = esize, .bytes = (e_hi - e_lo) * esize, .kv_heads = kv_heads};
+    if (kind == KV_I8)
+        pf.ks = (const char *)(kv->k_scale + h0 / group), pf.vs = (const char *)(kv->v_scale + h0 / group);
     for (int i = 0; i < nh; i++) {
         m[i] = -INFINITY;
         l[i] = 0.0f;
@@ -382,25 +404,27 @@ static inline __attribute__((always_inline)) void attend(const float *q, float *
      * scattered over the pool, beyond the hardware prefetcher's reach). */
     for (int64_t a = 0, c1 = first; a < PREFETCH_CHUNKS && c1 <= last; a++, c1 += KEY_CHUNK) {
         int n1 = chunk_keys(c1, last);
-        key_offsets(blocks, block_size, row_stride, c1, n1, offs[a]);
+        key_offsets(blocks, block_size, row_stride, c1, n1, offs[a], slots[a]);
         if (a > 0)
-            prefetch_chunk(&pf, offs[a], n1, 0);
+            prefetch_chunk(&pf, offs[a], slots[a], n1, 0);
     }
     for (int64_t c0 = first, a = 0; c0 <= last; c0 += KEY_CHUNK, a++) {
         int n = chunk_keys(c0, last);
-        const int64_t *off = offs[a % (PREFETCH_CHUNKS + 1)];
+        const int64_t *off = offs[a % (PREFETCH_CHUNKS + 1)], *slot = slots[a % (PREFETCH_CHUNKS + 1)];
         /* The chunk PREFETCH_CHUNKS ahead is requested a few lines per step of this one's loops. */
         int64_t ca = c0 + PREFETCH_CHUNKS * KEY_CHUNK;
         pf.n = 0;
         if (ca <= last) {
             int na = chunk_keys(ca, last);
-            int64_t *oa = offs[(a + PREFETCH_CHUNKS) % (PREFETCH_CHUNKS + 1)];
-            key_offsets(blocks, block_size, row_stride, ca, na, oa);
-            prefetch_chunk(&pf, oa, na, groups * (n / 4 + n));
+            const int64_t ia = (a + PREFETCH_CHUNKS) % (PREFETCH_CHUNKS + 1);
+            key_offsets(blocks, block_size, row_stride, ca, na, offs[ia], slots[ia]);
+            prefetch_chunk(&pf, offs[ia], slots[ia], na, groups * (n / 4 + (n + 3) / 4));
         }
         for (int i = 0, k; i < nh; i += k) {
             k = heads_sharing(h0 + i, h1, group);
-            chunk_scores(q, h0, i, k, group, d, k_pool, f16, off, n, scale, softcap, s, &pf);
+            if (kind == KV_I8)
+                chunk_scales(kv->k_scale, slot, n, kv_heads, (h0 + i) / group, ksc);
+            chunk_scores(q, h0, i, k, group, d, k_pool, kind, off, n, ksc, scale, softcap, s, &pf);
         }
         for (int i = 0; i < nh; i++)
             chunk_softmax(s[i], n, &m[i], &l[i], out + (int64_t)(h0 + i) * d, d);
@@ -408,13 +432,19 @@ static inline __attribute__((always_inline)) void attend(const float *q, float *
             int h = h0 + i;
             k = heads_sharing(h, h1, group);
             float *y = out + (int64_t)h * d;
-            const int64_t kv = (int64_t)(h / group) * d;
+            const int64_t e = (int64_t)(h / group) * d;
+            if (kind == KV_I8) {  /* the weights times the values' scales (l summed the weights alone) */
+                chunk_scales(kv->v_scale, slot, n, kv_heads, h / group, vsc);
+                for (int t = i; t < i + k; t++)
+                    for (int j = 0; j < n; j++)
+                        s[t][j] *= vsc[j];
+            }
             if (k == 3)
-                weigh_values_triple(y, y + d, y + 2 * d, s[i], s[i + 1], s[i + 2], v_pool, off, kv, n, d, f16, &pf);
+                weigh_values_triple(y, y + d, y + 2 * d, s[i], s[i + 1], s[i + 2], v_pool, off, e, n, d, kind, &pf);
             else if (k == 2)
-                weigh_values_pair(y, y + d, s[i], s[i + 1], v_pool, off, kv, n, d, f16, &pf);
+                weigh_values_pair(y, y + d, s[i], s[i + 1], v_pool, off, e, n, d, kind, &pf);
             else
-                weigh_values(y, s[i], v_pool, off, kv, n, d, f16, &pf);
+                weigh_values(y, s[i], v_pool, off, e, n, d, kind, &pf);
         }
         prefetch_rest(&pf);  /* whatever the loops left, before its turn */
     }
@@ -495,12 +525,12 @@ static int head_splits(int64_t num_tokens, int64_t parts, int heads, int threads
 }
 
 /* Returns 0, or -1 when the partitions' scratch cannot be allocated (nothing written then).
- * Work items are (query row, partition, part of the heads: head_splits). The pools hold fp32, or
- * fp16 when `f16`. `window` 0: none; `softcap` 0: none. */
+ * Work items are (query row, partition, part of the heads: head_splits). `window` 0: none;
+ * `softcap` 0: none. */
 int paged_attention(const float *q, float *out, int64_t num_tokens, int heads, int kv_heads, int d,
-                         const void *k_cache, const void *v_cache, int f16, int block_size, const int32_t *block_table,
-                         int64_t max_blocks, const int32_t *cu_seqlens_q, const int32_t *seq_lens, int num_seqs,
-                         float scale, int64_t window, float softcap, int threads) {
+                    const kv_pools *kv, int block_size, const int32_t *block_table, int64_t max_blocks,
+                    const int32_t *cu_seqlens_q, const int32_t *seq_lens, int num_seqs, float scale, int64_t window,
+                    float softcap, int threads) {
     if (cu_seqlens_q[num_seqs] < num_tokens)  /* padding rows past the last sequence: left as they are */
         num_tokens = cu_seqlens_q[num_seqs];
     if (num_tokens <= 0)
@@ -546,12 +576,15 @@ int paged_attention(const float *q, float *out, int64_t num_tokens, int heads, i
         float *y = r->parts > 1 ? acc + (r->slot + p) * heads * d : out + lo * heads * d;
         float *m_l = r->parts > 1 ? ml + (r->slot + p) * heads * 2 : NULL;
         const int32_t *blocks = block_table + (int64_t)r->seq * max_blocks;
-        if (f16)
-            attend(qr, y, h0, h1, group, d, k_cache, v_cache, 1, blocks, block_size, row_stride, first, last, scale,
-                   softcap, m_l);
+        if (kv->kind == KV_F16)
+            attend(qr, y, h0, h1, group, d, kv, KV_F16, blocks, block_size, row_stride, first, last, scale, softcap,
+                   m_l);
+        else if (kv->kind == KV_I8)
+            attend(qr, y, h0, h1, group, d, kv, KV_I8, blocks, block_size, row_stride, first, last, scale, softcap,
+                   m_l);
         else
-            attend(qr, y, h0, h1, group, d, k_cache, v_cache, 0, blocks, block_size, row_stride, first, last, scale,
-                   softcap, m_l);
+            attend(qr, y, h0, h1, group, d, kv, KV_F32, blocks, block_size, row_stride, first, last, scale, softcap,
+                   m_l);
     }
     if (slots > 0) {
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -565,16 +598,45 @@ int paged_attention(const float *q, float *out, int64_t num_tokens, int heads, i
     return 0;
 }
 
-/* Token t's keys/values `[kv_heads * D]` (fp32; `row` a multiple of 8) into pool slot slots[t]
- * (-1: padding, skipped), as fp32 or, when `f16`, rounded to fp16 (to nearest even, as torch). */
-void store_kv(const float *k, const float *v, const int64_t *slots, int64_t num_tokens, int64_t row,
-              void *k_cache, void *v_cache, int f16) {
+/* One (slot, KV head) row of d fp32 values `x` into a pool of `kind` at `slot`: fp32; fp16 rounded to
+ * nearest even (as torch); int8 as kv_quant.quantize_kv_ref, bit for bit: scale = absmax / 127,
+ * x / scale rounded half away from zero (0 and scale 0 for a zero row). */
+static void store_row(void *pool, float *scales, int64_t slot, int kv_heads, int head, const float *x, int d,
+                      int kind) {
+    const int64_t at = (slot * kv_heads + head) * d;
+    if (kind != KV_I8) {
+        for (int e = 0; e < d; e += 8) {
+            __m256 v = _mm256_loadu_ps(x + e);
+            if (kind == KV_F16)
+                _mm_storeu_si128((__m128i *)((uint16_t *)pool + at + e), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+            else
+                _mm256_storeu_ps((float *)pool + at + e, v);
+        }
+        return;
+    }
+    float amax = 0.0f;
+    for (int e = 0; e < d; e++)
+        amax = fmaxf(amax, fabsf(x[e]));
+    const float scale = amax / 127.0f, div = scale > 0.0f ? scale : 1.0f;
+    int8_t *row = (int8_t *)pool + at;
+    for (int e = 0; e < d; e++) {
+        float y = x[e] / div, r = copysignf(floorf(fabsf(y) + 0.5f), y);
+        row[e] = (int8_t)fminf(fmaxf(r, -127.0f), 127.0f);
+    }
+    scales[slot * kv_heads + head] = scale;
+}
+
+/* Token t's keys/values `[kv_heads, d]` (fp32; d a multiple of 8) into pool slot slots[t] (-1: padding,
+ * skipped), as the pools' kind (store_row). */
+void store_kv(const float *k, const float *v, const int64_t *slots, int64_t num_tokens, int kv_heads, int d,
+              const kv_pools *kv) {
+    const int64_t row = (int64_t)kv_heads * d;
     for (int64_t t = 0; t < num_tokens; t++) {
         if (slots[t] < 0)
             continue;
-        for (int64_t e = 0; e < row; e += 8) {
-            store8(k_cache, slots[t] * row + e, _mm256_loadu_ps(k + t * row + e), f16);
-            store8(v_cache, slots[t] * row + e, _mm256_loadu_ps(v + t * row + e), f16);
+        for (int h = 0; h < kv_heads; h++) {
+            store_row(kv->k, kv->k_scale, slots[t], kv_heads, h, k + t * row + (int64_t)h * d, d, (int)kv->kind);
+            store_row(kv->v, kv->v_scale, slots[t], kv_heads, h, v + t * row + (int64_t)h * d, d, (int)kv->kind);
         }
     }
 }
@@ -584,14 +646,15 @@ void store_kv(const float *k, const float *v, const int64_t *slots, int64_t num_
  * when `norm_w` ([heads + kv_heads, d]) is given, then rotated: x * cos + partner(x) * sin with
  * the step's tables [tokens, d] (sin signed as decoder.RotaryEmbedding lays it out; partner pairs
  * (i, i + d/2) when `neox`, else (2i, 2i + 1)). q goes to q_out [tokens, heads, d]; k and v go to
- * pool slot slots[t] (-1: padding, not stored), as the pool's type. The same products and sums as
+ * pool slot slots[t] (-1: padding, not stored), as the pools' kind (store_row). The same products and sums as
  * the torch ops it replaces (built without FMA contraction), so the same bits. d: a multiple of
  * 16, at most 512. */
 void rope_store_kv(const float *qkv, int64_t num_tokens, int heads, int kv_heads, int d, const float *norm_w,
                    float eps, const float *cos, const float *sin, int neox, float *q_out, const int64_t *slots,
-                   void *k_cache, void *v_cache, int f16) {
-    const int64_t width = (int64_t)(heads + 2 * kv_heads) * d, kv_row = (int64_t)kv_heads * d;
-    float buf[512];
+                   const kv_pools *kv) {
+    const int64_t width = (int64_t)(heads + 2 * kv_heads) * d;
+    const int kind = (int)kv->kind;
+    float buf[512], rot[512];
     for (int64_t t = 0; t < num_tokens; t++) {
         const float *row = qkv + t * width, *c = cos + t * d, *s = sin + t * d;
         for (int h = 0; h < heads + kv_heads; h++) {
@@ -605,19 +668,18 @@ void rope_store_kv(const float *qkv, int64_t num_tokens, int heads, int kv_heads
             }
             if (h >= heads && slots[t] < 0)
                 continue;
+            float *y = h < heads ? q_out + (t * heads + h) * d : rot;
             for (int i = 0; i < d; i += 8) {
                 __m256 v = _mm256_loadu_ps(x + i);
                 __m256 partner = neox ? _mm256_loadu_ps(x + (i + d / 2) % d) : _mm256_permute_ps(v, 0xB1);
-                __m256 r = _mm256_add_ps(_mm256_mul_ps(v, _mm256_loadu_ps(c + i)),
-                                         _mm256_mul_ps(partner, _mm256_loadu_ps(s + i)));
-                if (h < heads)
-                    _mm256_storeu_ps(q_out + (t * heads + h) * d + i, r);
-                else
-                    store8(k_cache, slots[t] * kv_row + (int64_t)(h - heads) * d + i, r, f16);
+                _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_mul_ps(v, _mm256_loadu_ps(c + i)),
+                                                      _mm256_mul_ps(partner, _mm256_loadu_ps(s + i))));
             }
+            if (h >= heads)
+                store_row(kv->k, kv->k_scale, slots[t], kv_heads, h - heads, rot, d, kind);
         }
         if (slots[t] >= 0)
-            for (int64_t e = 0; e < kv_row; e += 8)
-                store8(v_cache, slots[t] * kv_row + e, _mm256_loadu_ps(row + (int64_t)(heads + kv_heads) * d + e), f16);
+            for (int h = 0; h < kv_heads; h++)
+                store_row(kv->v, kv->v_scale, slots[t], kv_heads, h, row + (int64_t)(heads + kv_heads + h) * d, d, kind);
     }
 }

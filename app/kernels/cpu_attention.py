@@ -6,9 +6,11 @@ masked SDPA over the padded batch; the C kernel reads the keys and values in pla
 Each (query row, head) is computed on its own, over its keys in position order: its numbers do not
 depend on the rest of the batch, on how a prompt was chunked, or on the threads. The reference
 stays the specification (`tests/kernels/test_cpu_attention.py` holds the kernel to it) and serves
-whatever this one does not take (it takes fp32 queries over fp32 or fp16 caches): bf16 or int8/fp8
-caches, CUDA tensors, machines without AVX2 or a
-C compiler, and `LOCALBATCH_CPU_ATTENTION=torch` (for comparisons).
+whatever this one does not take (it takes fp32 queries over fp32, fp16 or int8 caches): bf16 or fp8
+caches, CUDA tensors, machines without AVX2 or a C compiler, and `LOCALBATCH_CPU_ATTENTION=torch`
+(for comparisons). An int8 cache is stored as `kv_quant.quantize_kv_ref` stores it, bit for bit,
+and attended as the reference attends it (scores times the keys' scales, weights times the
+values'), in fp32: the C kernel widens each int8 element exactly.
 """
 
 from __future__ import annotations
@@ -20,21 +22,38 @@ import os
 import torch
 
 from app.kernels import cpu_build
+from app.kernels.kv_cache import KVCacheLayer
 from app.kernels.metadata import AttentionMetadata
 
 BACKEND_ENV = "LOCALBATCH_CPU_ATTENTION"  # "torch": the reference instead of the C kernel
-CACHE_DTYPES = (torch.float32, torch.float16)
+KV_KINDS = {torch.float32: 0, torch.float16: 1, torch.int8: 2}  # cpu_kernels.h's KV_F32, KV_F16, KV_I8
+CACHE_DTYPES = tuple(KV_KINDS)
 _MAX_HEADS = 128  # query heads the kernel's stack buffers hold
+
+
+class KVPools(ctypes.Structure):
+    """cpu_kernels.h's `kv_pools`: one layer's K and V pools, an int8 pool's scales, the element kind."""
+
+    _fields_ = [("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("k_scale", ctypes.c_void_p),
+                ("v_scale", ctypes.c_void_p), ("kind", ctypes.c_int64)]
+
+
+def kv_pools(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor | None = None,
+             v_scale: torch.Tensor | None = None) -> KVPools:
+    """The descriptor the C kernels read a layer's cache through (the tensors must outlive its use)."""
+    def ptr(t: torch.Tensor | None) -> int | None:
+        return None if t is None else t.data_ptr()
+
+    return KVPools(k_cache.data_ptr(), v_cache.data_ptr(), ptr(k_scale), ptr(v_scale), KV_KINDS[k_cache.dtype])
 
 
 @functools.lru_cache(maxsize=1)
 def _library() -> ctypes.CDLL | None:
     i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
     return cpu_build.load({
-        "paged_attention": [ptr, ptr, i64, i32, i32, i32, ptr, ptr, i32, i32, ptr, i64, ptr, ptr, i32, f32, i64, f32,
-                            i32],
-        "store_kv": [ptr, ptr, ptr, i64, i64, ptr, ptr, i32],
-        "rope_store_kv": [ptr, i64, i32, i32, i32, ptr, f32, ptr, ptr, i32, ptr, ptr, ptr, ptr, i32],
+        "paged_attention": [ptr, ptr, i64, i32, i32, i32, ptr, i32, ptr, i64, ptr, ptr, i32, f32, i64, f32, i32],
+        "store_kv": [ptr, ptr, ptr, i64, i32, i32, ptr],
+        "rope_store_kv": [ptr, i64, i32, i32, i32, ptr, f32, ptr, ptr, i32, ptr, ptr, ptr],
     }, restypes={"paged_attention": ctypes.c_int})
 
 
@@ -44,17 +63,18 @@ def available() -> bool:
 
 
 def handles(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor | None) -> bool:
-    """Whether the C kernels take this call: fp32 CPU tensors, an fp32 or fp16 cache, a head size
-    the vector loops cover, and the library built here."""
+    """Whether the C kernels take this call: fp32 CPU tensors, an fp32, fp16 or int8 cache (int8 with
+    its scales), a head size the vector loops cover, and the library built here."""
     return (
-        q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype in CACHE_DTYPES and k_scale is None
+        q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype in CACHE_DTYPES
+        and (k_scale is not None) == (k_cache.dtype == torch.int8)
         and q.shape[2] % 8 == 0 and q.shape[1] <= _MAX_HEADS and available()
     )
 
 
 def takes(device: torch.device, dtype: torch.dtype, cache_dtype: torch.dtype, heads: int, head_dim: int) -> bool:
     """Whether a model's whole attention block runs here (`rope_store_kv`, then `unified_attention`),
-    asked once per model: fp32 CPU compute, an fp32 or fp16 cache, a head size the kernels' buffers
+    asked once per model: fp32 CPU compute, an fp32, fp16 or int8 cache, a head size the kernels' buffers
     hold (a multiple of 16, at most 512), the library built and not turned off."""
     return (device.type == "cpu" and dtype == torch.float32 and cache_dtype in CACHE_DTYPES
             and head_dim % 16 == 0 and head_dim <= 512 and heads <= _MAX_HEADS and available())
@@ -66,12 +86,12 @@ def int64_slots(slot_mapping: torch.Tensor) -> torch.Tensor:
 
 
 def rope_store_kv(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, norm_w: torch.Tensor | None,
-                  eps: float, tables: tuple[torch.Tensor, torch.Tensor], neox: bool, k_cache: torch.Tensor,
-                  v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+                  eps: float, tables: tuple[torch.Tensor, torch.Tensor], neox: bool, kv: KVCacheLayer,
+                  slot_mapping: torch.Tensor) -> torch.Tensor:
     """The qkv projection's rows `[tokens, (heads + 2 * kv_heads) * head_dim]` in one C pass: q and k
     heads RMS-normed by `norm_w` (`[heads + kv_heads, head_dim]`, if given) and rotated by the
     step's cos / signed-sin `tables` (`[tokens, 1, head_dim]` fp32 each), k and v stored in their
-    cache slots. Returns q `[tokens, heads, head_dim]` (`takes` said yes for the model)."""
+    slots of `kv`. Returns q `[tokens, heads, head_dim]` (`takes` said yes for the model)."""
     qkv = qkv.contiguous()
     cos, sin = (t.contiguous() for t in tables)
     slots = int64_slots(slot_mapping)
@@ -79,28 +99,29 @@ def rope_store_kv(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, n
     q = torch.empty((qkv.shape[0], heads, head_dim), dtype=torch.float32)
     _library().rope_store_kv(
         qkv.data_ptr(), qkv.shape[0], heads, kv_heads, head_dim, None if norm is None else norm.data_ptr(), eps,
-        cos.data_ptr(), sin.data_ptr(), neox, q.data_ptr(), slots.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
-        k_cache.dtype == torch.float16,
+        cos.data_ptr(), sin.data_ptr(), neox, q.data_ptr(), slots.data_ptr(),
+        ctypes.byref(kv_pools(kv.k, kv.v, kv.k_scale, kv.v_scale)),
     )
     return q
 
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """`store_kv_ref` for an fp32 or fp16 cache (`handles` said yes)."""
+             slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
+             v_scale: torch.Tensor | None = None) -> None:
+    """`store_kv_ref` for an fp32, fp16 or int8 cache (`handles` said yes): the same bits."""
     k, v = k.float().contiguous(), v.float().contiguous()
     slots = int64_slots(slot_mapping)
-    row = k_cache.shape[2] * k_cache.shape[3]
-    _library().store_kv(k.data_ptr(), v.data_ptr(), slots.data_ptr(), k.shape[0], row,
-                        k_cache.data_ptr(), v_cache.data_ptr(), k_cache.dtype == torch.float16)
+    _library().store_kv(k.data_ptr(), v.data_ptr(), slots.data_ptr(), k.shape[0], k_cache.shape[2], k_cache.shape[3],
+                        ctypes.byref(kv_pools(k_cache, v_cache, k_scale, v_scale)))
 
 
 def unified_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, meta: AttentionMetadata,
     scale: float, sliding_window: int | None = None, softcap: float | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`unified_attention_ref` for an fp32 or fp16 cache (`handles` said yes); writes and returns
-    `out`."""
+    """`unified_attention_ref` for an fp32, fp16 or int8 cache (`handles` said yes); writes and
+    returns `out`."""
     num_tokens, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     cu, lens, table = int32_metadata(meta)
@@ -108,8 +129,8 @@ def unified_attention(
     q = q.contiguous()
     target = out if out.is_contiguous() else torch.empty_like(q)
     failed = _library().paged_attention(
-        q.data_ptr(), target.data_ptr(), num_tokens, heads, kv_heads, head_dim, k_cache.data_ptr(),
-        v_cache.data_ptr(), k_cache.dtype == torch.float16, k_cache.shape[1], table.data_ptr(), table.shape[1],
+        q.data_ptr(), target.data_ptr(), num_tokens, heads, kv_heads, head_dim,
+        ctypes.byref(kv_pools(k_cache, v_cache, k_scale, v_scale)), k_cache.shape[1], table.data_ptr(), table.shape[1],
         cu.data_ptr(), lens.data_ptr(), meta.num_seqs, scale, sliding_window or 0, softcap or 0.0, threads,
     )
     if failed:

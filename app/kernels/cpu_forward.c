@@ -22,7 +22,7 @@ typedef struct {
 typedef struct {
     const qweight *qkv, *o, *gate_up, *down;
     const float *attn_norm, *post_attn_norm, *ffn_norm, *post_ffw_norm, *qk_norm, *qkv_bias; /* NULL: none */
-    void *k_cache, *v_cache;
+    kv_pools kv;
     int64_t window; /* 0: none */
     int64_t rope;   /* which of the step's cos/sin tables */
     int64_t group;  /* which of the step's metadata: its KV cache group's block tables and slots */
@@ -32,7 +32,7 @@ typedef struct {
 
 typedef struct {
     int64_t M, hidden, heads, kv_heads, head_dim, ffn, block_size;
-    int64_t act, neox, f16, threads;
+    int64_t act, neox, threads;
     float eps, scale;
     const float *cos[MAX_ROPES], *sin[MAX_ROPES];
     const meta_desc *metas; /* one per KV cache group */
@@ -58,10 +58,9 @@ int forward_layers(const layer_desc *layers, int64_t n, const step_desc *s) {
         if (L->qkv_bias)
             add_bias(s->qkv, L->qkv_bias, M, (s->heads + 2 * s->kv_heads) * s->head_dim);
         rope_store_kv(s->qkv, M, (int)s->heads, (int)s->kv_heads, (int)s->head_dim, L->qk_norm, s->eps,
-                      s->cos[L->rope], s->sin[L->rope], (int)s->neox, s->q, m->slots, L->k_cache, L->v_cache,
-                      (int)s->f16);
-        if (paged_attention(s->q, s->attn, M, (int)s->heads, (int)s->kv_heads, (int)s->head_dim, L->k_cache,
-                            L->v_cache, (int)s->f16, (int)s->block_size, m->block_table, m->max_blocks,
+                      s->cos[L->rope], s->sin[L->rope], (int)s->neox, s->q, m->slots, &L->kv);
+        if (paged_attention(s->q, s->attn, M, (int)s->heads, (int)s->kv_heads, (int)s->head_dim, &L->kv,
+                            (int)s->block_size, m->block_table, m->max_blocks,
                             m->cu_seqlens_q, m->seq_lens, (int)m->num_seqs, s->scale, L->window, 0.0f, (int)s->threads))
             return -1;
         if (qgemm(L->o, s->attn, M, s->h, (int)s->threads))

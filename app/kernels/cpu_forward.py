@@ -12,7 +12,7 @@ import functools
 import torch
 
 from app.kernels import cpu_build, cpu_ops
-from app.kernels.cpu_attention import int32_metadata, int64_slots
+from app.kernels.cpu_attention import KVPools, int32_metadata, int64_slots, kv_pools
 from app.kernels.cpu_qgemm import Q4Weight, Q6Weight, Q8Weight
 from app.kernels.kv_cache import KVCacheLayer
 from app.kernels.metadata import AttentionMetadata
@@ -28,13 +28,13 @@ class _Meta(ctypes.Structure):
 
 class _Layer(ctypes.Structure):
     _fields_ = [(name, _ptr) for name in ("qkv", "o", "gate_up", "down", "attn_norm", "post_attn_norm", "ffn_norm",
-                                          "post_ffw_norm", "qk_norm", "qkv_bias", "k_cache", "v_cache")] + [
-        ("window", _i64), ("rope", _i64), ("group", _i64)]
+                                          "post_ffw_norm", "qk_norm", "qkv_bias")] + [
+        ("kv", KVPools), ("window", _i64), ("rope", _i64), ("group", _i64)]
 
 
 class _Step(ctypes.Structure):
     _fields_ = [(name, _i64) for name in ("M", "hidden", "heads", "kv_heads", "head_dim", "ffn", "block_size", "act",
-                                         "neox", "f16", "threads")] + [
+                                         "neox", "threads")] + [
         ("eps", _f32), ("scale", _f32), ("cos", _ptr * MAX_ROPES), ("sin", _ptr * MAX_ROPES), ("metas", _ptr)] + [
         (name, _ptr) for name in ("x", "h", "normed", "qkv", "q", "attn", "gate_up", "act_out")]
 
@@ -116,7 +116,7 @@ class OneCallLayers:
         step = _Step(M=m, hidden=cfg.hidden_size, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
                      head_dim=cfg.head_dim, ffn=self.ffn, block_size=kv_caches[0].k.shape[1],
                      act=cpu_ops.GLU_ACTIVATIONS[cfg.hidden_act], neox=self.layers[0].rope.style == "neox",
-                     f16=kv_caches[0].k.dtype == torch.float16, threads=threads, eps=cfg.rms_norm_eps,
+                     threads=threads, eps=cfg.rms_norm_eps,
                      scale=cfg.attn_scale, metas=ctypes.addressof(metas_c), **pointers)
         for i, rope in enumerate(self.ropes):
             cos, sin = (t.contiguous() for t in tables[rope])
@@ -151,5 +151,5 @@ def _describe(desc: _Layer, layer, kv: KVCacheLayer, rope: int) -> None:
     desc.attn_norm, desc.post_attn_norm = ptr(layer.attn_norm), ptr(layer.post_attn_norm)
     desc.ffn_norm, desc.post_ffw_norm, desc.qk_norm = ptr(layer.ffn_norm), ptr(layer.post_ffw_norm), ptr(layer.qk_norm)
     desc.qkv_bias = ptr(layer.qkv.bias)
-    desc.k_cache, desc.v_cache = kv.k.data_ptr(), kv.v.data_ptr()
+    desc.kv = kv_pools(kv.k, kv.v, kv.k_scale, kv.v_scale)
     desc.window, desc.rope = layer.window or 0, rope

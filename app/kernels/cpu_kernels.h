@@ -24,14 +24,25 @@ typedef struct {
 /* cpu_qgemm.c */
 int qgemm(const qweight *w, const float *x, int64_t M, float *y, int nthreads);
 
+/* A KV pool's element type (cpu_attention.py's KV_KINDS). */
+enum { KV_F32, KV_F16, KV_I8 };
+
+/* One layer's KV cache as kv_cache.py's KVCacheLayer: k and v [slots, kv_heads, d] of `kind`; an
+ * int8 pool has an fp32 scale per (slot, KV head), k_scale / v_scale [slots, kv_heads] (else NULL). */
+typedef struct {
+    void *k, *v;
+    float *k_scale, *v_scale;
+    int64_t kind; /* KV_F32 .. KV_I8 */
+} kv_pools;
+
 /* cpu_attention.c */
 int paged_attention(const float *q, float *out, int64_t num_tokens, int heads, int kv_heads, int d,
-                    const void *k_cache, const void *v_cache, int f16, int block_size, const int32_t *block_table,
-                    int64_t max_blocks, const int32_t *cu_seqlens_q, const int32_t *seq_lens, int num_seqs,
-                    float scale, int64_t window, float softcap, int threads);
+                    const kv_pools *kv, int block_size, const int32_t *block_table, int64_t max_blocks,
+                    const int32_t *cu_seqlens_q, const int32_t *seq_lens, int num_seqs, float scale, int64_t window,
+                    float softcap, int threads);
 void rope_store_kv(const float *qkv, int64_t num_tokens, int heads, int kv_heads, int d, const float *norm_w,
                    float eps, const float *cos, const float *sin, int neox, float *q_out, const int64_t *slots,
-                   void *k_cache, void *v_cache, int f16);
+                   const kv_pools *kv);
 
 /* cpu_ops.c */
 void rms_norm_f32(const float *x, const float *residual, float *total, const float *w, float *out, int64_t rows,

@@ -3,6 +3,7 @@ a random-token prompt of each length, then `--tokens` decode steps; the decode s
 median of the last steps (the prompt's steps and the first token excluded).
 
     python -m benchmarks.engine.long_context --model qwen2.5-coder-1.5b-instruct --context 128,4096
+    python -m benchmarks.engine.long_context --kv-cache-dtype int8   # the same over an int8 cache
 
 Run it from two trees back to back (`PYTHONPATH=<other tree>`) to compare kernels; docs/benchmarks.md
 ("Decode after a long prompt") gives the figures and the bandwidth bound.
@@ -38,8 +39,9 @@ def main() -> None:
     parser.add_argument("--context", default="64,3500", help="prompt lengths, comma-separated")
     parser.add_argument("--tokens", type=int, default=48, help="tokens decoded after each prompt")
     parser.add_argument("--label", default="", help="printed before each line (e.g. the tree's name)")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="the KV cache's storage (auto, float16, int8, ...)")
     args = parser.parse_args()
-    engine = LLMEngine(args.model)
+    engine = LLMEngine(args.model, kv_cache_dtype=args.kv_cache_dtype)
     rng = random.Random(0)
     base = None
     for n in (int(x) for x in args.context.split(",")):

@@ -1,6 +1,6 @@
 """The C paged attention and KV store of the fp32 CPU path (app/kernels/cpu_attention.c) against
-the torch reference, and the property the engine relies on: a row's numbers do not depend on the
-batch around it or on how its prompt was chunked (bit for bit)."""
+the torch reference, over fp32, fp16 and int8 caches, and the property the engine relies on: a
+row's numbers do not depend on the batch around it or on how its prompt was chunked (bit for bit)."""
 
 from __future__ import annotations
 
@@ -35,33 +35,49 @@ FP32_CASES.update({
 })
 
 
+# An int8 cache (`--kv-cache-dtype int8`): scores times the keys' scales, weights times the values'.
+FP32_CASES.update({
+    f"{name}-int8-cache": replace(FP32_CASES[name], cache_dtype="int8")
+    for name in ("decode-fp32-gqa1", "decode-gemma-d256", "mixed-gqa3", "window-short", "softcap", "padding-tokens")
+})
+FP32_CASES.update({  # the reference's int8 cases: NaN scales wherever the kernel must not read
+    name: replace(case, dtype="float32") for name, case in ATTN_CASES.items() if case.cache_dtype == "int8"
+})
+
 # Rows of more than 512 keys (the kernel's KEY_PARTITION): read in partitions, merged at the end.
 LONG = replace(FP32_CASES["decode-fp32-gqa1"], q_lens=(1, 3, 1), seq_lens=(1100, 600, 1537), heads=6, kv_heads=2,
                head_dim=16)
 FP32_CASES.update({
     "long-partitions": LONG,
     "long-partitions-fp16-cache": replace(LONG, cache_dtype="float16"),
+    "long-partitions-int8-cache": replace(LONG, cache_dtype="int8"),
     "long-partitions-window": replace(LONG, window=700),
 })
 
 
-def c_attention(*args, **kwargs) -> torch.Tensor:
+def c_attention(*args, k_scale=None, v_scale=None) -> torch.Tensor:
     q, k_cache = args[0], args[1]
-    assert cpu_attention.handles(q, k_cache, kwargs.get("k_scale"))
-    return cpu_attention.unified_attention(*args)
+    assert cpu_attention.handles(q, k_cache, k_scale)
+    return cpu_attention.unified_attention(*args, k_scale=k_scale, v_scale=v_scale)
+
+
+def scales(inputs: dict) -> dict:
+    """An int8 cache's scales from `make_attention_inputs`, as keyword arguments (none otherwise)."""
+    return {n: inputs[n] for n in ("k_scale", "v_scale") if n in inputs}
 
 
 @pytest.mark.parametrize("name", list(FP32_CASES))
 def test_attention_matches_reference(name: str) -> None:
     case = FP32_CASES[name]
     err, kept = attention_error(case, make_attention_inputs(case), c_attention)
-    assert err < 1e-5, f"{name}: relative error {err:.2e}"
+    assert err < 1e-5, f"{name}: relative error {err:.2e}"  # int8 too: it widens exactly, sums in fp32
     assert kept, f"{name}: rows outside every sequence were written"
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_attention_is_the_same_on_any_thread_count(threads: int) -> None:
-    case = FP32_CASES["decode-gemma-d256"]
+@pytest.mark.parametrize("name", ["decode-gemma-d256", "decode-gemma-d256-int8-cache"])
+def test_attention_is_the_same_on_any_thread_count(threads: int, name: str) -> None:
+    case = FP32_CASES[name]
     inputs = make_attention_inputs(case)
     outs = []
     previous = torch.get_num_threads()
@@ -70,7 +86,7 @@ def test_attention_is_the_same_on_any_thread_count(threads: int) -> None:
             torch.set_num_threads(n)
             out = torch.full_like(inputs["q"], SENTINEL)
             c_attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], out, attention_metadata(inputs), 0.0625,
-                        case.window, case.softcap)
+                        case.window, case.softcap, **scales(inputs))
             outs.append(out)
     finally:
         torch.set_num_threads(previous)
@@ -84,18 +100,19 @@ def _run(inputs: dict, cu: list[int], seq_lens: list[int], rows: slice, blocks: 
     )
     q = inputs["q"][rows].contiguous()
     out = torch.empty_like(q)
-    return c_attention(q, inputs["k_cache"], inputs["v_cache"], out, meta, 0.2, window, None)
+    return c_attention(q, inputs["k_cache"], inputs["v_cache"], out, meta, 0.2, window, None, **scales(inputs))
 
 
 @pytest.mark.parametrize("window", [None, 7])
-def test_a_row_is_the_same_alone_batched_and_chunked(window: int | None) -> None:
+@pytest.mark.parametrize("cache_dtype", ["float32", "int8"])
+def test_a_row_is_the_same_alone_batched_and_chunked(window: int | None, cache_dtype: str) -> None:
     """Sequence 2 (a 19-token first chunk in MIXED) computed inside the mixed batch, alone, and as
     two chunks of 11 and 8 rows: bit-identical rows."""
-    case = replace(FP32_CASES["mixed-gqa3"], window=window)
+    case = replace(FP32_CASES["mixed-gqa3"], window=window, cache_dtype=cache_dtype)
     inputs = make_attention_inputs(case)
     meta = attention_metadata(inputs)
     batched = torch.empty_like(inputs["q"])
-    c_attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], batched, meta, 0.2, window, None)
+    c_attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], batched, meta, 0.2, window, None, **scales(inputs))
     start = sum(case.q_lens[:2])
     mine = slice(start, start + 19)
     alone = _run(inputs, [0, 19], [19], mine, [2], window)
@@ -106,16 +123,17 @@ def test_a_row_is_the_same_alone_batched_and_chunked(window: int | None) -> None
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-def test_a_long_row_is_the_same_alone_batched_and_chunked(threads: int) -> None:
+@pytest.mark.parametrize("cache_dtype", ["float32", "int8"])
+def test_a_long_row_is_the_same_alone_batched_and_chunked(threads: int, cache_dtype: str) -> None:
     """Rows read in partitions: the 3-row chunk of sequence 1 (positions 597-599) and sequence 2's
     decode at 1537 keys, inside the batch, alone, and split 2 + 1 rows, on 1 and 3 threads."""
-    inputs = make_attention_inputs(LONG)
+    inputs = make_attention_inputs(replace(LONG, cache_dtype=cache_dtype))
     previous = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
         batched = torch.empty_like(inputs["q"])
         c_attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], batched, attention_metadata(inputs), 0.2,
-                    None, None)
+                    None, None, **scales(inputs))
         torch.set_num_threads(1)
         decode = _run(inputs, [0, 1], [1537], slice(4, 5), [2])
         chunk = _run(inputs, [0, 3], [600], slice(1, 4), [1])
@@ -126,16 +144,19 @@ def test_a_long_row_is_the_same_alone_batched_and_chunked(threads: int) -> None:
     assert torch.equal(batched[1:4], chunk) and torch.equal(chunk, split)
 
 
-@pytest.mark.parametrize("cache_dtype", ["float32", "float16"])
+@pytest.mark.parametrize("cache_dtype", ["float32", "float16", "int8"])
 def test_store_matches_reference(cache_dtype: str) -> None:
-    """fp16: rounded to nearest even, as torch's cast: the same bits."""
-    spec = dict(STORE_CASES["kv_heads3-head_dim48"], cache_dtype=cache_dtype)
-    assert cpu_attention.handles(torch.zeros(1, 3, 48), torch.zeros(1, 16, 3, 48, dtype=getattr(torch, cache_dtype)), None)
+    """fp16: rounded to nearest even, as torch's cast; int8: quantize_kv_ref's codes and scales, a
+    zero row included: the same bits."""
+    spec = dict(STORE_CASES["kv_heads3-head_dim48"], cache_dtype=cache_dtype, zero_row=cache_dtype == "int8")
+    dtype = getattr(torch, cache_dtype)
+    scale = torch.zeros(1, 16, 3) if dtype == torch.int8 else None
+    assert cpu_attention.handles(torch.zeros(1, 3, 48), torch.zeros(1, 16, 3, 48, dtype=dtype), scale)
     assert store_error(spec, kernels.store_kv) == 0.0
     assert store_error(dict(spec, fused=True), kernels.store_kv) == 0.0
 
 
-@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16, torch.int8])
 @pytest.mark.parametrize("style,qk_norm", [("neox", False), ("normal", False), ("neox", True)])
 def test_rope_store_matches_the_torch_ops(cache_dtype, style: str, qk_norm: bool) -> None:
     """q/k norm, RoPE and the KV store in one C pass over the qkv projection: the same q and the same
@@ -155,11 +176,13 @@ def test_rope_store_matches_the_torch_ops(cache_dtype, style: str, qk_norm: bool
     assert cpu_attention.takes(torch.device("cpu"), torch.float32, cache_dtype, heads, d)
     for plan in (KernelPlan(RowOps.TORCH, Attention.C), KernelPlan(RowOps.TORCH, Attention.TORCH)):
         layer.plan = plan
-        kv = KVCacheLayer(torch.full((2, 16, kv_heads, d), 7.0, dtype=cache_dtype),
-                          torch.full((2, 16, kv_heads, d), 7.0, dtype=cache_dtype))
-        outs.append((DecoderLayer.rope_store(layer, qkv, tables, kv, meta), kv.k, kv.v))
+        scale = {"k_scale": torch.full((2, 16, kv_heads), 7.0), "v_scale": torch.full((2, 16, kv_heads), 7.0)}
+        kv = KVCacheLayer(torch.full((2, 16, kv_heads, d), 7.0).to(cache_dtype),
+                          torch.full((2, 16, kv_heads, d), 7.0).to(cache_dtype),
+                          **(scale if cache_dtype == torch.int8 else {}))
+        outs.append((DecoderLayer.rope_store(layer, qkv, tables, kv, meta), kv.k, kv.v, kv.k_scale, kv.v_scale))
     for c, ref in zip(*outs):
-        assert torch.equal(c, ref)
+        assert (c is None and ref is None) or torch.equal(c, ref)
     assert (outs[0][1].view(-1, kv_heads, d)[[1, 2, 3, 4, 5, 6, 7, 8]] == 7.0).all()  # untouched slots
 
 
@@ -170,9 +193,9 @@ def test_the_torch_backend_can_be_chosen(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("q_dtype,cache_dtype,head_dim", [
-    (torch.bfloat16, torch.bfloat16, 32), (torch.float32, torch.int8, 32), (torch.float32, torch.float32, 12),
+    (torch.bfloat16, torch.bfloat16, 32), (torch.float32, torch.float8_e4m3fn, 32), (torch.float32, torch.float32, 12),
 ])
 def test_what_the_kernel_does_not_take_goes_to_the_reference(q_dtype, cache_dtype, head_dim) -> None:
-    scale = torch.ones(1, 16, 1) if cache_dtype == torch.int8 else None
+    scale = torch.ones(1, 16, 1) if cache_dtype == torch.float8_e4m3fn else None
     assert not cpu_attention.handles(torch.zeros(1, 4, head_dim, dtype=q_dtype),
                                      torch.zeros(1, 16, 1, head_dim, dtype=cache_dtype), scale)

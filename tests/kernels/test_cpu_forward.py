@@ -16,9 +16,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _generate(path, c_layers: bool) -> list[tuple[list[int], list]]:
+def _generate(path, c_layers: bool, kv_cache_dtype: str = "auto") -> list[tuple[list[int], list]]:
     engine = LLMEngine(str(path), device="cpu", dtype="float32", block_size=4, kv_cache_blocks=512,
-                       max_num_batched_tokens=24)  # prompts arrive in chunks, beside decodes
+                       max_num_batched_tokens=24, kv_cache_dtype=kv_cache_dtype)  # prompts in chunks, beside decodes
     assert engine.model.c_layers is not None
     if not c_layers:
         engine.model.c_layers = None
@@ -34,6 +34,12 @@ def _generate(path, c_layers: bool) -> list[tuple[list[int], list]]:
 def test_one_call_equals_the_layers_one_by_one(arch, tiny_gguf_factory):
     path = tiny_gguf_factory(arch)
     assert _generate(path, True) == _generate(path, False)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_one_call_over_an_int8_kv_cache(arch, tiny_gguf_factory):
+    path = tiny_gguf_factory(arch)
+    assert _generate(path, True, "int8") == _generate(path, False, "int8")
 
 
 def test_a_bias_beyond_qkv_keeps_the_layers_one_by_one(tiny_gguf_factory):

@@ -147,7 +147,7 @@ class DecoderLayer:
         q = self.rope_store(self.qkv(x), rope, kv, meta)
         out = torch.empty_like(q)
         if self.plan.attention is Attention.C:
-            cpu_attention.unified_attention(q, kv.k, kv.v, out, meta, cfg.attn_scale, self.window)
+            cpu_attention.unified_attention(q, kv.k, kv.v, out, meta, cfg.attn_scale, self.window, None, **kv.scales)
         else:
             self.plan.unified_attention(q, kv.k, kv.v, out, meta, cfg.attn_scale, self.window, **kv.scales)
         return self.o_proj(out.view(x.shape[0], self.q_size))
@@ -160,7 +160,7 @@ class DecoderLayer:
         if self.plan.attention is Attention.C:
             return cpu_attention.rope_store_kv(
                 qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.qk_norm, cfg.rms_norm_eps, rope,
-                self.rope.style == "neox", kv.k, kv.v, meta.slot_mapping)
+                self.rope.style == "neox", kv, meta.slot_mapping)
         n = qkv.shape[0]
         qk = qkv[:, : self.q_size + self.kv_size].reshape(n, cfg.num_heads + cfg.num_kv_heads, cfg.head_dim)
         v = qkv[:, self.q_size + self.kv_size :].reshape(n, cfg.num_kv_heads, cfg.head_dim)

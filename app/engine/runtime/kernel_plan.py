@@ -56,7 +56,7 @@ class KernelPlan:
                                                     ("attention", self.attention is Attention.C)) if not ours)
         why = "this model's sizes"
         if self.attention is not Attention.C and self.kv_dtype not in cpu_attention.CACHE_DTYPES:
-            why = f"the C attention reads fp32 or fp16 KV caches, not {str(self.kv_dtype).removeprefix('torch.')}"
+            why = f"the C attention reads fp32, fp16 or int8 KV caches, not {str(self.kv_dtype).removeprefix('torch.')}"
         return f"{backend}; {left} in torch ({why})"
 
 

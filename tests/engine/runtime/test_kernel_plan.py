@@ -23,13 +23,23 @@ def test_fp32_on_a_cpu_runs_everything_in_c_in_one_call(tiny_gguf_factory) -> No
 
 
 @needs_c
-def test_an_int8_kv_cache_keeps_the_c_rows_and_says_why_attention_is_torch(tiny_gguf_factory) -> None:
+def test_an_int8_kv_cache_runs_every_layer_in_c(tiny_gguf_factory) -> None:
     engine = LLMEngine(str(tiny_gguf_factory("llama")), device="cpu", dtype="float32", kv_cache_blocks=64,
                        kv_cache_dtype="int8")
     plan = engine.model.plan
+    assert (plan.rows, plan.attention, plan.one_call, plan.kv_dtype) == (RowOps.C, Attention.C, True, torch.int8)
+    assert engine.backend == f"C kernels ({cpu_qgemm.isa()})"
+
+
+@needs_c
+def test_a_bf16_kv_cache_keeps_the_c_rows_and_says_why_attention_is_torch(tiny_gguf_factory) -> None:
+    engine = LLMEngine(str(tiny_gguf_factory("llama")), device="cpu", dtype="float32", kv_cache_blocks=64,
+                       kv_cache_dtype="bfloat16")
+    plan = engine.model.plan
     assert (plan.rows, plan.attention, plan.one_call) == (RowOps.C, Attention.TORCH, False)
     assert plan.unified_attention is not None and plan.store_kv is not None  # the torch reference's, named
-    assert engine.backend == f"C kernels ({cpu_qgemm.isa()}); attention in torch (the C attention reads fp32 or fp16 KV caches, not int8)"
+    assert engine.backend == (f"C kernels ({cpu_qgemm.isa()}); attention in torch "
+                              "(the C attention reads fp32, fp16 or int8 KV caches, not bfloat16)")
 
 
 def test_bf16_compute_runs_torch_throughout(tiny_gguf_factory) -> None:
