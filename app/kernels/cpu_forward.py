@@ -13,7 +13,7 @@ import torch
 
 from app.kernels import cpu_build, cpu_ops
 from app.kernels.cpu_attention import KVPools, int32_metadata, int64_slots, kv_pools
-from app.kernels.cpu_qgemm import Q4Weight, Q6Weight, Q8Weight
+from app.kernels.cpu_qgemm import C_FORMS
 from app.kernels.kv_cache import KVCacheLayer
 from app.kernels.metadata import AttentionMetadata
 
@@ -53,7 +53,7 @@ def takes_layers(layers: list) -> bool:
         return False
     cfg = layers[0].cfg
     return (cfg.hidden_act in cpu_ops.GLU_ACTIVATIONS and cfg.hidden_size % 8 == 0
-            and all(isinstance(lin.packed, (Q4Weight, Q6Weight, Q8Weight)) and lin.weight is None and lin.dense is None
+            and all(isinstance(lin.packed, C_FORMS) and lin.weight is None and lin.dense is None
                     for layer in layers for lin in layer.linears())
             and all(lin.bias is None for layer in layers for lin in layer.linears()[1:])
             and all(_fp32_vector(layer.qkv.bias, layer.qkv.packed.out_features) for layer in layers

@@ -11,14 +11,15 @@
 enum { QG_Q8, QG_Q4, QG_Q5, QG_Q6, QG_Q4K, QG_Q4_0, QG_Q5_0 };
 
 /* A weight as Q4Weight / Q4KWeight / Q5Weight / Q6Weight / Q8Weight (cpu_qgemm.py) lay it out: built
- * once per matrix, so a call passes one pointer for it. */
-typedef struct {
+ * once per matrix, so a call passes one pointer for it. A SplitWeight chains its parts by `next`. */
+typedef struct qweight {
     int64_t K, N;
     const void *qs;
     const uint16_t *d, *m; /* m: NULL for q8, q6, q4_0 and q5_0; per block of 8 groups for q6 and q4k */
     const uint8_t *qh;     /* q5 only */
     const int8_t *sc;      /* q6: its sub-scales; q4k: each group's 6-bit scale and min (uint8) */
     int64_t fmt;           /* QG_Q8 .. QG_Q5_0 */
+    const struct qweight *next; /* the matrix's next rows in a format of their own (SplitWeight), or NULL */
 } qweight;
 
 /* cpu_qgemm.c */

@@ -93,7 +93,8 @@ typedef struct {
     float *xd, *xs;        /* activation scales, and scale * level sums: [M/8][G][8] */
     int32_t *xb;           /* the level sums of each group's two halves, int16 each: [M/8][G][8] */
     const int8_t *sc;      /* q6's sub-scales, q4k's scales and mins; NULL for the others */
-    float *y;
+    float *y;              /* this part's first output column */
+    int64_t ldy;           /* y's row stride: the whole matrix's outputs */
     int fmt;               /* QG_Q8 .. QG_Q5_0 */
 } gemm_args;
 
@@ -168,11 +169,12 @@ static inline __m256i fifth_bits(__m256i h, const int k) {
 
 typedef void (*tile_rows_fn)(const gemm_args *, int64_t, int64_t, int64_t);
 
-/* Quantize x, then every tile. Each thread owns a contiguous share of the weight tiles; x is
- * walked in blocks of rows whose levels fit in L2 while the thread's weights pass over each block,
- * each tile staying in L1 for the block's rows. */
-static inline void run_gemm(const gemm_args *a, const float *x, int nthreads, tile_rows_fn tile_rows) {
-    const int64_t M = a->M, G = a->G, tiles = (a->N + TILE - 1) / TILE;
+/* Quantize x once, then every tile of each part. Each thread owns a contiguous share of each
+ * part's weight tiles; x is walked in blocks of rows whose levels fit in L2 while the thread's
+ * weights pass over each block, each tile staying in L1 for the block's rows. */
+static inline void run_gemm(const gemm_args *parts, int nparts, const float *x, int nthreads, tile_rows_fn tile_rows) {
+    const gemm_args *a = parts;
+    const int64_t M = a->M, G = a->G;
     int64_t block = ROW_BLOCK_BYTES / a->K / TILE * TILE;
     if (block < TILE) block = TILE;
 #pragma omp parallel num_threads(nthreads)
@@ -183,10 +185,12 @@ static inline void run_gemm(const gemm_args *a, const float *x, int nthreads, ti
                 quantize_group(x + r * a->K + g * QK, a->xq + x_at(r, a->K) + g * QK * TILE, a->xd + tab_at(r, G) + g * TILE,
                                a->xs + tab_at(r, G) + g * TILE, a->xb + tab_at(r, G) + g * TILE);
         int th = omp_get_thread_num(), nt = omp_get_num_threads();
-        int64_t t0 = tiles * th / nt, t1 = tiles * (th + 1) / nt;
-        for (int64_t b = 0; b < M; b += block) {
-            int64_t end = b + block < M ? b + block : M;
-            for (int64_t t = t0; t < t1; t++) tile_rows(a, t, b, end);
+        for (int p = 0; p < nparts; p++) {
+            const int64_t tiles = (parts[p].N + TILE - 1) / TILE, t0 = tiles * th / nt, t1 = tiles * (th + 1) / nt;
+            for (int64_t b = 0; b < M; b += block) {
+                int64_t end = b + block < M ? b + block : M;
+                for (int64_t t = t0; t < t1; t++) tile_rows(&parts[p], t, b, end);
+            }
         }
     }
 }
@@ -239,15 +243,26 @@ int qgemm_set_isa(int isa) {
     return 0;
 }
 
-/* y [M, N] = x [M, K] fp32 @ W^T. Returns 0, or -1 when the scratch cannot be allocated. */
+#define MAX_PARTS 4 /* of a SplitWeight */
+
+/* y [M, N] = x [M, K] fp32 @ W^T, W's parts (w, w->next, ...) giving y's columns in turn. Returns 0,
+ * or -1 when the scratch cannot be allocated or W has more than MAX_PARTS parts. */
 int qgemm(const qweight *w, const float *x, int64_t M, float *y, int nthreads) {
     const int64_t G = w->K / QK, blocks = (M + TILE - 1) / TILE;
     const size_t levels = ((size_t)blocks * TILE * w->K + 63) / 64 * 64, table = ((size_t)blocks * TILE * G * 4 + 63) / 64 * 64;
+    int64_t N = 0;
+    int nparts = 0;
+    for (const qweight *p = w; p; p = p->next, nparts++)
+        N += p->N;
     char *buf = scratch_for(levels + 3 * table);
-    if (!buf)
+    if (!buf || nparts > MAX_PARTS)
         return -1;
-    gemm_args a = {M, w->K, G, w->N, w->qs, w->d, w->m, w->qh, (int8_t *)buf, (float *)(buf + levels),
-                   (float *)(buf + levels + table), (int32_t *)(buf + levels + 2 * table), w->sc, y, (int)w->fmt};
-    run_gemm(&a, x, nthreads, qgemm_isa() == ISA_VNNI ? tile_rows_vnni : tile_rows_avx2);
+    gemm_args parts[MAX_PARTS];
+    int64_t col = 0;
+    for (int i = 0; i < nparts; col += w->N, w = w->next, i++)
+        parts[i] = (gemm_args){M, w->K, G, w->N, w->qs, w->d, w->m, w->qh, (int8_t *)buf, (float *)(buf + levels),
+                               (float *)(buf + levels + table), (int32_t *)(buf + levels + 2 * table), w->sc, y + col,
+                               N, (int)w->fmt};
+    run_gemm(parts, nparts, x, nthreads, qgemm_isa() == ISA_VNNI ? tile_rows_vnni : tile_rows_avx2);
     return 0;
 }

@@ -83,7 +83,8 @@ class _QWeight(ctypes.Structure):
     """The kernel's `qweight`: a matrix's shape and tensors, passed as one pointer a call."""
 
     _fields_ = [("K", ctypes.c_int64), ("N", ctypes.c_int64), ("qs", ctypes.c_void_p), ("d", ctypes.c_void_p),
-                ("m", ctypes.c_void_p), ("qh", ctypes.c_void_p), ("sc", ctypes.c_void_p), ("fmt", ctypes.c_int64)]
+                ("m", ctypes.c_void_p), ("qh", ctypes.c_void_p), ("sc", ctypes.c_void_p), ("fmt", ctypes.c_int64),
+                ("next", ctypes.c_void_p)]
 
 
 FORMATS = {"q8": 0, "q4": 1, "q5": 2, "q6": 3, "q4k": 4, "q4_0": 5, "q5_0": 6}  # each form's name -> cpu_kernels.h's QG_* code
@@ -428,6 +429,52 @@ class Q8Weight(_GroupWeight):
         return self.qs.numel() + self.d.numel() * 2
 
 
+MAX_PARTS = 4  # cpu_qgemm.c's MAX_PARTS
+
+
+class SplitWeight(_GroupWeight):
+    """One matrix as blocks of rows in forms of their own: a fused q/k/v whose v is Q6_K beside Q4_K
+    q and k keeps each part at its file's bits (one form for all would be 8-bit groups). The kernel
+    quantizes the activations once and writes each part's outputs beside the others' (`qweight`'s
+    `next` chain), so a call costs what one matrix of the same size does."""
+
+    name = "split"
+    _TENSORS = ()
+
+    def __init__(self, parts: list[_GroupWeight]) -> None:
+        if (len({p.in_features for p in parts}) != 1 or any(isinstance(p, SplitWeight) for p in parts)
+                or not 2 <= len(parts) <= MAX_PARTS):
+            raise ValueError(f"a SplitWeight is 2 to {MAX_PARTS} plain group weights of one input width")
+        self.parts = parts
+        self.out_features, self.in_features = sum(p.out_features for p in parts), parts[0].in_features
+        self._describe()
+
+    def _describe(self) -> None:
+        """Copies of the parts' descriptors, chained (again after `consolidate` moved their
+        tensors): each part alone still multiplies only its own rows."""
+        self._descs = [_QWeight.from_buffer_copy(p._desc) for p in self.parts]
+        for a, b in zip(self._descs, self._descs[1:]):
+            a.next = ctypes.addressof(b)
+        self._desc_ptr = ctypes.addressof(self._descs[0])
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        out = torch.empty((len(ids), self.in_features))
+        start = 0
+        for p in self.parts:
+            mine = (ids >= start) & (ids < start + p.out_features)
+            if mine.any():
+                out[mine] = p.rows(ids[mine] - start)
+            start += p.out_features
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+
+C_FORMS = (Q4Weight, Q5Weight, Q6Weight, Q8Weight, SplitWeight)  # every form `qgemm` takes (Q4KWeight is a Q4Weight)
+
+
 HUGE_PAGE = 2 << 20
 
 
@@ -438,7 +485,9 @@ def consolidate(weights: list[_GroupWeight]) -> None:
     A decode step streams every weight once: with 4 KiB pages that is ~25k TLB misses and a
     prefetcher that stops at every page boundary. On 2 MiB pages the layer matrices (each under
     2 MiB) are read as one stream, and decode's GEMMs get faster (docs/tuning.md). Nothing changes
-    where huge pages are off (`never`)."""
+    where huge pages are off (`never`). A `SplitWeight`'s parts move, then it chains them again."""
+    splits = [w for w in weights if isinstance(w, SplitWeight)]
+    weights = [p for w in weights for p in (w.parts if isinstance(w, SplitWeight) else [w])]
     tensors = [getattr(w, name) for w in weights for name in w._TENSORS]
     if not tensors:
         return
@@ -454,4 +503,6 @@ def consolidate(weights: list[_GroupWeight]) -> None:
             t = getattr(w, name)
             setattr(w, name, arena[offset : offset + t.nbytes].view(t.dtype).view(t.shape).copy_(t))
             offset += -(-t.nbytes // 64) * 64
+        w._describe()
+    for w in splits:
         w._describe()

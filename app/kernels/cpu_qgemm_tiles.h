@@ -184,7 +184,7 @@ ALWAYS_INLINE void QG(store_tile)(const gemm_args *a, int64_t t, int64_t r, cons
     for (int i = 0; i < R; i++) {
         float out[TILE];
         _mm256_storeu_ps(out, has_m ? _mm256_add_ps(acc[i], mac[i]) : acc[i]);
-        for (int j = 0; j < TILE && t * TILE + j < a->N; j++) a->y[(r + i) * a->N + t * TILE + j] = out[j];
+        for (int j = 0; j < TILE && t * TILE + j < a->N; j++) a->y[(r + i) * a->ldy + t * TILE + j] = out[j];
     }
 }
 

@@ -13,7 +13,7 @@ from app.engine.runtime import kernel_choice
 from app.engine.runtime.linear import Linear
 from app.engine.runtime.weight_forms import grid_weight, group_weight
 from app.kernels import cpu_build, cpu_qgemm
-from app.kernels.cpu_qgemm import Q4KWeight, Q4Weight, Q5Weight, Q6Weight, Q8Weight, fake_quantize
+from app.kernels.cpu_qgemm import Q4KWeight, Q4Weight, Q5Weight, Q6Weight, Q8Weight, SplitWeight, fake_quantize
 
 pytestmark = pytest.mark.skipif(
     cpu_qgemm._library() is None, reason="no C compiler or no AVX2/FMA/F16C here: the C kernels cannot build"
@@ -90,6 +90,26 @@ def test_q6_holds_one_d_a_block_and_refuses_what_is_not_q6_k():
 
 def _q8(n: int = 96, k: int = 128, seed: int = 0) -> Q8Weight:
     return Q8Weight(torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05)
+
+
+def test_a_split_weight_is_its_parts_side_by_side():
+    """Parts in three formats (a Q6_K part of 40 rows: a tile cut at the boundary) in one call: the
+    same bits as each part alone, side by side, whatever the rows; after `consolidate` too."""
+    parts = [_q4k(96, 32), _q6(40, 32, seed=1), _q8(24, 256, seed=2)]
+    w = SplitWeight(parts)
+    assert (w.out_features, w.in_features, w.nbytes) == (160, 256, sum(p.nbytes for p in parts))
+    x = torch.randn(13, 256)
+    alone = torch.cat([p(x) for p in parts], 1)
+    assert torch.equal(w(x), alone)
+    assert torch.equal(w(x[4:5]), alone[4:5])
+    ids = torch.tensor([0, 95, 96, 135, 136, 159])
+    assert torch.equal(w.rows(ids), torch.cat([p.dequantize_ref() for p in parts])[ids])
+    cpu_qgemm.consolidate([w])
+    assert torch.equal(w(x), alone)
+    with pytest.raises(ValueError, match="2 to 4"):
+        SplitWeight(parts[:1])
+    with pytest.raises(ValueError, match="one input width"):
+        SplitWeight([parts[0], _q8(8, 128)])
 
 
 @pytest.mark.parametrize("k", [128, 96])  # 96: an odd number of groups

@@ -20,7 +20,7 @@ from app.engine.runtime.kernel_plan import Attention, KernelPlan, RowOps, plan_k
 from app.engine.runtime.linear import Linear, nbytes, storage_key
 from app.engine.runtime.weight_forms import GroupWeight, Matrix, as_matrix, dense_of, file_groups, fused, grid_packed
 from app.kernels import AttentionMetadata, KVCacheLayer, cpu_attention, cpu_forward, cpu_ops, cpu_qgemm
-from app.kernels.cpu_qgemm import Q4Weight, Q6Weight, Q8Weight
+from app.kernels.cpu_qgemm import C_FORMS
 
 RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin at the step's positions
 
@@ -218,7 +218,7 @@ class DecoderLM:
             for i in range(cfg.num_layers)
         ]
         linears = [lin for layer in self.layers for lin in layer.linears()] + [self.head]
-        cpu_qgemm.consolidate([lin.packed for lin in linears if isinstance(lin.packed, (Q4Weight, Q6Weight, Q8Weight))])
+        cpu_qgemm.consolidate([lin.packed for lin in linears if isinstance(lin.packed, C_FORMS)])
         one_call = plan.rows is RowOps.C and plan.attention is Attention.C and cpu_forward.takes_layers(self.layers)
         self.plan = dataclasses.replace(plan, one_call=one_call)
         self.c_layers = cpu_forward.OneCallLayers(self.layers) if one_call else None
@@ -234,7 +234,7 @@ class DecoderLM:
         head = self.head
         if embed.dtype != torch.float32 or head.weight is not None:
             return (head.weight if tied and head.weight is not None else dense_of(embed)), None
-        if tied and isinstance(head.packed, (Q4Weight, Q6Weight, Q8Weight)) and head.dense is None:
+        if tied and isinstance(head.packed, C_FORMS) and head.dense is None:
             return None, head.packed
         if isinstance(embed, torch.Tensor):
             grid = (grids or {}).get("token_embd.weight")

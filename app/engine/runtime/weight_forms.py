@@ -10,7 +10,8 @@ one place that picks a matrix's forms (`choose_forms`) when the model is built.
 | `Q4KWeight` | the C kernels (`cpu_qgemm`) | fp32 CPU: a Q4_K tensor (read from its blocks), every row count |
 | `Q4Weight` / `Q5Weight` | the C kernels | fp32 CPU: another 4/5-bit GGUF type, every row count |
 | `Q6Weight` | the C kernels | fp32 CPU: a Q6_K tensor |
-| `Q8Weight` | the C kernels | fp32 CPU: anything else (Q8_0, F16, a fused q/k/v of mixed types) |
+| `Q8Weight` | the C kernels | fp32 CPU: anything else (Q8_0, F16) |
+| `SplitWeight` | the C kernels | fp32 CPU: a fused q/k/v of mixed types, each run of parts in its form |
 
 A matrix arrives as a `Matrix`: a tensor (`TensorMatrix`: random weights, a bf16 or CUDA load), the
 file's blocks (`BlockTensor`: the C kernels' path, whose forms are built from the blocks without an
@@ -20,6 +21,7 @@ forms read it rows at a time or as its grid; the others take it dense.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -30,7 +32,7 @@ import torch.nn.functional as F
 from app.engine.gguf.quants import BlockTensor, GridForm, NibbleForm, Q6Form, Q6Parts
 from app.engine.runtime.kernel_choice import PACKED_EVERYWHERE, KernelChoice, choose_packed_rows, dense_forced
 from app.kernels import cpu_qgemm
-from app.kernels.cpu_qgemm import CHUNK_ROWS, GROUP, Q4KWeight, Q4Weight, Q5Weight, Q6Weight, Q8Weight
+from app.kernels.cpu_qgemm import CHUNK_ROWS, GROUP, Q4KWeight, Q4Weight, Q5Weight, Q6Weight, Q8Weight, SplitWeight
 
 
 class WeightForm(Protocol):
@@ -276,7 +278,7 @@ class Fp16Weight:
         return self.out_features * self.in_features * 2
 
 
-GroupWeight = Q4Weight | Q5Weight | Q6Weight | Q8Weight
+GroupWeight = Q4Weight | Q5Weight | Q6Weight | Q8Weight | SplitWeight
 PackedWeight = Int8Weight | Int4Weight | Fp16Weight | GroupWeight
 
 # Tried in order for a matrix with bf16 compute on a CPU: the first that takes it is the packed copy
@@ -307,7 +309,19 @@ def file_groups(matrix: Matrix) -> Q4KWeight | Q4Weight | Q5Weight | Q6Weight | 
     if isinstance(nibbles, Q6Parts):
         return Q6Weight.from_parts(nibbles.nibbles, nibbles.top, nibbles.scales, nibbles.d)
     grid = matrix.grid()
-    return None if grid is None else grid_packed(grid)
+    if grid is not None:
+        return grid_packed(grid)
+    return split_groups(matrix) if isinstance(matrix, FusedMatrix) else None
+
+
+def split_groups(matrix: FusedMatrix) -> SplitWeight | None:
+    """A fused matrix whose parts have no one grid (a Q6_K v beside Q4_K q and k): each run of parts
+    of one grid size in its own form (`group_form`), None where that keeps no part at its file's bits."""
+    runs = [list(run) for _, run in itertools.groupby(matrix.parts, key=lambda p: getattr(p, "grid_bits", None))]
+    if not 2 <= len(runs) <= cpu_qgemm.MAX_PARTS:
+        return None
+    forms = [group_form(run[0] if len(run) == 1 else FusedMatrix(run)) for run in runs]
+    return None if all(isinstance(f, Q8Weight) for f in forms) else SplitWeight(forms)
 
 
 def grid_packed(grid: GridForm | Q6Form) -> Q4KWeight | Q4Weight | Q5Weight | Q6Weight:

@@ -26,7 +26,7 @@ from app.engine.runtime.weight_forms import (
     takes_groups,
 )
 from app.kernels import cpu_qgemm
-from app.kernels.cpu_qgemm import Q4KWeight, Q4Weight, Q5Weight, Q6Weight, Q8Weight
+from app.kernels.cpu_qgemm import Q4KWeight, Q4Weight, Q5Weight, Q6Weight, Q8Weight, SplitWeight
 
 pytestmark = pytest.mark.skipif(
     cpu_qgemm._library() is None, reason="no C compiler or no AVX2/FMA/F16C here: the C kernels cannot build"
@@ -81,23 +81,35 @@ def test_each_type_built_from_its_blocks_holds_the_same_bytes(qtype):
     assert torch.equal(blocks.rows(3, 17), blocks.dense()[3:17])
 
 
-def test_fused_blocks_keep_a_common_grid_or_take_8_bits_row_by_row(monkeypatch):
-    """q/k/v or gate/up stacked: one grid where every part has one of a kind (4 and 5 bits: 5),
-    else 8-bit groups read part by part, the same bytes as from the concatenated fp32 tensor."""
+def test_fused_blocks_keep_a_common_grid_or_split_into_runs(monkeypatch):
+    """q/k/v or gate/up stacked: one grid where every part has one of a kind (4 and 5 bits: 5);
+    else each run of parts of one grid size in its own form (8-bit groups read part by part where
+    a run has none), one call giving their outputs side by side."""
     monkeypatch.setattr(cpu_qgemm, "CHUNK_ROWS", 16)  # chunks that cross the parts' boundaries
     shapes = [(24, 256), (12, 256), (12, 256)]
-    for types in ([_T.Q4_K, _T.Q4_K, _T.Q6_K], [_T.Q5_0, _T.Q5_0, _T.Q8_0], [_T.Q4_0, _T.Q5_1, _T.Q4_K],
-                  [_T.Q6_K, _T.Q6_K, _T.Q6_K], [_T.F16, _T.Q4_0, _T.Q4_0]):
+    cases = {  # types -> the runs' forms, None: one common grid
+        (_T.Q4_K, _T.Q4_K, _T.Q6_K): [Q4KWeight, Q6Weight], (_T.Q5_0, _T.Q5_0, _T.Q8_0): [Q5Weight, Q8Weight],
+        (_T.Q4_0, _T.Q5_1, _T.Q4_K): None, (_T.Q6_K, _T.Q6_K, _T.Q6_K): None, (_T.F16, _T.Q4_0, _T.Q4_0): [Q8Weight, Q4Weight],
+    }
+    x = torch.randn(5, 256)
+    for types, runs in cases.items():
         raws = [torch.from_numpy(_blocks(t, r, c, seed=i).reshape(-1)) for i, (t, (r, c)) in enumerate(zip(types, shapes))]
         parts = [BlockTensor(raw, int(t), s) for raw, t, s in zip(raws, types, shapes)]
         matrix = fused(parts)
         assert isinstance(matrix, FusedMatrix)
-        grids = [grid_form(raw, int(t), s) for raw, t, s in zip(raws, types, shapes)]
-        common = GridForm.cat(grids)
         dense = torch.cat([dequantize(raw, int(t), s) for raw, t, s in zip(raws, types, shapes)])
-        old = grid_packed(common) if common is not None else Q8Weight(dense)
-        _same(choose_forms(matrix).packed, old)
+        packed = choose_forms(matrix).packed
         assert torch.equal(matrix.rows(5, 40), dense[5:40])
+        if runs is None:
+            _same(packed, grid_packed(GridForm.cat([grid_form(raw, int(t), s) for raw, t, s in zip(raws, types, shapes)])))
+            continue
+        assert isinstance(packed, SplitWeight) and [type(p) for p in packed.parts] == runs
+        first = 1 if types[0] != types[1] else 2  # the first run's parts
+        for part, run in zip(packed.parts, (parts[:first], parts[first:])):
+            _same(part, choose_forms(fused(run)).packed)
+        assert torch.equal(packed(x), torch.cat([p(x) for p in packed.parts], 1))
+        if Q8Weight not in runs:  # the file's own numbers: dequantized exactly
+            assert torch.equal(packed.dequantize_ref(), dense)
 
 
 def test_a_tensor_source_fits_its_grid_as_before():
@@ -151,7 +163,8 @@ def test_a_model_from_blocks_equals_one_from_fp32_tensors(weight_type, tied, tin
 
 @pytest.mark.skipif(not MODEL_05B.exists(), reason="the Qwen2.5-Coder 0.5B GGUF is not pulled here")
 def test_real_layers_of_the_0_5b_model_hold_the_same_bytes():
-    """Layers with each of the file's mixes (q/k Q5_0 with a Q5_0 or Q8_0 v; a Q4_K or Q6_K down)."""
+    """Layers with each of the file's mixes (q/k Q5_0 with a Q5_0 or Q8_0 v: split in two; a Q4_K
+    or Q6_K down)."""
     with GGUFFile(MODEL_05B) as f:
         def v_type(i: int) -> int:
             return f.tensors[f"blk.{i}.attn_v.weight"].ggml_type
@@ -170,4 +183,11 @@ def test_real_layers_of_the_0_5b_model_hold_the_same_bytes():
                 grids = [grid_form(f.raw(n), info.ggml_type, info.shape) for n, info in zip(names, infos)]
                 dense = torch.cat([dequantize(f.raw(n), info.ggml_type, info.shape) for n, info in zip(names, infos)])
                 common = GridForm.cat(grids)
-                _same(new, grid_packed(common) if common is not None else Q8Weight(dense))
+                if common is not None:
+                    _same(new, grid_packed(common))
+                    continue
+                # q/k Q5_0 beside a Q8_0 v: each run of one grid size as the old path made it alone
+                assert isinstance(new, SplitWeight) and len(new.parts) == 2
+                rows = infos[0].shape[0] + infos[1].shape[0]
+                _same(new.parts[0], grid_packed(GridForm.cat(grids[:2])))
+                _same(new.parts[1], Q8Weight(dense[rows:]))
