@@ -15,19 +15,12 @@ needs_c = pytest.mark.skipif(cpu_forward._library() is None, reason="no C compil
 
 
 @needs_c
-def test_fp32_on_a_cpu_runs_everything_in_c_in_one_call(tiny_gguf_factory) -> None:
-    engine = LLMEngine(str(tiny_gguf_factory("llama")), device="cpu", dtype="float32", kv_cache_blocks=64)
-    plan = engine.model.plan
-    assert (plan.rows, plan.attention, plan.one_call, plan.kv_dtype) == (RowOps.C, Attention.C, True, torch.float16)
-    assert engine.backend == f"C kernels ({cpu_qgemm.isa()})"
-
-
-@needs_c
-def test_an_int8_kv_cache_runs_every_layer_in_c(tiny_gguf_factory) -> None:
+@pytest.mark.parametrize("kv_cache_dtype,stored", [("auto", torch.float16), ("int8", torch.int8)])
+def test_fp32_on_a_cpu_runs_everything_in_c_in_one_call(kv_cache_dtype, stored, tiny_gguf_factory) -> None:
     engine = LLMEngine(str(tiny_gguf_factory("llama")), device="cpu", dtype="float32", kv_cache_blocks=64,
-                       kv_cache_dtype="int8")
+                       kv_cache_dtype=kv_cache_dtype)
     plan = engine.model.plan
-    assert (plan.rows, plan.attention, plan.one_call, plan.kv_dtype) == (RowOps.C, Attention.C, True, torch.int8)
+    assert (plan.rows, plan.attention, plan.one_call, plan.kv_dtype) == (RowOps.C, Attention.C, True, stored)
     assert engine.backend == f"C kernels ({cpu_qgemm.isa()})"
 
 
