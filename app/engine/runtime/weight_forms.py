@@ -298,9 +298,10 @@ def group_form(matrix: Matrix) -> GroupWeight:
     return file_groups(matrix) or Q8Weight.from_rows(matrix.shape, matrix.rows)
 
 
-def file_groups(matrix: Matrix) -> Q4KWeight | Q4Weight | Q5Weight | Q6Weight | None:
-    """The C kernels' copy of a matrix at its file's own bits (4/5-bit groups, Q6_K), None if it has
-    none: 4-bit and Q6_K blocks have their levels regrouped as they are packed, never a byte a level."""
+def file_groups(matrix: Matrix) -> Q4KWeight | Q4Weight | Q5Weight | Q6Weight | SplitWeight | None:
+    """The C kernels' copy of a matrix at its file's own bits (4/5-bit groups, Q6_K; a fused one of
+    mixed types split into runs), None if it has none: 4-bit and Q6_K blocks have their levels
+    regrouped as they are packed, never a byte a level."""
     nibbles = matrix.nibbles()
     if isinstance(nibbles, NibbleForm) and nibbles.scales is not None:  # Q4_K: its own numbers, exact
         return Q4KWeight.from_nibbles(nibbles.nibbles, nibbles.d, nibbles.dmin, nibbles.scales, nibbles.mins)
