@@ -92,26 +92,6 @@ def _q8(n: int = 96, k: int = 128, seed: int = 0) -> Q8Weight:
     return Q8Weight(torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05)
 
 
-def test_a_split_weight_is_its_parts_side_by_side():
-    """Parts in three formats (a Q6_K part of 40 rows: a tile cut at the boundary) in one call: the
-    same bits as each part alone, side by side, whatever the rows; after `consolidate` too."""
-    parts = [_q4k(96, 32), _q6(40, 32, seed=1), _q8(24, 256, seed=2)]
-    w = SplitWeight(parts)
-    assert (w.out_features, w.in_features, w.nbytes) == (160, 256, sum(p.nbytes for p in parts))
-    x = torch.randn(13, 256)
-    alone = torch.cat([p(x) for p in parts], 1)
-    assert torch.equal(w(x), alone)
-    assert torch.equal(w(x[4:5]), alone[4:5])
-    ids = torch.tensor([0, 95, 96, 135, 136, 159])
-    assert torch.equal(w.rows(ids), torch.cat([p.dequantize_ref() for p in parts])[ids])
-    cpu_qgemm.consolidate([w])
-    assert torch.equal(w(x), alone)
-    with pytest.raises(ValueError, match="2 to 4"):
-        SplitWeight(parts[:1])
-    with pytest.raises(ValueError, match="one input width"):
-        SplitWeight([parts[0], _q8(8, 128)])
-
-
 @pytest.mark.parametrize("k", [128, 96])  # 96: an odd number of groups
 @pytest.mark.parametrize("make", [_q4, _q4_0, _q4k, _q5, _q5_0, _q6, _q8],
                          ids=["q4", "q4_0", "q4k", "q5", "q5_0", "q6", "q8"])
@@ -271,6 +251,29 @@ def test_each_instruction_set_gives_the_reference_and_the_same_bits(make, isa, e
         assert (got - ref[: len(got)]).abs().max() <= 1e-6 * ref.abs().max()
     for rows, (got, want) in enumerate(zip([w(x[:rows]) for rows in (1, 2, 3, 5, 8, 13, 21)], avx2)):
         assert torch.equal(got, want), rows
+
+
+@pytest.mark.parametrize("isa", ["AVX2", _VNNI])
+def test_a_split_weight_is_its_parts_side_by_side(isa, each_isa):
+    """Parts in three formats (a Q6_K part of 40 rows: a tile cut at the boundary) in one call: the
+    same bits as each part alone, side by side, whatever the rows; after `consolidate` too. On each
+    instruction set: both tile copies write a part's columns at the whole row's stride."""
+    each_isa(isa)
+    parts = [_q4k(96, 32), _q6(40, 32, seed=1), _q8(24, 256, seed=2)]
+    w = SplitWeight(parts)
+    assert (w.out_features, w.in_features, w.nbytes) == (160, 256, sum(p.nbytes for p in parts))
+    x = torch.randn(13, 256)
+    alone = torch.cat([p(x) for p in parts], 1)
+    assert torch.equal(w(x), alone)
+    assert torch.equal(w(x[4:5]), alone[4:5])
+    ids = torch.tensor([0, 95, 96, 135, 136, 159])
+    assert torch.equal(w.rows(ids), torch.cat([p.dequantize_ref() for p in parts])[ids])
+    cpu_qgemm.consolidate([w])
+    assert torch.equal(w(x), alone)
+    with pytest.raises(ValueError, match="2 to 4"):
+        SplitWeight(parts[:1])
+    with pytest.raises(ValueError, match="one input width"):
+        SplitWeight([parts[0], _q8(8, 128)])
 
 
 def test_the_isa_is_named_and_an_absent_one_is_refused(each_isa):
