@@ -13,18 +13,21 @@
  * KEY_CHUNK keys counted from its first visible key (online softmax across chunks), in partitions of
  * KEY_PARTITION keys merged at the end: its result depends on its own row, position and cache
  * contents only, never on the batch around it, how the prompt was chunked, or how the work was
- * split between threads.
+ * split between threads. A prompt chunk's rows go as tiles (attend_tile) that share each chunk's
+ * widened keys and values and compute each row exactly as it is computed alone (attend).
  */
 #include "cpu_kernels.h"
 #include "cpu_simd.h"
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define KEY_CHUNK 32
 #define MAX_HEADS 128
+#define ALWAYS_INLINE inline __attribute__((always_inline))  /* the pool's kind a constant in the loops */
 #define PREFETCH_CHUNKS 2  /* a chunk's keys and values are requested this many chunks ahead */
 
 /* The key and value lines of a chunk ahead, requested a few at a time from inside the current
@@ -113,8 +116,8 @@ static inline float dot_pool(const float *q, const void *pool, int64_t i, int n,
 /* y[0..d) += sum over keys j < n of p[j] * pool[off[j] + kv ..], keys in order: 64 elements of y
  * stay in registers while the chunk's values stream past (adding into memory a key at a time
  * loaded and stored y once per key). Each element's fmas come in the same order either way. */
-static inline void weigh_values(float *y, const float *p, const void *pool, const int64_t *off, int64_t kv, int n,
-                                int d, int kind, struct prefetch *pf) {
+static ALWAYS_INLINE void weigh_values(float *y, const float *p, const void *pool, const int64_t *off, int64_t kv,
+                                       int n, int d, int kind, struct prefetch *pf) {
     for (int e0 = 0; e0 < d; e0 += 64) {
         if (e0 + 64 <= d) {
             __m256 acc[8];
@@ -168,8 +171,8 @@ static inline void weigh_values_tail(float **ys, const float **ps, int k, int e0
 
 /* Scores (times `scale`) of two query heads that read the same KV head against keys j .. j+3:
  * each key vector is loaded (and widened from fp16) once for both. */
-static inline void scores_pair(const float *qa, const float *qb, const void *pool, const int64_t *off, int64_t kv,
-                               int d, int kind, float scale, float *sa, float *sb) {
+static ALWAYS_INLINE void scores_pair(const float *qa, const float *qb, const void *pool, const int64_t *off,
+                                      int64_t kv, int d, int kind, float scale, float *sa, float *sb) {
     __m256 a[4], b[4];
     for (int u = 0; u < 4; u++)
         a[u] = b[u] = _mm256_setzero_ps();
@@ -185,10 +188,25 @@ static inline void scores_pair(const float *qa, const float *qb, const void *poo
     _mm_storeu_ps(sb, _mm_mul_ps(hsum4_ps(b), _mm_set1_ps(scale)));
 }
 
+/* Scores (times `scale`) of one query vector against keys j .. j+3, each summed as scores_pair sums it. */
+static ALWAYS_INLINE void scores_one(const float *qa, const void *pool, const int64_t *off, int64_t kv, int d,
+                                     int kind, float scale, float *sa) {
+    __m256 a[4];
+    for (int u = 0; u < 4; u++)
+        a[u] = _mm256_setzero_ps();
+    for (int e = 0; e < d; e += 8) {
+        __m256 qva = _mm256_loadu_ps(qa + e);
+        for (int u = 0; u < 4; u++)
+            a[u] = _mm256_fmadd_ps(qva, load8(pool, off[u] + kv + e, kind), a[u]);
+    }
+    _mm_storeu_ps(sa, _mm_mul_ps(hsum4_ps(a), _mm_set1_ps(scale)));
+}
+
 /* weigh_values for two query heads of one KV head: each value vector loaded once for both; every
  * element's fmas in the same order as weigh_values's. */
-static inline void weigh_values_pair(float *ya, float *yb, const float *pa, const float *pb, const void *pool,
-                                     const int64_t *off, int64_t kv, int n, int d, int kind, struct prefetch *pf) {
+static ALWAYS_INLINE void weigh_values_pair(float *ya, float *yb, const float *pa, const float *pb, const void *pool,
+                                            const int64_t *off, int64_t kv, int n, int d, int kind,
+                                            struct prefetch *pf) {
     int e0 = 0;
     for (; e0 + 32 <= d; e0 += 32) {
         __m256 a[4], b[4];
@@ -214,9 +232,9 @@ static inline void weigh_values_pair(float *ya, float *yb, const float *pa, cons
 
 /* Scores (times `scale`) of three query heads that read the same KV head against keys j .. j+3:
  * each key vector is widened once for all three; each score summed as scores_pair sums it. */
-static inline void scores_triple(const float *qa, const float *qb, const float *qc, const void *pool,
-                                 const int64_t *off, int64_t kv, int d, int kind, float scale, float *sa, float *sb,
-                                 float *sc) {
+static ALWAYS_INLINE void scores_triple(const float *qa, const float *qb, const float *qc, const void *pool,
+                                        const int64_t *off, int64_t kv, int d, int kind, float scale, float *sa,
+                                        float *sb, float *sc) {
     __m256 a[4], b[4], c[4];
     for (int u = 0; u < 4; u++)
         a[u] = b[u] = c[u] = _mm256_setzero_ps();
@@ -236,9 +254,9 @@ static inline void scores_triple(const float *qa, const float *qb, const float *
 
 /* weigh_values for three query heads of one KV head: each value vector widened once for all
  * three; every element's fmas in weigh_values's order. */
-static inline void weigh_values_triple(float *ya, float *yb, float *yc, const float *pa, const float *pb,
-                                       const float *pc, const void *pool, const int64_t *off, int64_t kv, int n,
-                                       int d, int kind, struct prefetch *pf) {
+static ALWAYS_INLINE void weigh_values_triple(float *ya, float *yb, float *yc, const float *pa, const float *pb,
+                                              const float *pc, const void *pool, const int64_t *off, int64_t kv,
+                                              int n, int d, int kind, struct prefetch *pf) {
     int e0 = 0;
     for (; e0 + 32 <= d; e0 += 32) {
         __m256 a[4], b[4], c[4];
@@ -346,9 +364,10 @@ static inline void chunk_scales(const float *scales, const int64_t *slot, int n,
         out[j] = scales[slot[j] * kv_heads + kvh];
 }
 
-/* Online softmax over one chunk for one head: s[0..n) become exp(s - m) (the row's new running max
- * m), l the running sum, and y (the head's output so far) rescaled when the max moved. */
-static inline void chunk_softmax(float *srow, int n, float *m, float *l, float *y, int d) {
+/* Online softmax over one chunk for one head, all but the sum: s[0..n) become exp(s - m) (the row's
+ * new running max m; s[n..] up to a multiple of 8 become 0), and l (the running sum) and y (the
+ * head's output so far) are rescaled when the max moved. chunk_sums adds the chunk to l. */
+static inline void chunk_exp(float *srow, int n, float *m, float *l, float *y, int d) {
     for (int j = n; j < (n + 7) / 8 * 8; j++)
         srow[j] = -INFINITY;
     __m256 vm = _mm256_set1_ps(*m);
@@ -367,10 +386,24 @@ static inline void chunk_softmax(float *srow, int n, float *m, float *l, float *
     __m256 vmx = _mm256_set1_ps(mx);
     for (int j = 0; j < n; j += 8)
         _mm256_storeu_ps(srow + j, exp_ps(_mm256_sub_ps(_mm256_loadu_ps(srow + j), vmx)));
-    float sum = 0.0f;
-    for (int j = 0; j < n; j++)
-        sum += srow[j];
-    *l += sum;
+}
+
+/* l[v] += rows[v][0] + .. + rows[v][n-1], each summed in that order from 0, for nv rows: eight rows'
+ * additions interleaved, so that one row's chain of dependent additions (n of them, 3 cycles each)
+ * does not set the pace. The same bits as one row at a time. */
+static inline void chunk_sums(float *const *rows, int nv, int n, float *l) {
+    static const float zeros[KEY_CHUNK];
+    for (int v0 = 0; v0 < nv; v0 += 8) {
+        const float *r[8];
+        for (int u = 0; u < 8; u++)
+            r[u] = v0 + u < nv ? rows[v0 + u] : zeros;
+        float a[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        for (int j = 0; j < n; j++)
+            for (int u = 0; u < 8; u++)
+                a[u] += r[u][j];
+        for (int u = 0; u < 8 && v0 + u < nv; u++)
+            l[v0 + u] += a[u];
+    }
 }
 
 /* Query heads h0..h1 of one row (q/out: the row's [heads, d]) attend to positions first..last;
@@ -428,8 +461,12 @@ static inline __attribute__((always_inline)) void attend(const float *q, float *
                 chunk_scales(kv->k_scale, slot, n, kv_heads, (h0 + i) / group, ksc);
             chunk_scores(q, h0, i, k, group, d, k_pool, kind, off, n, ksc, scale, softcap, s, &pf);
         }
-        for (int i = 0; i < nh; i++)
-            chunk_softmax(s[i], n, &m[i], &l[i], out + (int64_t)(h0 + i) * d, d);
+        float *rows[MAX_HEADS];
+        for (int i = 0; i < nh; i++) {
+            chunk_exp(s[i], n, &m[i], &l[i], out + (int64_t)(h0 + i) * d, d);
+            rows[i] = s[i];
+        }
+        chunk_sums(rows, nh, n, l);
         for (int i = 0, k; i < nh; i += k) {
             int h = h0 + i;
             k = heads_sharing(h, h1, group);
@@ -472,7 +509,6 @@ struct row_plan {
     int parts;         /* its partitions */
     int64_t first, last;  /* its visible positions */
     int64_t slot;      /* its first partial slot (rows of more than one partition), else -1 */
-    int64_t item;      /* its first work item */
 };
 
 /* Each row's sequence, positions and partitions; returns the partial slots needed, and the
@@ -516,6 +552,171 @@ static void merge_partitions(const struct row_plan *r, float *out, const float *
     scale_vec(out, 1.0f / total, d);
 }
 
+/* A prompt chunk's rows are taken in tiles: TILE_ROWS rows x the query heads of one KV head walk each
+ * chunk of keys together, its keys and values widened to fp32 once for all of them (alone, each row
+ * widens each of them again, and the conversions take the FMA ports), from L1. Each vector's
+ * arithmetic is attend's for that row, bit for bit. */
+#define TILE_ROWS 8
+#define MAX_TILE_VECS 128  /* a tile's query vectors (rows x query heads of the KV head) */
+
+/* Scores (times `sc`) of query vectors qs[0..nv) against keys 0..n-1 of a widened chunk (rows at
+ * soff), each summed as chunk_scores sums it: keys of whole eights by scores_triple's tree, the rest
+ * by dot_pool's. */
+static ALWAYS_INLINE void tile_scores(const float *const *qs, float *const *ss, int nv, const float *kf,
+                                      const int64_t *soff, int n, int d, float sc) {
+    const int n8 = n / 8 * 8;
+    int v = 0;
+    for (; v + 3 <= nv; v += 3)
+        for (int j = 0; j < n8; j += 4)
+            scores_triple(qs[v], qs[v + 1], qs[v + 2], kf, soff + j, 0, d, KV_F32, sc, ss[v] + j, ss[v + 1] + j,
+                          ss[v + 2] + j);
+    for (int j = 0; v + 2 == nv && j < n8; j += 4)
+        scores_pair(qs[v], qs[v + 1], kf, soff + j, 0, d, KV_F32, sc, ss[v] + j, ss[v + 1] + j);
+    for (int j = 0; v + 1 == nv && j < n8; j += 4)
+        scores_one(qs[v], kf, soff + j, 0, d, KV_F32, sc, ss[v] + j);
+    for (v = 0; v < nv; v++)
+        for (int j = n8; j < n; j++)
+            ss[v][j] = dot_pool(qs[v], kf, soff[j], d, KV_F32) * sc;
+}
+
+/* ys[v] += the weights ps[v][0..n) times the widened chunk's values, keys in order (weigh_values'). */
+static ALWAYS_INLINE void tile_values(float *const *ys, float *const *ps, int nv, const float *vf,
+                                      const int64_t *soff, int n, int d) {
+    int v = 0;
+    for (; v + 3 <= nv; v += 3)
+        weigh_values_triple(ys[v], ys[v + 1], ys[v + 2], ps[v], ps[v + 1], ps[v + 2], vf, soff, 0, n, d, KV_F32,
+                            NULL);
+    if (v + 2 == nv)
+        weigh_values_pair(ys[v], ys[v + 1], ps[v], ps[v + 1], vf, soff, 0, n, d, KV_F32, NULL);
+    else if (v + 1 == nv)
+        weigh_values(ys[v], ps[v], vf, soff, 0, n, d, KV_F32, NULL);
+}
+
+/* Keys 0..n-1 of the chunk (row starts off) of KV head g, widened into fp32 rows of d at xf. */
+static inline void widen_chunk(float *xf, const void *pool, const int64_t *off, int64_t kv, int n, int d, int kind) {
+    for (int j = 0; j < n; j++)
+        for (int e = 0; e < d; e += 8)
+            _mm256_storeu_ps(xf + (int64_t)j * d + e, load8(pool, off[j] + kv + e, kind));
+}
+
+/* Requests the key and value lines of KV head g's part of n key rows (and an int8 pool's scales). */
+static inline void prefetch_rows(const kv_pools *kv, const int64_t *off, const int64_t *slot, int n, int64_t kvo,
+                                 int64_t bytes, int64_t esize, int kv_heads, int g) {
+    for (int j = 0; j < n; j++) {
+        const char *k = (const char *)kv->k + (off[j] + kvo) * esize, *v = (const char *)kv->v + (off[j] + kvo) * esize;
+        for (int64_t e = 0; e < bytes; e += 64)
+            _mm_prefetch(k + e, _MM_HINT_T0), _mm_prefetch(v + e, _MM_HINT_T0);
+        if (kv->k_scale)
+            _mm_prefetch((const char *)(kv->k_scale + slot[j] * kv_heads + g), _MM_HINT_T0),
+                _mm_prefetch((const char *)(kv->v_scale + slot[j] * kv_heads + g), _MM_HINT_T0);
+    }
+}
+
+/* One tile's query vectors against one chunk (c0, n keys): scores, online softmax, values. Rows
+ * r_c.. see the chunk; of them rows r_f.. see all of it, the others (the diagonal) their first keys. */
+static inline __attribute__((always_inline)) void tile_chunk(const float *const *qs, float *const *ys, float *const *ss,
+                                                             float *m, float *l, const int64_t *lasts, int nr,
+                                                             int group, int64_t c0, int n, const float *ksc,
+                                                             const float *vsc, const kv_pools *kv, const int64_t *off,
+                                                             int64_t kvo, int kind, int d, float scale, float softcap,
+                                                             float *xf, const int64_t *soff) {
+    int r_c = 0, r_f;
+    while (lasts[r_c] < c0)
+        r_c++;
+    for (r_f = r_c; r_f < nr && lasts[r_f] < c0 + n - 1; r_f++)
+        ;
+    const float sc = kind == KV_I8 ? 1.0f : scale;  /* as chunk_scores */
+    widen_chunk(xf, kv->k, off, kvo, n, d, kind);
+    for (int r = r_c; r < r_f; r++)
+        tile_scores(qs + r * group, ss + r * group, group, xf, soff, (int)(lasts[r] - c0 + 1), d, sc);
+    tile_scores(qs + r_f * group, ss + r_f * group, (nr - r_f) * group, xf, soff, n, d, sc);
+    for (int v = r_c * group; v < nr * group; v++) {
+        const int nv = v / group < r_f ? (int)(lasts[v / group] - c0 + 1) : n;
+        float *sv = ss[v];
+        if (kind == KV_I8)
+            for (int j = 0; j < nv; j++)
+                sv[j] = sv[j] * ksc[j] * scale;
+        if (softcap > 0.0f)
+            for (int j = 0; j < nv; j++)
+                sv[j] = softcap * tanhf(sv[j] / softcap);
+        chunk_exp(sv, nv, &m[v], &l[v], ys[v], d);
+        for (int j = nv; j < n; j++)  /* a diagonal row's keys it does not see: adding 0 keeps its sum's bits */
+            sv[j] = 0.0f;
+    }
+    chunk_sums(ss + r_c * group, (nr - r_c) * group, n, l + r_c * group);
+    for (int v = r_c * group; kind == KV_I8 && v < nr * group; v++) {
+        const int nv = v / group < r_f ? (int)(lasts[v / group] - c0 + 1) : n;
+        for (int j = 0; j < nv; j++)
+            ss[v][j] *= vsc[j];
+    }
+    widen_chunk(xf, kv->v, off, kvo, n, d, kind);
+    for (int r = r_c; r < r_f; r++)
+        tile_values(ys + r * group, ss + r * group, group, xf, soff, (int)(lasts[r] - c0 + 1), d);
+    tile_values(ys + r_f * group, ss + r_f * group, (nr - r_f) * group, xf, soff, n, d);
+}
+
+/* Rows t0..t1-1 of one sequence (first position the same for all) x the query heads of KV head g,
+ * against partition p of their keys: what attend computes for each of those rows and heads alone.
+ * Rows whose keys end before the partition are left alone. xf: KEY_CHUNK x d floats of scratch. */
+static inline __attribute__((always_inline)) void attend_tile(const float *q, float *out, float *acc, float *ml,
+                                                              const struct row_plan *rows, int64_t t0, int64_t t1,
+                                                              int p, int g, int heads, int group, int d,
+                                                              const kv_pools *kv, int kind, const int32_t *blocks,
+                                                              int block_size, int64_t row_stride, float scale,
+                                                              float softcap, float *xf) {
+    const int nr = (int)(t1 - t0), kv_heads = (int)(row_stride / d);
+    const int64_t first = rows[t0].first + (int64_t)p * KEY_PARTITION, kvo = (int64_t)g * d;
+    const int64_t esize = kind == KV_F32 ? 4 : kind == KV_F16 ? 2 : 1;
+    int64_t last = first + KEY_PARTITION - 1 < rows[t1 - 1].last ? first + KEY_PARTITION - 1 : rows[t1 - 1].last;
+    const float *qs[MAX_TILE_VECS];
+    float *ys[MAX_TILE_VECS], *ss[MAX_TILE_VECS], s[MAX_TILE_VECS][KEY_CHUNK], m[MAX_TILE_VECS], l[MAX_TILE_VECS];
+    float ksc[KEY_CHUNK], vsc[KEY_CHUNK];
+    int64_t lasts[TILE_ROWS], soff[KEY_CHUNK], offs[2][KEY_CHUNK], slots[2][KEY_CHUNK];
+    for (int j = 0; j < KEY_CHUNK; j++)
+        soff[j] = (int64_t)j * d;
+    for (int r = 0; r < nr; r++) {
+        const struct row_plan *rp = &rows[t0 + r];
+        lasts[r] = rp->last;
+        for (int i = 0; i < group; i++) {
+            const int v = r * group + i, h = g * group + i;
+            qs[v] = q + ((t0 + r) * heads + h) * (int64_t)d;
+            ys[v] = rp->parts > 1 ? acc + ((rp->slot + p) * heads + h) * (int64_t)d
+                                  : out + ((t0 + r) * heads + h) * (int64_t)d;
+            ss[v] = s[v];
+            m[v] = -INFINITY, l[v] = 0.0f;
+            if (rp->last >= first)
+                memset(ys[v], 0, sizeof(float) * d);
+        }
+    }
+    key_offsets(blocks, block_size, row_stride, first, chunk_keys(first, last), offs[0], slots[0]);
+    for (int64_t c0 = first, a = 0; c0 <= last; c0 += KEY_CHUNK, a++) {
+        const int n = chunk_keys(c0, last);
+        const int64_t *off = offs[a & 1], *slot = slots[a & 1];
+        if (c0 + KEY_CHUNK <= last) {  /* the next chunk's rows, requested while this one computes */
+            int nn = chunk_keys(c0 + KEY_CHUNK, last);
+            key_offsets(blocks, block_size, row_stride, c0 + KEY_CHUNK, nn, offs[(a + 1) & 1], slots[(a + 1) & 1]);
+            prefetch_rows(kv, offs[(a + 1) & 1], slots[(a + 1) & 1], nn, kvo, d * esize, esize, kv_heads, g);
+        }
+        if (kind == KV_I8) {
+            chunk_scales(kv->k_scale, slot, n, kv_heads, g, ksc);
+            chunk_scales(kv->v_scale, slot, n, kv_heads, g, vsc);
+        }
+        tile_chunk(qs, ys, ss, m, l, lasts, nr, group, c0, n, ksc, vsc, kv, off, kvo, kind, d, scale, softcap, xf,
+                   soff);
+    }
+    for (int v = 0; v < nr * group; v++) {
+        const struct row_plan *rp = &rows[t0 + v / group];
+        if (rp->last < first)
+            continue;
+        if (rp->parts > 1) {
+            float *m_l = ml + ((rp->slot + p) * heads + g * group + v % group) * 2;
+            m_l[0] = m[v], m_l[1] = l[v];
+        } else {
+            scale_vec(ys[v], 1.0f / l[v], d);
+        }
+    }
+}
+
 /* Parts to divide each row's query heads into: with fewer rows than threads and too few partitions
  * to spread over them, enough that a batch of one decode still spreads over the threads; else 1
  * (whole pool rows per work item). The split never changes a number. */
@@ -526,9 +727,67 @@ static int head_splits(int64_t num_tokens, int64_t parts, int heads, int threads
     return per_row < heads ? (int)per_row : heads;
 }
 
+/* A work item: a row's partition and query heads h0..h1 (t1 == t0 + 1, g < 0), or a tile's rows
+ * t0..t1-1, their partition p and KV head g. */
+struct work {
+    int64_t t0, t1;
+    int p, g, h0, h1;
+};
+
+/* Whether sequence rows t0..t1-1 go as tiles: a tile's worth of rows or more (fewer, the one-row
+ * items read whole pool rows and prefetch them better: a few rows over a long context wait on the
+ * memory, not the arithmetic), all from position 0 (the last row's first key is the latest; a sliding
+ * window that cuts rows starts each at its own position). */
+static int tiled(const struct row_plan *rows, int64_t t0, int64_t t1) {
+    return t1 - t0 >= TILE_ROWS && rows[t1 - 1].first == 0;
+}
+
+/* The work items (written when `items` is not NULL); returns their count. */
+static int64_t plan_work(const struct row_plan *rows, int64_t num_tokens, const int32_t *cu_seqlens_q, int num_seqs,
+                         int heads, int kv_heads, int splits, struct work *items) {
+    const int group = heads / kv_heads, per = (heads + splits - 1) / splits;
+    const int tile_rows = MAX_TILE_VECS / group < TILE_ROWS ? MAX_TILE_VECS / group : TILE_ROWS;
+    int64_t n = 0;
+    for (int sq = 0; sq < num_seqs; sq++) {
+        int64_t t0 = cu_seqlens_q[sq], t1 = cu_seqlens_q[sq + 1] < num_tokens ? cu_seqlens_q[sq + 1] : num_tokens;
+        if (t0 >= t1)
+            continue;
+        if (tile_rows >= 2 && tiled(rows, t0, t1)) {
+            for (int64_t a = t0; a < t1; a += tile_rows) {
+                int64_t b = a + tile_rows < t1 ? a + tile_rows : t1;
+                for (int p = 0; p < rows[b - 1].parts; p++)
+                    for (int g = 0; g < kv_heads; g++, n++)
+                        if (items)
+                            items[n] = (struct work){a, b, p, g, 0, 0};
+            }
+            continue;
+        }
+        for (int64_t t = t0; t < t1; t++)
+            for (int p = 0; p < rows[t].parts; p++)
+                for (int h0 = 0; h0 < heads; h0 += per, n++)
+                    if (items)
+                        items[n] = (struct work){t, t + 1, p, -1, h0, h0 + per < heads ? h0 + per : heads};
+    }
+    return n;
+}
+
+/* One row's partition and heads, as attend computes them. */
+static inline __attribute__((always_inline)) void attend_row(const float *q, float *out, float *acc, float *ml,
+                                                             const struct row_plan *r, int64_t t, int p, int h0,
+                                                             int h1, int heads, int group, int d, const kv_pools *kv,
+                                                             int kind, const int32_t *blocks, int block_size,
+                                                             int64_t row_stride, float scale, float softcap) {
+    int64_t first = r->first + (int64_t)p * KEY_PARTITION;
+    int64_t last = r->parts > 1 && first + KEY_PARTITION - 1 < r->last ? first + KEY_PARTITION - 1 : r->last;
+    float *y = r->parts > 1 ? acc + (r->slot + p) * heads * d : out + t * heads * d;
+    float *m_l = r->parts > 1 ? ml + (r->slot + p) * heads * 2 : NULL;
+    attend(q + t * heads * d, y, h0, h1, group, d, kv, kind, blocks, block_size, row_stride, first, last, scale,
+           softcap, m_l);
+}
+
 /* Returns 0, or -1 when the partitions' scratch cannot be allocated (nothing written then).
- * Work items are (query row, partition, part of the heads: head_splits). `window` 0: none;
- * `softcap` 0: none. */
+ * Work items are (query row, partition, part of the heads: head_splits), or for a sequence's
+ * several rows (tiled) (tile of rows, partition, KV head). `window` 0: none; `softcap` 0: none. */
 int paged_attention(const float *q, float *out, int64_t num_tokens, int heads, int kv_heads, int d,
                     const kv_pools *kv, int block_size, const int32_t *block_table, int64_t max_blocks,
                     const int32_t *cu_seqlens_q, const int32_t *seq_lens, int num_seqs, float scale, int64_t window,
@@ -544,49 +803,40 @@ int paged_attention(const float *q, float *out, int64_t num_tokens, int heads, i
         return -1;
     int64_t parts, slots = plan_rows(rows, num_tokens, cu_seqlens_q, seq_lens, num_seqs, window, &parts);
     const int splits = head_splits(num_tokens, parts, heads, threads);
-    int64_t items = 0;
-    for (int64_t t = 0; t < num_tokens; t++) {
-        rows[t].item = items;
-        items += (int64_t)rows[t].parts * splits;
+    const int64_t items = plan_work(rows, num_tokens, cu_seqlens_q, num_seqs, heads, kv_heads, splits, NULL);
+    struct work *work = malloc(sizeof(struct work) * items);
+    float *acc = slots > 0 ? malloc(sizeof(float) * slots * heads * d) : NULL;
+    float *ml = slots > 0 ? malloc(sizeof(float) * slots * heads * 2) : NULL;
+    float *xf = malloc(sizeof(float) * KEY_CHUNK * d * threads);  /* each thread's widened chunk */
+    if (!work || !xf || (slots > 0 && (!acc || !ml))) {
+        free(acc), free(ml), free(xf), free(work), free(rows);
+        return -1;
     }
-    float *acc = NULL, *ml = NULL;
-    if (slots > 0) {
-        acc = malloc(sizeof(float) * slots * heads * d);
-        ml = malloc(sizeof(float) * slots * heads * 2);
-        if (!acc || !ml) {
-            free(acc), free(ml), free(rows);
-            return -1;
-        }
-    }
-    const int per = (heads + splits - 1) / splits;
+    plan_work(rows, num_tokens, cu_seqlens_q, num_seqs, heads, kv_heads, splits, work);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t it = 0; it < items; it++) {
-        int64_t lo = 0, hi = num_tokens - 1;  /* the last row whose items start at or before it */
-        while (lo < hi) {
-            int64_t mid = (lo + hi + 1) / 2;
-            if (rows[mid].item <= it) lo = mid; else hi = mid - 1;
-        }
-        const struct row_plan *r = &rows[lo];
-        int64_t k = it - r->item;
-        int p = (int)(k / splits), h0 = (int)(k % splits) * per;
-        int h1 = h0 + per < heads ? h0 + per : heads;
-        if (h0 >= h1)
-            continue;
-        int64_t first = r->first + (int64_t)p * KEY_PARTITION;
-        int64_t last = r->parts > 1 && first + KEY_PARTITION - 1 < r->last ? first + KEY_PARTITION - 1 : r->last;
-        const float *qr = q + lo * heads * d;
-        float *y = r->parts > 1 ? acc + (r->slot + p) * heads * d : out + lo * heads * d;
-        float *m_l = r->parts > 1 ? ml + (r->slot + p) * heads * 2 : NULL;
+        const struct work *w = &work[it];
+        const struct row_plan *r = &rows[w->t0];
         const int32_t *blocks = block_table + (int64_t)r->seq * max_blocks;
-        if (kv->kind == KV_F16)
-            attend(qr, y, h0, h1, group, d, kv, KV_F16, blocks, block_size, row_stride, first, last, scale, softcap,
-                   m_l);
+        float *x = xf + (int64_t)omp_get_thread_num() * KEY_CHUNK * d;
+        if (w->g >= 0 && kv->kind == KV_F16)
+            attend_tile(q, out, acc, ml, rows, w->t0, w->t1, w->p, w->g, heads, group, d, kv, KV_F16, blocks,
+                        block_size, row_stride, scale, softcap, x);
+        else if (w->g >= 0 && kv->kind == KV_I8)
+            attend_tile(q, out, acc, ml, rows, w->t0, w->t1, w->p, w->g, heads, group, d, kv, KV_I8, blocks,
+                        block_size, row_stride, scale, softcap, x);
+        else if (w->g >= 0)
+            attend_tile(q, out, acc, ml, rows, w->t0, w->t1, w->p, w->g, heads, group, d, kv, KV_F32, blocks,
+                        block_size, row_stride, scale, softcap, x);
+        else if (kv->kind == KV_F16)
+            attend_row(q, out, acc, ml, r, w->t0, w->p, w->h0, w->h1, heads, group, d, kv, KV_F16, blocks,
+                       block_size, row_stride, scale, softcap);
         else if (kv->kind == KV_I8)
-            attend(qr, y, h0, h1, group, d, kv, KV_I8, blocks, block_size, row_stride, first, last, scale, softcap,
-                   m_l);
+            attend_row(q, out, acc, ml, r, w->t0, w->p, w->h0, w->h1, heads, group, d, kv, KV_I8, blocks,
+                       block_size, row_stride, scale, softcap);
         else
-            attend(qr, y, h0, h1, group, d, kv, KV_F32, blocks, block_size, row_stride, first, last, scale, softcap,
-                   m_l);
+            attend_row(q, out, acc, ml, r, w->t0, w->p, w->h0, w->h1, heads, group, d, kv, KV_F32, blocks,
+                       block_size, row_stride, scale, softcap);
     }
     if (slots > 0) {
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -596,7 +846,7 @@ int paged_attention(const float *q, float *out, int64_t num_tokens, int heads, i
                 merge_partitions(r, out + it * d, acc, ml, heads, (int)(it % heads), d);
         }
     }
-    free(acc), free(ml), free(rows);
+    free(acc), free(ml), free(xf), free(work), free(rows);
     return 0;
 }
 

@@ -15,7 +15,7 @@ from app.engine.runtime.decoder import DecoderLayer, RotaryEmbedding
 from app.engine.runtime.kernel_plan import Attention, KernelPlan, RowOps
 from app.kernels import KVCacheLayer, cpu_attention
 from tests.kernels.test_kernels import (
-    ATTN_CASES, SENTINEL, STORE_CASES, attention_error, attention_metadata, make_attention_inputs, store_error,
+    ATTN_CASES, AttnCase, SENTINEL, STORE_CASES, attention_error, attention_metadata, make_attention_inputs, store_error,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -142,6 +142,55 @@ def test_a_long_row_is_the_same_alone_batched_and_chunked(threads: int, cache_dt
         torch.set_num_threads(previous)
     assert torch.equal(batched[4:5], decode)
     assert torch.equal(batched[1:4], chunk) and torch.equal(chunk, split)
+
+
+# A sequence's rows, 8 or more (a prompt chunk), go through the kernel as tiles: 8 rows x one KV head's
+# query heads. Shapes of the catalog's models and the tiles' remainders: 1, 2 or 3
+# vectors past the last whole triple, a head size that is not a multiple of 32, a tile of fewer rows
+# (MQA: 32 heads a KV head), rows that cross the 512-key partition, a softcap, a window none reaches.
+TILES = {
+    "gqa6-d128": dict(heads=12, kv_heads=2, head_dim=128),  # Qwen2.5-Coder-1.5B
+    "gqa3-d64": dict(heads=9, kv_heads=3, head_dim=64),  # SmolLM2-135M
+    "gqa7-d64": dict(heads=14, kv_heads=2, head_dim=64),  # Qwen2.5-Coder-0.5B
+    "gqa5-d40-softcap": dict(heads=5, kv_heads=1, head_dim=40, softcap=20.0),
+    "gqa1-d32": dict(heads=2, kv_heads=2, head_dim=32),
+    "mqa32-d16-window": dict(heads=32, kv_heads=1, head_dim=16, window=600),
+}
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("cache_dtype", ["float32", "float16", "int8"])
+@pytest.mark.parametrize("shape", list(TILES))
+def test_a_tile_of_rows_is_each_row_alone(shape: str, cache_dtype: str, threads: int) -> None:
+    """A 21-row prompt chunk ending at 530 keys (tiles of 8, 8 and 5 rows) and a 9-row one ending at 40
+    (8 and 1), in one batch: each row equals the same row computed alone (the one-row path), bit for bit."""
+    spec = dict(TILES[shape])
+    window, softcap = spec.pop("window", None), spec.pop("softcap", None)
+    case = AttnCase(q_lens=(21, 9), seq_lens=(530, 40), dtype="float32", cache_dtype=cache_dtype, window=window,
+                    softcap=softcap, **spec)
+    inputs = make_attention_inputs(case)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        batched = torch.empty_like(inputs["q"])
+        c_attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], batched, attention_metadata(inputs), 0.2,
+                    window, softcap, **scales(inputs))
+        alone = []
+        for seq, (q_len, seq_len) in enumerate(zip(case.q_lens, case.seq_lens)):
+            start = sum(case.q_lens[:seq])
+            for i in range(q_len):
+                row = slice(start + i, start + i + 1)
+                meta = kernels.AttentionMetadata(torch.tensor([0, 1], dtype=torch.int32),
+                                                 torch.tensor([seq_len - q_len + i + 1], dtype=torch.int32),
+                                                 inputs["block_table"][[seq]])
+                out = torch.empty_like(inputs["q"][row])
+                alone.append(c_attention(inputs["q"][row].contiguous(), inputs["k_cache"], inputs["v_cache"], out,
+                                         meta, 0.2, window, softcap, **scales(inputs)))
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(batched, torch.cat(alone))
+    err, _ = attention_error(case, inputs, c_attention)
+    assert err < 1e-5, f"{shape}: relative error {err:.2e}"
 
 
 @pytest.mark.parametrize("cache_dtype", ["float32", "float16", "int8"])
