@@ -93,14 +93,27 @@ def test_attention_is_the_same_on_any_thread_count(threads: int, name: str) -> N
     assert torch.equal(outs[0], outs[1])
 
 
-def _run(inputs: dict, cu: list[int], seq_lens: list[int], rows: slice, blocks: list[int], window=None) -> torch.Tensor:
+def _run(inputs: dict, cu: list[int], seq_lens: list[int], rows: slice, blocks: list[int], window=None,
+         softcap=None) -> torch.Tensor:
     meta = kernels.AttentionMetadata(
         torch.tensor(cu, dtype=torch.int32), torch.tensor(seq_lens, dtype=torch.int32),
         inputs["block_table"][blocks],
     )
     q = inputs["q"][rows].contiguous()
     out = torch.empty_like(q)
-    return c_attention(q, inputs["k_cache"], inputs["v_cache"], out, meta, 0.2, window, None, **scales(inputs))
+    return c_attention(q, inputs["k_cache"], inputs["v_cache"], out, meta, 0.2, window, softcap, **scales(inputs))
+
+
+def _batched(inputs: dict, threads: int, window=None, softcap=None) -> torch.Tensor:
+    """Every row of `inputs` in one call on `threads` threads (the torch setting restored after)."""
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        out = torch.empty_like(inputs["q"])
+        return c_attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], out, attention_metadata(inputs), 0.2,
+                           window, softcap, **scales(inputs))
+    finally:
+        torch.set_num_threads(previous)
 
 
 @pytest.mark.parametrize("window", [None, 7])
@@ -128,18 +141,10 @@ def test_a_long_row_is_the_same_alone_batched_and_chunked(threads: int, cache_dt
     """Rows read in partitions: the 3-row chunk of sequence 1 (positions 597-599) and sequence 2's
     decode at 1537 keys, inside the batch, alone, and split 2 + 1 rows, on 1 and 3 threads."""
     inputs = make_attention_inputs(replace(LONG, cache_dtype=cache_dtype))
-    previous = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
-        batched = torch.empty_like(inputs["q"])
-        c_attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], batched, attention_metadata(inputs), 0.2,
-                    None, None, **scales(inputs))
-        torch.set_num_threads(1)
-        decode = _run(inputs, [0, 1], [1537], slice(4, 5), [2])
-        chunk = _run(inputs, [0, 3], [600], slice(1, 4), [1])
-        split = torch.cat((_run(inputs, [0, 2], [599], slice(1, 3), [1]), _run(inputs, [0, 1], [600], slice(3, 4), [1])))
-    finally:
-        torch.set_num_threads(previous)
+    batched = _batched(inputs, threads)
+    decode = _run(inputs, [0, 1], [1537], slice(4, 5), [2])
+    chunk = _run(inputs, [0, 3], [600], slice(1, 4), [1])
+    split = torch.cat((_run(inputs, [0, 2], [599], slice(1, 3), [1]), _run(inputs, [0, 1], [600], slice(3, 4), [1])))
     assert torch.equal(batched[4:5], decode)
     assert torch.equal(batched[1:4], chunk) and torch.equal(chunk, split)
 
@@ -169,25 +174,13 @@ def test_a_tile_of_rows_is_each_row_alone(shape: str, cache_dtype: str, threads:
     case = AttnCase(q_lens=(21, 9), seq_lens=(530, 40), dtype="float32", cache_dtype=cache_dtype, window=window,
                     softcap=softcap, **spec)
     inputs = make_attention_inputs(case)
-    previous = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
-        batched = torch.empty_like(inputs["q"])
-        c_attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], batched, attention_metadata(inputs), 0.2,
-                    window, softcap, **scales(inputs))
-        alone = []
-        for seq, (q_len, seq_len) in enumerate(zip(case.q_lens, case.seq_lens)):
-            start = sum(case.q_lens[:seq])
-            for i in range(q_len):
-                row = slice(start + i, start + i + 1)
-                meta = kernels.AttentionMetadata(torch.tensor([0, 1], dtype=torch.int32),
-                                                 torch.tensor([seq_len - q_len + i + 1], dtype=torch.int32),
-                                                 inputs["block_table"][[seq]])
-                out = torch.empty_like(inputs["q"][row])
-                alone.append(c_attention(inputs["q"][row].contiguous(), inputs["k_cache"], inputs["v_cache"], out,
-                                         meta, 0.2, window, softcap, **scales(inputs)))
-    finally:
-        torch.set_num_threads(previous)
+    batched = _batched(inputs, threads, window, softcap)
+    alone = []
+    for seq, (q_len, seq_len) in enumerate(zip(case.q_lens, case.seq_lens)):
+        start = sum(case.q_lens[:seq])
+        for i in range(q_len):
+            row = slice(start + i, start + i + 1)
+            alone.append(_run(inputs, [0, 1], [seq_len - q_len + i + 1], row, [seq], window, softcap))
     assert torch.equal(batched, torch.cat(alone))
     err, _ = attention_error(case, inputs, c_attention)
     assert err < 1e-5, f"{shape}: relative error {err:.2e}"
