@@ -6,6 +6,7 @@
  * so both copies, and the fused and split kernels below, produce the same bits. */
 
 #define QG_FUSED_ROWS 4 /* up to this many rows (decode, a short verify): the fused kernels */
+#define QG_FEW_ROWS 6   /* a whole GEMM of 5 or 6 rows (a 4-token verify): the few-row kernels */
 #define QG_CHUNK 16     /* groups whose integer dots the split kernels keep before scaling them */
 
 /* Four activation levels (k .. k+3 of a row) broadcast to every lane, for vector s of a group:
@@ -207,6 +208,26 @@ ALWAYS_INLINE void QG(group_dots)(const int fmt, const void *w, const uint8_t *q
     for (int i = 0; i < R; i++) dots[i] = QG(q4_dot)(lo, hi, x + 32 * i, R, q5);
 }
 
+/* A group's dots for R rows, each scaled into its row's accumulator as soon as it is summed: what
+ * group_dots then scale_group do, in the same order, with the R accumulators and the unpacked group
+ * live instead of R dots besides. q4 / q5 / q6 formats. */
+ALWAYS_INLINE void QG(group_acc)(const int fmt, const void *w, const uint8_t *qh, const int8_t *sc, const int8_t *x,
+                                 const int32_t *xb, const int R, const __m256 dv, const float *xd, __m256 *acc) {
+    __m256i lo[4], hi[4], scp = _mm256_setzero_si256();
+    const int q5 = fmt == QG_Q5 || fmt == QG_Q5_0;
+    if (fmt == QG_Q6) {
+        QG(q6_unpack)((const uint8_t *)w, lo, hi);
+        scp = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+    } else {
+        QG(q4_unpack)((const uint8_t *)w, qh, q5, lo, hi);
+    }
+    for (int i = 0; i < R; i++) {
+        const __m256i dot = fmt == QG_Q6 ? QG(q6_dot)(lo, hi, scp, x + 32 * i, xb[i], R)
+                                         : QG(q4_dot)(lo, hi, x + 32 * i, R, q5);
+        acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(xd[i])), _mm256_cvtepi32_ps(dot), acc[i]);
+    }
+}
+
 /* Tile t against rows r .. r+R-1. A few rows: each group's dots and float sums in one pass, which
  * streams the weights fastest. Many rows (prefill): QG_CHUNK groups' integer dots first, then
  * their float sums, four rows at a time with the accumulators in registers: two short loops the
@@ -226,7 +247,22 @@ ALWAYS_INLINE void QG(tile_in)(const gemm_args *a, int64_t t, int64_t r, const i
     const int32_t *xb = a->xb + tab_at(r, G);
     __m256 acc[R], mac[R];
     for (int i = 0; i < R; i++) acc[i] = mac[i] = _mm256_setzero_ps();
-    if (R <= QG_FUSED_ROWS) {
+    if (R > QG_FUSED_ROWS && a->M <= QG_FEW_ROWS && fmt != QG_Q8) {
+        /* 5 or 6 rows in all: one pass over the weights as the fused kernels take, then the
+         * minimums' sums in a second over the scales, so the rows' accumulators stay in registers.
+         * The split kernels below cost 8 rows' time at 5; at 7 and 8 they are as fast or faster. */
+        for (int64_t g = 0; g < G; g++) {
+            __m256 dv, mv;
+            QG(group_scales)(fmt, dt, mt, sc, g, &dv, &mv);
+            QG(group_acc)(fmt, w + g * wbytes, qh ? qh + g * 32 : NULL, sc ? sc + g * 16 : NULL, xg + g * 32 * TILE,
+                          xb + g * TILE, R, dv, xd + g * TILE, acc);
+        }
+        for (int64_t g = 0; has_m && g < G; g++) {
+            __m256 dv, mv;
+            QG(group_scales)(fmt, dt, mt, sc, g, &dv, &mv);
+            for (int i = 0; i < R; i++) mac[i] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xs[g * TILE + i]), mac[i]);
+        }
+    } else if (R <= QG_FUSED_ROWS) {
         for (int64_t g = 0; g < G; g++) {
             __m256i dots[R];
             __m256 dv, mv;

@@ -109,13 +109,14 @@ def test_kernel_matches_quantized_activations_times_dequantized_weights(make, k)
 @pytest.mark.parametrize("make", [_q4, _q4_0, _q4k, _q5, _q5_0, _q6, _q8],
                          ids=["q4", "q4_0", "q4k", "q5", "q5_0", "q6", "q8"])
 def test_rows_are_batch_invariant_and_empty_batches_work(make, n, k):
-    """13 rows are a block of 8, one of 4 and one row; a single row only the last kind (100 weight
-    rows: a last tile of 4): the same bits either way."""
+    """13 rows are a block of 8 and one of 5 (the split kernels); a single row, 5 rows and 6 rows in
+    all take the fused and the few-row kernels (100 weight rows: a last tile of 4): the same bits."""
     w = make(n, k)
     x = torch.randn(13, w.in_features)
     together = w(x)
     assert torch.equal(together, torch.cat([w(x[i : i + 1]) for i in range(13)]))
     assert torch.equal(together[3:9], w(x[3:9]))
+    assert torch.equal(together[2:7], w(x[2:7]))
     assert w(x[:0]).shape == (0, w.out_features)
 
 
