@@ -169,15 +169,23 @@ ALWAYS_INLINE void QG(group_scales)(const int fmt, const uint16_t *dt, const uin
 }
 
 /* Every output y[r, n] is, over the groups g in order,
- *     acc = fma(d[n, g] * xd[r, g], (float)dot(w[n, g], x[r, g]), acc)
- *     mac = fma(m[n, g], xs[r, g], mac)            (all but q8 and q6: with minimums)
- * and then acc + mac, in lane n % 8 of a tile. This is that float half for one group of R rows. */
-ALWAYS_INLINE void QG(scale_group)(const __m256i *dots, const __m256 dv, const __m256 mv, const int has_m,
-                                   const float *xd, const float *xs, const int R, __m256 *acc, __m256 *mac) {
+ *     acc = fma(d[n, g] * xd[r, g], (float)dot(w[n, g], x[r, g]), acc)    (scale_dots)
+ *     mac = fma(m[n, g], xs[r, g], mac)            (sum_mins: all but q8 and q6, with minimums)
+ * and then acc + mac, in lane n % 8 of a tile. scale_group is that float half for one group of R rows. */
+ALWAYS_INLINE void QG(scale_dots)(const __m256i *dots, const __m256 dv, const float *xd, const int R, __m256 *acc) {
     for (int i = 0; i < R; i++)
         acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(xd[i])), _mm256_cvtepi32_ps(dots[i]), acc[i]);
+}
+
+ALWAYS_INLINE void QG(sum_mins)(const __m256 mv, const float *xs, const int R, __m256 *mac) {
+    for (int i = 0; i < R; i++) mac[i] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xs[i]), mac[i]);
+}
+
+ALWAYS_INLINE void QG(scale_group)(const __m256i *dots, const __m256 dv, const __m256 mv, const int has_m,
+                                   const float *xd, const float *xs, const int R, __m256 *acc, __m256 *mac) {
+    QG(scale_dots)(dots, dv, xd, R, acc);
     if (has_m)
-        for (int i = 0; i < R; i++) mac[i] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xs[i]), mac[i]);
+        QG(sum_mins)(mv, xs, R, mac);
 }
 
 ALWAYS_INLINE void QG(store_tile)(const gemm_args *a, int64_t t, int64_t r, const int R, const __m256 *acc,
@@ -189,7 +197,24 @@ ALWAYS_INLINE void QG(store_tile)(const gemm_args *a, int64_t t, int64_t r, cons
     }
 }
 
-/* A group's integer dots for R rows: q4 / q5 unpack the group once for all of them. */
+/* A q4 / q5 / q6 group unpacked into lo / hi; returns q6's sub-scales (what q6_dot takes), else 0. */
+ALWAYS_INLINE __m256i QG(group_unpack)(const int fmt, const void *w, const uint8_t *qh, const int8_t *sc,
+                                       __m256i lo[4], __m256i hi[4]) {
+    if (fmt == QG_Q6) {
+        QG(q6_unpack)((const uint8_t *)w, lo, hi);
+        return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+    }
+    QG(q4_unpack)((const uint8_t *)w, qh, fmt == QG_Q5 || fmt == QG_Q5_0, lo, hi);
+    return _mm256_setzero_si256();
+}
+
+/* One row's dot with an unpacked q4 / q5 / q6 group. */
+ALWAYS_INLINE __m256i QG(row_dot)(const int fmt, const __m256i lo[4], const __m256i hi[4], const __m256i scp,
+                                  const int8_t *x, const int32_t xb, const int R) {
+    return fmt == QG_Q6 ? QG(q6_dot)(lo, hi, scp, x, xb, R) : QG(q4_dot)(lo, hi, x, R, fmt == QG_Q5 || fmt == QG_Q5_0);
+}
+
+/* A group's integer dots for R rows: q4 / q5 / q6 unpack the group once for all of them. */
 ALWAYS_INLINE void QG(group_dots)(const int fmt, const void *w, const uint8_t *qh, const int8_t *sc, const int8_t *x,
                                   const int32_t *xb, const int R, __m256i *dots) {
     if (fmt == QG_Q8) {
@@ -197,34 +222,19 @@ ALWAYS_INLINE void QG(group_dots)(const int fmt, const void *w, const uint8_t *q
         return;
     }
     __m256i lo[4], hi[4];
-    if (fmt == QG_Q6) {
-        QG(q6_unpack)((const uint8_t *)w, lo, hi);
-        const __m256i scp = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
-        for (int i = 0; i < R; i++) dots[i] = QG(q6_dot)(lo, hi, scp, x + 32 * i, xb[i], R);
-        return;
-    }
-    const int q5 = fmt == QG_Q5 || fmt == QG_Q5_0;
-    QG(q4_unpack)((const uint8_t *)w, qh, q5, lo, hi);
-    for (int i = 0; i < R; i++) dots[i] = QG(q4_dot)(lo, hi, x + 32 * i, R, q5);
+    const __m256i scp = QG(group_unpack)(fmt, w, qh, sc, lo, hi);
+    for (int i = 0; i < R; i++) dots[i] = QG(row_dot)(fmt, lo, hi, scp, x + 32 * i, xb[i], R);
 }
 
-/* A group's dots for R rows, each scaled into its row's accumulator as soon as it is summed: what
- * group_dots then scale_group do, in the same order, with the R accumulators and the unpacked group
- * live instead of R dots besides. q4 / q5 / q6 formats. */
+/* group_dots then scale_dots, each row's dot scaled into its accumulator as soon as it is summed:
+ * the R accumulators and the unpacked group stay live, not R dots besides. q4 / q5 / q6 formats. */
 ALWAYS_INLINE void QG(group_acc)(const int fmt, const void *w, const uint8_t *qh, const int8_t *sc, const int8_t *x,
                                  const int32_t *xb, const int R, const __m256 dv, const float *xd, __m256 *acc) {
-    __m256i lo[4], hi[4], scp = _mm256_setzero_si256();
-    const int q5 = fmt == QG_Q5 || fmt == QG_Q5_0;
-    if (fmt == QG_Q6) {
-        QG(q6_unpack)((const uint8_t *)w, lo, hi);
-        scp = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
-    } else {
-        QG(q4_unpack)((const uint8_t *)w, qh, q5, lo, hi);
-    }
+    __m256i lo[4], hi[4];
+    const __m256i scp = QG(group_unpack)(fmt, w, qh, sc, lo, hi);
     for (int i = 0; i < R; i++) {
-        const __m256i dot = fmt == QG_Q6 ? QG(q6_dot)(lo, hi, scp, x + 32 * i, xb[i], R)
-                                         : QG(q4_dot)(lo, hi, x + 32 * i, R, q5);
-        acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(xd[i])), _mm256_cvtepi32_ps(dot), acc[i]);
+        const __m256i dot = QG(row_dot)(fmt, lo, hi, scp, x + 32 * i, xb[i], R);
+        QG(scale_dots)(&dot, dv, xd + i, 1, acc + i);
     }
 }
 
@@ -260,7 +270,7 @@ ALWAYS_INLINE void QG(tile_in)(const gemm_args *a, int64_t t, int64_t r, const i
         for (int64_t g = 0; has_m && g < G; g++) {
             __m256 dv, mv;
             QG(group_scales)(fmt, dt, mt, sc, g, &dv, &mv);
-            for (int i = 0; i < R; i++) mac[i] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xs[g * TILE + i]), mac[i]);
+            QG(sum_mins)(mv, xs + g * TILE, R, mac);
         }
     } else if (R <= QG_FUSED_ROWS) {
         for (int64_t g = 0; g < G; g++) {
