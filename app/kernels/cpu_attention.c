@@ -612,6 +612,12 @@ static inline void prefetch_rows(const kv_pools *kv, const int64_t *off, const i
     }
 }
 
+/* Keys of the chunk (c0, n keys) that tile row r sees: all of them from row r_f on, else (the
+ * diagonal) those up to its last position. */
+static inline int keys_seen(const int64_t *lasts, int r, int r_f, int64_t c0, int n) {
+    return r < r_f ? (int)(lasts[r] - c0 + 1) : n;
+}
+
 /* One tile's query vectors against one chunk (c0, n keys): scores, online softmax, values. Rows
  * r_c.. see the chunk; of them rows r_f.. see all of it, the others (the diagonal) their first keys. */
 static inline __attribute__((always_inline)) void tile_chunk(const float *const *qs, float *const *ys, float *const *ss,
@@ -628,10 +634,10 @@ static inline __attribute__((always_inline)) void tile_chunk(const float *const 
     const float sc = kind == KV_I8 ? 1.0f : scale;  /* as chunk_scores */
     widen_chunk(xf, kv->k, off, kvo, n, d, kind);
     for (int r = r_c; r < r_f; r++)
-        tile_scores(qs + r * group, ss + r * group, group, xf, soff, (int)(lasts[r] - c0 + 1), d, sc);
+        tile_scores(qs + r * group, ss + r * group, group, xf, soff, keys_seen(lasts, r, r_f, c0, n), d, sc);
     tile_scores(qs + r_f * group, ss + r_f * group, (nr - r_f) * group, xf, soff, n, d, sc);
     for (int v = r_c * group; v < nr * group; v++) {
-        const int nv = v / group < r_f ? (int)(lasts[v / group] - c0 + 1) : n;
+        const int nv = keys_seen(lasts, v / group, r_f, c0, n);
         float *sv = ss[v];
         if (kind == KV_I8)
             for (int j = 0; j < nv; j++)
@@ -645,13 +651,13 @@ static inline __attribute__((always_inline)) void tile_chunk(const float *const 
     }
     chunk_sums(ss + r_c * group, (nr - r_c) * group, n, l + r_c * group);
     for (int v = r_c * group; kind == KV_I8 && v < nr * group; v++) {
-        const int nv = v / group < r_f ? (int)(lasts[v / group] - c0 + 1) : n;
+        const int nv = keys_seen(lasts, v / group, r_f, c0, n);
         for (int j = 0; j < nv; j++)
             ss[v][j] *= vsc[j];
     }
     widen_chunk(xf, kv->v, off, kvo, n, d, kind);
     for (int r = r_c; r < r_f; r++)
-        tile_values(ys + r * group, ss + r * group, group, xf, soff, (int)(lasts[r] - c0 + 1), d);
+        tile_values(ys + r * group, ss + r * group, group, xf, soff, keys_seen(lasts, r, r_f, c0, n), d);
     tile_values(ys + r_f * group, ss + r_f * group, (nr - r_f) * group, xf, soff, n, d);
 }
 
@@ -785,6 +791,19 @@ static inline __attribute__((always_inline)) void attend_row(const float *q, flo
            softcap, m_l);
 }
 
+/* One work item: a tile's or a row's, over a pool of `kind` (a constant in each call's loops). */
+static ALWAYS_INLINE void attend_item(const float *q, float *out, float *acc, float *ml, const struct row_plan *rows,
+                                      const struct work *w, int heads, int group, int d, const kv_pools *kv, int kind,
+                                      const int32_t *blocks, int block_size, int64_t row_stride, float scale,
+                                      float softcap, float *xf) {
+    if (w->g >= 0)
+        attend_tile(q, out, acc, ml, rows, w->t0, w->t1, w->p, w->g, heads, group, d, kv, kind, blocks, block_size,
+                    row_stride, scale, softcap, xf);
+    else
+        attend_row(q, out, acc, ml, &rows[w->t0], w->t0, w->p, w->h0, w->h1, heads, group, d, kv, kind, blocks,
+                   block_size, row_stride, scale, softcap);
+}
+
 /* Returns 0, or -1 when the partitions' scratch cannot be allocated (nothing written then).
  * Work items are (query row, partition, part of the heads: head_splits), or for a sequence's
  * several rows (tiled) (tile of rows, partition, KV head). `window` 0: none; `softcap` 0: none. */
@@ -819,24 +838,15 @@ int paged_attention(const float *q, float *out, int64_t num_tokens, int heads, i
         const struct row_plan *r = &rows[w->t0];
         const int32_t *blocks = block_table + (int64_t)r->seq * max_blocks;
         float *x = xf + (int64_t)omp_get_thread_num() * KEY_CHUNK * d;
-        if (w->g >= 0 && kv->kind == KV_F16)
-            attend_tile(q, out, acc, ml, rows, w->t0, w->t1, w->p, w->g, heads, group, d, kv, KV_F16, blocks,
-                        block_size, row_stride, scale, softcap, x);
-        else if (w->g >= 0 && kv->kind == KV_I8)
-            attend_tile(q, out, acc, ml, rows, w->t0, w->t1, w->p, w->g, heads, group, d, kv, KV_I8, blocks,
-                        block_size, row_stride, scale, softcap, x);
-        else if (w->g >= 0)
-            attend_tile(q, out, acc, ml, rows, w->t0, w->t1, w->p, w->g, heads, group, d, kv, KV_F32, blocks,
-                        block_size, row_stride, scale, softcap, x);
-        else if (kv->kind == KV_F16)
-            attend_row(q, out, acc, ml, r, w->t0, w->p, w->h0, w->h1, heads, group, d, kv, KV_F16, blocks,
-                       block_size, row_stride, scale, softcap);
+        if (kv->kind == KV_F16)
+            attend_item(q, out, acc, ml, rows, w, heads, group, d, kv, KV_F16, blocks, block_size, row_stride, scale,
+                        softcap, x);
         else if (kv->kind == KV_I8)
-            attend_row(q, out, acc, ml, r, w->t0, w->p, w->h0, w->h1, heads, group, d, kv, KV_I8, blocks,
-                       block_size, row_stride, scale, softcap);
+            attend_item(q, out, acc, ml, rows, w, heads, group, d, kv, KV_I8, blocks, block_size, row_stride, scale,
+                        softcap, x);
         else
-            attend_row(q, out, acc, ml, r, w->t0, w->p, w->h0, w->h1, heads, group, d, kv, KV_F32, blocks,
-                       block_size, row_stride, scale, softcap);
+            attend_item(q, out, acc, ml, rows, w, heads, group, d, kv, KV_F32, blocks, block_size, row_stride, scale,
+                        softcap, x);
     }
     if (slots > 0) {
 #pragma omp parallel for schedule(static) num_threads(threads)
