@@ -45,8 +45,8 @@ struct prefetch {
     int rate;              /* lines of each pool per step */
 };
 
-/* The score loops call it every four keys, the value loops every fourth key: a call a key cost
- * ~12% of the kernel's time (it is not inlined: inlined, its state took registers the loops need). */
+/* The score loops call it every four keys, the value loops before each pass over the chunk
+ * (prefetch_share): a call a key cost ~12% of the kernel's time. */
 static inline void prefetch_step(struct prefetch *p) {
     if (!p)
         return;
@@ -76,6 +76,14 @@ static inline void prefetch_chunk(struct prefetch *p, const int64_t *off, const 
         prefetch_rest(p);
     else
         p->rate = (int)((lines + steps - 1) / steps);
+}
+
+/* A value loop's share of the chunk ahead's requests, before each of its `blocks` passes over the
+ * chunk's keys: as many steps in all as the keys' fours. Requested from inside the key loop, the
+ * prefetch state took the registers the loop's pointers need, and they went through the stack. */
+static inline void prefetch_share(struct prefetch *p, int n, int blocks) {
+    for (int r = 0; r < ((n + 3) / 4 + blocks - 1) / blocks; r++)
+        prefetch_step(p);
 }
 
 /* Keys in the chunk from position c0 on, the row's last visible position `last`. */
@@ -120,12 +128,11 @@ static ALWAYS_INLINE void weigh_values(float *y, const float *p, const void *poo
                                        int n, int d, int kind, struct prefetch *pf) {
     for (int e0 = 0; e0 < d; e0 += 64) {
         if (e0 + 64 <= d) {
+            prefetch_share(pf, n, d / 64);
             __m256 acc[8];
             for (int u = 0; u < 8; u++)
                 acc[u] = _mm256_loadu_ps(y + e0 + 8 * u);
             for (int j = 0; j < n; j++) {
-                if ((j & 3) == 0)
-                    prefetch_step(pf);
                 __m256 pj = _mm256_set1_ps(p[j]);
                 for (int u = 0; u < 8; u++)
                     acc[u] = _mm256_fmadd_ps(pj, load8(pool, off[j] + kv + e0 + 8 * u, kind), acc[u]);
@@ -210,11 +217,10 @@ static ALWAYS_INLINE void weigh_values_pair(float *ya, float *yb, const float *p
     int e0 = 0;
     for (; e0 + 32 <= d; e0 += 32) {
         __m256 a[4], b[4];
+        prefetch_share(pf, n, d / 32);
         for (int u = 0; u < 4; u++)
             a[u] = _mm256_loadu_ps(ya + e0 + 8 * u), b[u] = _mm256_loadu_ps(yb + e0 + 8 * u);
         for (int j = 0; j < n; j++) {
-            if ((j & 3) == 0)
-                prefetch_step(pf);
             __m256 wa = _mm256_set1_ps(pa[j]), wb = _mm256_set1_ps(pb[j]);
             for (int u = 0; u < 4; u++) {
                 __m256 v = load8(pool, off[j] + kv + e0 + 8 * u, kind);
@@ -260,14 +266,13 @@ static ALWAYS_INLINE void weigh_values_triple(float *ya, float *yb, float *yc, c
     int e0 = 0;
     for (; e0 + 32 <= d; e0 += 32) {
         __m256 a[4], b[4], c[4];
+        prefetch_share(pf, n, d / 32);
         for (int u = 0; u < 4; u++) {
             a[u] = _mm256_loadu_ps(ya + e0 + 8 * u);
             b[u] = _mm256_loadu_ps(yb + e0 + 8 * u);
             c[u] = _mm256_loadu_ps(yc + e0 + 8 * u);
         }
         for (int j = 0; j < n; j++) {
-            if ((j & 3) == 0)
-                prefetch_step(pf);
             __m256 wa = _mm256_broadcast_ss(pa + j), wb = _mm256_broadcast_ss(pb + j), wc = _mm256_broadcast_ss(pc + j);
             const int64_t o = off[j] + kv + e0;
             for (int u = 0; u < 4; u++) {
