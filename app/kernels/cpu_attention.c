@@ -28,7 +28,7 @@
 #define KEY_CHUNK 32
 #define MAX_HEADS 128
 #define ALWAYS_INLINE inline __attribute__((always_inline))  /* the pool's kind a constant in the loops */
-#define PREFETCH_CHUNKS 2  /* a chunk's keys and values are requested this many chunks ahead */
+#define PREFETCH_CHUNKS 1  /* a chunk's keys and values are requested this many chunks ahead */
 
 /* The key and value lines of a chunk ahead, requested a few at a time from inside the current
  * chunk's loops: requested all at once, hundreds of misses stall the loads queued behind them, and
