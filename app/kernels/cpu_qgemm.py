@@ -33,6 +33,7 @@ from __future__ import annotations
 import abc
 import ctypes
 import functools
+import mmap
 import os
 from collections.abc import Callable
 
@@ -40,7 +41,6 @@ import torch
 import torch.nn.functional as F
 
 from app.kernels import cpu_build
-from app.kernels.huge_pages import HUGE_PAGE, anonymous_mapping
 
 GROUP = 32
 CHUNK_ROWS = 4096  # rows packed at a time: fp32 temporaries stay small even for a 262k-row head
@@ -475,6 +475,9 @@ class SplitWeight(_GroupWeight):
 C_FORMS = (Q4Weight, Q5Weight, Q6Weight, Q8Weight, SplitWeight)  # every form `qgemm` takes (Q4KWeight is a Q4Weight)
 
 
+HUGE_PAGE = 2 << 20
+
+
 def consolidate(weights: list[_GroupWeight]) -> None:
     """Move the weights' tensors into one anonymous mapping, in the order given (the order a
     forward reads them), advised for transparent huge pages where Linux has them.
@@ -489,7 +492,10 @@ def consolidate(weights: list[_GroupWeight]) -> None:
     if not tensors:
         return
     total = sum(-(-t.nbytes // 64) * 64 for t in tensors)  # each tensor 64-byte aligned
-    region = anonymous_mapping(total + HUGE_PAGE)
+    # Private: a shared anonymous mapping is shmem, whose huge pages are a separate switch.
+    region = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        region.madvise(mmap.MADV_HUGEPAGE)
     arena = torch.frombuffer(region, dtype=torch.uint8)  # keeps the mapping alive
     offset = -arena.data_ptr() % HUGE_PAGE
     for w in weights:

@@ -4,6 +4,7 @@ it, and allocating it once at start."""
 from __future__ import annotations
 
 import math
+import mmap
 
 import torch
 
@@ -11,7 +12,6 @@ from app.engine.gguf.model_config import ModelConfig
 from app.engine.runtime.kv_cache_spec import KVCacheSpec
 from app.engine.types.errors import LocalbatchError
 from app.kernels import KVCacheLayer, cpu_attention
-from app.kernels.huge_pages import anonymous_mapping
 from app.kernels.kv_quant import SCALE_DTYPE, is_quantized_kv, scale_bytes
 
 _STORAGE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8,
@@ -77,11 +77,10 @@ def allocate_kv_caches(
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A zero-filled pool. Attention kernels may read (and mask) slots past a sequence's end, so they
-    must hold finite values (scales included). On the CPU the zeros come from an anonymous mapping:
-    the OS maps zero pages on first touch, so a pool of several GB costs no start-up time and no RSS
-    until used; on huge pages, so a decode's walk over a long context's scattered blocks does not
-    miss the TLB every 4 KiB."""
+    must hold finite values (scales included). On the CPU the zeros come from an anonymous mmap: the
+    OS maps zero pages on first touch, so a pool of several GB costs no start-up time and no RSS
+    until used."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * dtype.itemsize
-    return torch.frombuffer(anonymous_mapping(nbytes), dtype=dtype, count=math.prod(shape)).view(shape)
+    return torch.frombuffer(mmap.mmap(-1, max(nbytes, 1)), dtype=dtype, count=math.prod(shape)).view(shape)

@@ -5,8 +5,6 @@ pool in the same bytes, settings the device cannot run fail in one line, and wha
 from __future__ import annotations
 
 import json
-import mmap
-import os
 
 import pytest
 import torch
@@ -143,31 +141,3 @@ def test_cpu_pool_is_sized_by_need_capped_by_the_budget(monkeypatch):
     assert dev.kv_pool_blocks(EngineConfig(), setup, per_token, lambda: None) == 1000
     assert dev.kv_pool_blocks(EngineConfig(kv_cache_bytes=4096 * 2000), setup, per_token, lambda: None, max_needed=10) == 2000
     assert dev.kv_pool_blocks(EngineConfig(kv_cache_blocks=7), setup, per_token, lambda: None, max_needed=10) == 7
-
-
-def _vm_flags(address: int) -> list[str]:
-    """The VmFlags of the mapping holding `address`, from /proc/self/smaps."""
-    inside = False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo <= address < hi
-            elif inside and head == "VmFlags:":
-                return line.split()[1:]
-    raise AssertionError(f"no mapping holds {address:#x}")
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
-def test_cpu_pool_is_private_memory_advised_for_huge_pages():
-    """A decode over a long context walks scattered blocks: on huge pages, not a TLB miss every 4 KiB.
-    Private, or Linux would treat it as shmem, whose huge pages are off by default."""
-    from app.engine.runtime.kv_pool import _zeros
-
-    pool = _zeros((64, 16, 2, 128), torch.float16, torch.device("cpu"))
-    flags = _vm_flags(pool.data_ptr())
-    assert "sh" not in flags
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        assert "hg" in flags
-    assert not pool.any()
