@@ -55,8 +55,8 @@ def isa_options(flags: Iterable[str]) -> list[str]:
 
 
 def configure_cmd(source: Path, build: Path, flags: Iterable[str]) -> list[str]:
-    return ["cmake", "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF",
-            "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=ON", *isa_options(flags)]
+    return ["cmake", "-S", str(source), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF", *isa_options(flags)]
 
 
 def build_cmd(build: Path, jobs: int) -> list[str]:
