@@ -87,5 +87,6 @@ def run_research(name: str, argv: list[str]) -> int:
     with quiet:
         results = module.run(args)
     if args.json:
-        write(args.json, record(name, settings(args), results, getattr(args, "device", None) or getattr(module, "DEVICE", "cpu")))
+        device = getattr(args, "device", None) or getattr(module, "DEVICE", "cpu")
+        write(args.json, record(name, settings(args), results, device))
     return 1 if results.get("ok") is False else 0
