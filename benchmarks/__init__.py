@@ -1,2 +1,2 @@
 """Research benchmarks beyond `localbatch bench`, grouped by what they measure (see README.md).
-Run each from the repository root as a module: `python -m benchmarks.<group>.<script> --help`."""
+Each runs from a checkout as `localbatch bench research NAME` (registered in app/bench/research.py)."""

@@ -131,7 +131,7 @@ def test_bench_subcommands_parse_their_own_options():
     serve = parse(["bench", "serve", "--url", "http://127.0.0.1:9", "--endpoint", "chat", "--concurrency", "2"])
     assert (serve.url, serve.endpoint, serve.concurrency) == ("http://127.0.0.1:9", "chat", "2")
     complete = parse(["bench", "complete", "--followups", "3", "--compare-llama-server"])
-    assert complete.followups == 3 and complete.compare_llama_server == ""  # the default binary
+    assert complete.followups == 3 and complete.compare_llama_server and complete.llama_cpp is None  # the default build
     assert parse(["bench", "compare", "--batches", "0", "--prefill-len", "512"]).batches == "0"
     for name in BENCHMARKS:  # every benchmark takes the engine options
         assert parse(["bench", name, "--model", "m.gguf", "--num-threads", "1"]).num_threads == 1

@@ -6,6 +6,9 @@
     localbatch bench tui ...            the terminal app against its own engine
     localbatch bench compare ...        against llama.cpp on the same GGUF, back to back
     localbatch bench complete ...       code completion (/infill) follow-ups after small edits
+    localbatch bench research NAME ...  one of the research benchmarks under benchmarks/ (a checkout)
+    localbatch bench report RECORD...   the records' tables as Markdown, with commit, machine and date
+    localbatch bench setup-llama-cpp    build the pinned llama.cpp `compare` and `complete` run against
 
 Every benchmark takes `--json PATH` (a record with the commit, the CPU and its flags, torch and
 the settings; "-" or `--json` alone: that record on stdout instead of the text report).
@@ -17,9 +20,12 @@ starts, the engine settings they give; nothing here imports the engine (torch) u
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from app.bench.results import add_json_arg
 
 AddArgs = Callable[[argparse.ArgumentParser], None]
 # The command line's `add_engine_args`: adds the engine options and returns them, in order.
@@ -34,12 +40,6 @@ HELP = {
     "compare": "against llama.cpp (llama-batched-bench) on the same GGUF, back to back",
     "complete": "code completion: /infill follow-ups after small edits near the cursor (TTFT, latency)",
 }
-
-
-def add_json_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
-                   help="write the results as JSON (with the commit, CPU, flags, torch and settings) to PATH; "
-                        "without PATH, or '-': print that JSON instead of the text report")
 
 
 def add_throughput_args(p: argparse.ArgumentParser) -> None:
@@ -99,8 +99,7 @@ def _add_compare_args(p: argparse.ArgumentParser) -> None:
                    help="also time one prompt of each of these lengths (e.g. 512,2048,4096) to its first token, "
                         "and the 32 tokens decoded after it; 0: skip")
     p.add_argument("--svg", type=Path, default=None, help="write the scaling curve here")
-    p.add_argument("--llama-bench", default=None, metavar="PATH",
-                   help="llama-batched-bench (default: the anchor build in ~/.cache/localbatch-anchor)")
+    _llama_cpp_arg(p)
 
 
 def _add_complete_args(p: argparse.ArgumentParser) -> None:
@@ -111,8 +110,14 @@ def _add_complete_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-predict", type=int, default=16, help="tokens per completion")
     p.add_argument("--file", type=Path, default=None, help="the edited file (default: the package's cli.py)")
     p.add_argument("--cursor-line", type=int, default=170, help="the cursor's line in --file (0-based)")
-    p.add_argument("--compare-llama-server", nargs="?", const="", default=None, metavar="PATH",
-                   help="also run llama-server on the same GGUF (default binary: the anchor build)")
+    p.add_argument("--compare-llama-server", action="store_true",
+                   help="also run llama.cpp's llama-server on the same GGUF")
+    _llama_cpp_arg(p)
+
+
+def _llama_cpp_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--llama-cpp", default=None, metavar="DIR",
+                   help="a llama.cpp build folder (default: the one `localbatch bench setup-llama-cpp` builds)")
 
 
 _ADDERS: dict[str, AddArgs] = {"throughput": add_throughput_args, "latency": _add_latency_args,
@@ -138,7 +143,37 @@ def add_bench_parser(sub: Any, add_engine_args: AddEngineArgs) -> argparse.Argum
         add(p)
         add_json_arg(p)
         add_engine_args(p)
+    for name, (help_text, add) in _TOOL_ADDERS.items():
+        add(benchmarks.add_parser(name, help=help_text, description=f"localbatch bench {name}: {help_text}."))
     return b
+
+
+def _add_research_args(p: argparse.ArgumentParser) -> None:
+    from app.bench.research import RESEARCH
+
+    p.description = (p.description or "") + " " + " ".join(f"{name}: {r.question}" for name, r in RESEARCH.items())
+    p.add_argument("research", choices=list(RESEARCH), metavar="NAME", help="one of: " + ", ".join(RESEARCH))
+    p.add_argument("options", nargs=argparse.REMAINDER, help="its options (`localbatch bench research NAME --help`)")
+
+
+def _add_report_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("records", nargs="+", type=Path, metavar="RECORD", help="JSON records written with --json")
+
+
+def _add_setup_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dir", type=Path, default=None,
+                   help="where to build (default: llama.cpp/<release> in the user cache dir)")
+    p.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: all cores)")
+
+
+_TOOL_ADDERS: dict[str, tuple[str, AddArgs]] = {
+    "research": ("a research benchmark from benchmarks/ (run from a checkout), through the same options and "
+                 "JSON record", _add_research_args),
+    "report": ("Markdown tables from --json records, each under its commit, machine (CPU, flags) and date",
+               _add_report_args),
+    "setup-llama-cpp": ("download llama.cpp's pinned release from GitHub (a network action, like `pull`) and build "
+                        "it for this CPU into the cache, for `bench compare` and `bench complete`", _add_setup_args),
+}
 
 
 def engine_argv(args: argparse.Namespace, add_engine_args: AddEngineArgs, skip: tuple[str, ...] = ()) -> list[str]:
@@ -164,16 +199,16 @@ def run_bench(args: argparse.Namespace, engine_kwargs: Callable[[], dict[str, An
               progress: Progress | None = None) -> int:
     """Run the benchmark `args` names; `engine_kwargs()` gives the engine settings (it checks the
     model, so it is called only by the benchmarks that build an engine here)."""
+    if args.bench_command in _TOOLS:
+        return _TOOLS[args.bench_command](args)
     name = args.bench_command or ("tui" if args.tui else "throughput")
     if args.bench_command is None and args.tui:
         args.tabs = args.tui
     results, text, device = _RUNNERS[name](args, engine_kwargs, add_engine_args, progress)
     if args.json:
-        from app.bench.results import record, write
+        from app.bench.results import record, settings, write
 
-        settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
-                    if isinstance(v, (str, int, float, bool, Path, type(None))) and k not in ("func", "command")}
-        write(args.json, record(name, settings, results, device))
+        write(args.json, record(name, settings(args), results, device))
     if args.json != "-" and text:
         if progress is not None:
             progress("", None)
@@ -223,35 +258,35 @@ def _tui(args, engine_kwargs, add_engine_args, progress):  # noqa: ANN001, ANN20
 
 def _compare(args, engine_kwargs, add_engine_args, progress):  # noqa: ANN001, ANN202
     from app.bench.compare import format_report, run_compare, write_svg
+    from app.bench.llama_cpp import binary
     from app.bench.results import cpu_model_and_flags
-    from app.bench.server import llama_cpp_binary
     from app.engine.gguf.catalog import resolve_model
-    from app.engine.types.errors import LocalbatchError
 
+    llama_bench = str(binary("llama-batched-bench", args.llama_cpp))  # before the engine loads
     engine_kwargs()
     model = resolve_model(args.model)
     if model is None:
         from app.engine.gguf.default_model import default_model_path
 
         model = str(default_model_path())
-    binary = args.llama_bench or str(llama_cpp_binary("llama-batched-bench"))
-    if not Path(binary).is_file():
-        raise LocalbatchError(f"no llama-batched-bench at {binary} (build it with ../shared/bench/llama_cpp_anchor.sh "
-                              "or pass --llama-bench PATH)")
     batches = [int(b) for b in args.batches.split(",") if b.strip() and int(b) > 0]
     prefill = [int(n) for n in args.prefill_len.split(",") if int(n) > 0]
-    r = run_compare(model, binary, batches, prefill, args.rounds, engine_argv(args, add_engine_args, skip=("model",)))
+    r = run_compare(model, llama_bench, batches, prefill, args.rounds, engine_argv(args, add_engine_args, skip=("model",)))
     if args.svg:
         write_svg(args.svg, r, cpu_model_and_flags()[0])
     return r, format_report(r), args.device
 
 
 def _complete(args, engine_kwargs, add_engine_args, progress):  # noqa: ANN001, ANN202
-    from app.bench.complete import Target, find_llama_server, format_report, llama_server_cmd, run_complete
+    from app.bench.complete import Target, format_report, llama_server_cmd, run_complete
     from app.bench.datasets import FollowUps
     from app.bench.server import free_port, localbatch_serve_cmd
 
     targets = []
+    if args.compare_llama_server:
+        from app.bench.llama_cpp import binary
+
+        llama_server = str(binary("llama-server", args.llama_cpp))  # before anything starts
     if args.url:
         targets.append(Target("server", args.url.rstrip("/")))
     else:
@@ -259,7 +294,7 @@ def _complete(args, engine_kwargs, add_engine_args, progress):  # noqa: ANN001, 
         port = free_port()
         targets.append(Target("localbatch", f"http://127.0.0.1:{port}",
                               localbatch_serve_cmd(engine_argv(args, add_engine_args), port)))
-    if args.compare_llama_server is not None:
+    if args.compare_llama_server:
         from app.engine.gguf.catalog import resolve_model
 
         gguf = resolve_model(args.model)
@@ -269,7 +304,7 @@ def _complete(args, engine_kwargs, add_engine_args, progress):  # noqa: ANN001, 
             raise LocalbatchError("--compare-llama-server needs --model (a GGUF file or a pulled catalog name)")
         port = free_port()
         targets.append(Target("llama-server", f"http://127.0.0.1:{port}",
-                              llama_server_cmd(find_llama_server(args.compare_llama_server or None), gguf, port)))
+                              llama_server_cmd(llama_server, gguf, port)))
     followups = FollowUps(cursor_line=args.cursor_line) if args.file is None else \
         FollowUps(file=args.file, cursor_line=args.cursor_line)
     log = (lambda line: None) if args.json == "-" else print
@@ -277,5 +312,29 @@ def _complete(args, engine_kwargs, add_engine_args, progress):  # noqa: ANN001, 
     return r, format_report(r), None if args.url else args.device
 
 
+def _research(args: argparse.Namespace) -> int:
+    from app.bench.research import run_research
+
+    return run_research(args.research, args.options)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from app.bench.report import report
+
+    print(report(args.records))
+    return 0
+
+
+def _setup_llama_cpp(args: argparse.Namespace) -> int:
+    from app.bench.llama_cpp import default_dir, setup
+    from app.engine.types.cpu_info import cpu_flags
+
+    bin_dir = setup(args.dir or default_dir(), cpu_flags(), args.jobs or os.cpu_count() or 1)
+    print(f"llama.cpp built in {bin_dir}" + (f"; pass --llama-cpp {args.dir} to the benchmarks" if args.dir else ""))
+    return 0
+
+
+_TOOLS: dict[str, Callable[[argparse.Namespace], int]] = {"research": _research, "report": _report,
+                                                         "setup-llama-cpp": _setup_llama_cpp}
 _RUNNERS = {"throughput": _throughput, "latency": _latency, "serve": _serve, "tui": _tui, "compare": _compare,
             "complete": _complete}

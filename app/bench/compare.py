@@ -9,8 +9,8 @@ both (llama.cpp's S_PP; localbatch's prompt over its median TTFT), then 32 token
 (the decode rate at that context). `--rounds N` repeats each pair N times, alternating which engine
 goes first, and reports the median of each figure and of the per-round ratios.
 
-The llama.cpp binary is the one `../shared/bench/llama_cpp_anchor.sh` builds (or `--llama-bench`).
-Nothing else should run meanwhile: on two cores any other process shows up in both figures."""
+llama.cpp's binary is the one `localbatch bench setup-llama-cpp` builds (`app.bench.llama_cpp`), or
+the one in `--llama-cpp DIR`. Nothing else should run meanwhile: on two cores any other process shows up in both figures."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from app.bench.paired import alternate
 
 LONG_GEN = 32  # tokens decoded after each timed prompt: the decode rate at that context
-# The anchor's workload (and `localbatch bench`'s defaults).
+# The workload of both sides (and `localbatch bench`'s defaults).
 PROMPT_LEN, GEN_LEN = 128, 64
 
 

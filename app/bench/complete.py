@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.bench.datasets import FollowUps, fim_cut_points
-from app.bench.server import llama_cpp_binary, running
+from app.bench.server import running
 from app.bench.stats import median, percentile
 from app.engine.types.errors import LocalbatchError
 
@@ -89,14 +89,6 @@ def _round(x: float | None) -> float | None:
 
 def llama_server_cmd(binary: str, gguf: str, port: int) -> list[str]:
     return [binary, "-m", gguf, "-t", str(os.cpu_count() or 2), "-c", "8192", "--port", str(port), "-np", "1"]
-
-
-def find_llama_server(given: str | None) -> str:
-    path = Path(given) if given else llama_cpp_binary("llama-server")
-    if not path.is_file():
-        raise LocalbatchError(f"no llama-server at {path} (build it with ../shared/bench/llama_cpp_anchor.sh, "
-                              "or pass its path to --compare-llama-server)")
-    return str(path)
 
 
 def run_complete(targets: list[Target], followups: FollowUps, count: int, prompts: int, n_predict: int,

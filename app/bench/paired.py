@@ -8,13 +8,14 @@ stopped (SIGSTOP) while the other side takes its turn, so neither runs beside th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from app.bench.stats import median
 
@@ -99,15 +100,17 @@ def format_rows(rows: list[dict]) -> str:
 
 
 class EngineWorker:
-    """The engine alone in its own process (`python -m app.bench.worker`), loaded once. Each `run(n)`
+    """The engine alone in its own process (`python -m app.bench.worker`), loaded once from `engine`
+    (LLMEngine's keyword arguments, as the command line's `engine_kwargs` gives them). Each `run(n)`
     decodes n requests at concurrency n: `chat_prompt` as one user message each (the app's tabs'
     request, through the chat template), else `prompt_len` random token ids, new each run. It
     returns the worker's figures: decode_tok_s, output_tok_s, step_ms, step_gap_us."""
 
-    def __init__(self, engine_argv: list[str], max_tokens: int, prompt_len: int = 64,
+    def __init__(self, engine: dict[str, Any], max_tokens: int, prompt_len: int = 64,
                  chat_prompt: str | None = None) -> None:
-        cmd = [sys.executable, "-m", "app.bench.worker", "--max-tokens", str(max_tokens), "--prompt-len",
-               str(prompt_len), *(["--chat-prompt", chat_prompt] if chat_prompt else []), "--", *engine_argv]
+        cmd = [sys.executable, "-m", "app.bench.worker", "--engine", json.dumps(engine, default=dataclasses.asdict),
+               "--max-tokens", str(max_tokens), "--prompt-len", str(prompt_len),
+               *(["--chat-prompt", chat_prompt] if chat_prompt else [])]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      stderr=subprocess.DEVNULL)
         self._read()  # loaded

@@ -8,6 +8,7 @@ The results stay at the top level, so a reader that knew an earlier report's key
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import json
 import os
@@ -67,6 +68,19 @@ def record(benchmark: str, settings: dict[str, Any], results: dict[str, Any], de
     if reserved:
         raise ValueError(f"result keys {sorted(reserved)} are the record's own")
     return {"benchmark": benchmark, "environment": environment(device), "settings": settings, **results}
+
+
+def add_json_arg(p: argparse.ArgumentParser) -> None:
+    """`--json [PATH]`, which every benchmark takes."""
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                   help="write the results as JSON (with the commit, CPU, flags, torch and settings) to PATH; "
+                        "without PATH, or '-': print that JSON instead of the text report")
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """A command line's options as a record's settings: the plain values (paths as text)."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()
+            if isinstance(v, (str, int, float, bool, Path, type(None))) and k not in ("func", "command")}
 
 
 def write(path: str, rec: dict[str, Any]) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import os
 import signal
 import socket
 import statistics
@@ -16,19 +15,8 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 from app.clients.prometheus_text import parse_metrics
-
-# Where `localbatch bench` finds llama.cpp's binaries (`../shared/bench/llama_cpp_anchor.sh`
-# builds them there); LLAMA_ANCHOR_HOME or XDG_CACHE_HOME move it.
-LLAMA_CPP_HOME = Path(os.environ.get("LLAMA_ANCHOR_HOME")
-                      or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "localbatch-anchor")
-
-
-def llama_cpp_binary(name: str) -> Path:
-    """llama.cpp's `name` (llama-server, llama-batched-bench) in the anchor's build."""
-    return LLAMA_CPP_HOME / "llama.cpp" / "build" / "bin" / name
 
 
 def free_port() -> int:

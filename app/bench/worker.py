@@ -1,10 +1,11 @@
 """The engine alone, for paired runs (`app.bench.paired.EngineWorker` starts it):
 
-    python -m app.bench.worker --max-tokens N [--prompt-len N] [--chat-prompt TEXT] -- ENGINE OPTIONS
+    python -m app.bench.worker --engine JSON --max-tokens N [--prompt-len N] [--chat-prompt TEXT]
 
-It loads an `LLMEngine` from localbatch's engine options, prints {"ready": true}, then for each
-stdin line "N SEED" decodes N requests at concurrency N (greedy, EOS ignored, as `localbatch
-bench`) and prints one JSON line: decode_tok_s, output_tok_s, step_ms, step_gap_us."""
+It loads an `LLMEngine` from `--engine` (its keyword arguments as JSON, as the command line's
+engine options give them), prints {"ready": true}, then for each stdin line "N SEED" decodes N
+requests at concurrency N (greedy, EOS ignored, as `localbatch bench`) and prints one JSON line:
+decode_tok_s, output_tok_s, step_ms, step_gap_us."""
 
 from __future__ import annotations
 
@@ -17,18 +18,15 @@ def main(argv: list[str] | None = None) -> int:
     from app.bench.datasets import Shape, make_requests
     from app.bench.stats import step_split
     from app.bench.throughput import run_requests
-    from app.cli import add_engine_args, engine_kwargs
     from app.engine.core.llm_engine import LLMEngine
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--engine", type=json.loads, default={}, help="LLMEngine's keyword arguments, as JSON")
     p.add_argument("--max-tokens", type=int, required=True)
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--chat-prompt", default=None)
-    p.add_argument("engine", nargs=argparse.REMAINDER, help="localbatch's engine options, after --")
     args = p.parse_args(argv)
-    engine_parser = argparse.ArgumentParser()
-    add_engine_args(engine_parser)
-    engine = LLMEngine(**engine_kwargs(engine_parser.parse_args([a for a in args.engine if a != "--"])))
+    engine = LLMEngine(**args.engine)
     vocab = engine.model_config.vocab_size
     shape = Shape(args.prompt_len, args.max_tokens)
     print(json.dumps({"ready": True}), flush=True)

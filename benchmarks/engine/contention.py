@@ -1,6 +1,6 @@
 """Decode speed with busy neighbour processes, with the thread tuner on and off.
 
-    python -m benchmarks.engine.contention --model smollm2-135m-instruct [--neighbours 0,1] [--concurrency 1,4]
+    localbatch bench research contention --model smollm2-135m-instruct [--neighbours 0,1] [--concurrency 1,4]
         [--seconds 20] [--rounds 1] [--json PATH]
 
 For each neighbour count it starts that many `while True: pass` processes (a browser tab, a build),
@@ -20,9 +20,7 @@ import time
 
 import torch
 
-from app.bench.commands import add_json_arg
 from app.bench.paired import alternate
-from app.bench.results import record, write
 from app.bench.stats import median, paired_ratio
 from app.engine.core.llm_engine import LLMEngine
 from app.engine.types.sampling_params import SamplingParams
@@ -46,21 +44,21 @@ def decode_rate(engine: LLMEngine, concurrency: int, seconds: float) -> float:
     return tokens / elapsed
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--neighbours", default="0,1")
     p.add_argument("--concurrency", default="1,4")
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--rounds", type=int, default=1, help="alternated pairs of fixed and adaptive runs (medians)")
-    add_json_arg(p)
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     results = []
     threads = torch.get_num_threads()
     engines = {False: LLMEngine(args.model, device="cpu"), True: LLMEngine(args.model, device="cpu", adaptive_threads=True)}
     print(f"{'neighbours':>10} {'seqs':>5} {'fixed tok/s':>12} {'adaptive tok/s':>15} {'ratio':>6} {'threads at end':>15}")
 
-    def run(adaptive: bool, seqs: int, at_end: list[int]) -> float:
+    def one_run(adaptive: bool, seqs: int, at_end: list[int]) -> float:
         # Each run starts from the configured count; the tuner forgets the last run.
         torch.set_num_threads(threads)
         engines[True].thread_tuner.__init__(threads)
@@ -75,7 +73,7 @@ def main() -> int:
             time.sleep(1)
             for c in (int(x) for x in args.concurrency.split(",")):
                 at_end: list[int] = []
-                pairs = alternate(lambda: run(False, c, at_end), lambda: run(True, c, at_end), args.rounds)  # noqa: B023
+                pairs = alternate(lambda: one_run(False, c, at_end), lambda: one_run(True, c, at_end), args.rounds)  # noqa: B023
                 fixed, adaptive = median(f for f, _ in pairs), median(a for _, a in pairs)
                 ratio = paired_ratio(pairs)
                 print(f"{n:>10} {c:>5} {fixed:>12.1f} {adaptive:>15.1f} {ratio:>6.2f} "
@@ -86,10 +84,4 @@ def main() -> int:
         finally:
             for proc in procs:
                 proc.kill()
-    if args.json:
-        write(args.json, record("contention", vars(args), {"rows": results}, "cpu"))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {"rows": results}

@@ -2,8 +2,8 @@
 a random-token prompt of each length, then `--tokens` decode steps; the decode step time is the
 median of the last steps (the prompt's steps and the first token excluded).
 
-    python -m benchmarks.engine.long_context --model qwen2.5-coder-1.5b-instruct --context 128,4096
-    python -m benchmarks.engine.long_context --kv-cache-dtype int8   # the same over an int8 cache
+    localbatch bench research long_context --model qwen2.5-coder-1.5b-instruct --context 128,4096
+    localbatch bench research long_context --kv-cache-dtype int8   # the same over an int8 cache
 
 Run it from two trees back to back (`PYTHONPATH=<other tree>`) to compare kernels; docs/benchmarks.md
 ("Decode after a long prompt") gives the figures and the bandwidth bound.
@@ -33,23 +33,24 @@ def decode_after(engine: LLMEngine, prompt_len: int, tokens: int, rng: random.Ra
     return sum(steps[:-(tokens - 1)]), statistics.median(decode)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--context", default="64,3500", help="prompt lengths, comma-separated")
     parser.add_argument("--tokens", type=int, default=48, help="tokens decoded after each prompt")
     parser.add_argument("--label", default="", help="printed before each line (e.g. the tree's name)")
     parser.add_argument("--kv-cache-dtype", default="auto", help="the KV cache's storage (auto, float16, int8, ...)")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     engine = LLMEngine(args.model, kv_cache_dtype=args.kv_cache_dtype)
     rng = random.Random(0)
     base = None
+    rows = []
     for n in (int(x) for x in args.context.split(",")):
         ttft, step = decode_after(engine, n, args.tokens, rng)
         base = base or 1 / step
         print(f"{args.label} context {n}: first token {ttft:.2f} s, decode {1 / step:.1f} tok/s "
               f"({step * 1e3:.1f} ms a step; {1 / step / base:.2f}x the first length's rate)", flush=True)
-
-
-if __name__ == "__main__":
-    main()
+        rows.append({"context": n, "ttft_s": round(ttft, 3), "step_ms": round(step * 1e3, 2),
+                     "decode_tok_s": round(1 / step, 1), "of_first": round(1 / step / base, 3)})
+    return {"model": engine.model_name, "rows": rows}

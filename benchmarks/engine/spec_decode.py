@@ -1,6 +1,6 @@
 """Speculative decoding against plain decoding, on one engine, greedy.
 
-    python -m benchmarks.engine.spec_decode --model qwen2.5-coder-1.5b-instruct \
+    localbatch bench research spec_decode --model qwen2.5-coder-1.5b-instruct \
         --speculative-config '{"method": "ngram", "num_speculative_tokens": 4}' [--batches 1,8,16]
         [--max-tokens 400] [--tasks edit,question]
 
@@ -13,10 +13,10 @@ the acceptance rate, tokens per speculating step, the share of step time spent d
 whether the tokens were identical (greedy speculation must not change them). Off and on run back to
 back `--rounds` times; the rates are medians, the ratio the median of the pairs' ratios.
 
-`--llama-server` runs the same requests (one at a time) through llama.cpp's `llama-server -t 2`
+`--llama-server` runs the same requests (one at a time) through llama.cpp's `llama-server` (all cores)
 with each `--llama-spec` mode (`none`, `ngram-simple`, `ngram-map-k`, `ngram-mod`, `draft`:
 `-md DRAFT --spec-draft-n-max 4`) and prints its decode tok/s and draft acceptance, back to back
-with the runs above. The anchor script builds it: `../shared/bench/llama_cpp_anchor.sh`.
+with the runs above; `--llama-cpp DIR` names the build (default: `localbatch bench setup-llama-cpp`'s).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ TASKS = {
 }
 
 
-def run(engine: LLMEngine, prompt: str, batch: int, max_tokens: int) -> tuple[list[Sequence], float, float]:
+def generate(engine: LLMEngine, prompt: str, batch: int, max_tokens: int) -> tuple[list[Sequence], float, float]:
     """-> the finished sequences, decode tok/s, and seconds spent proposing drafts."""
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     seqs = [engine.add_request([{"role": "user", "content": prompt}], params) for _ in range(batch)]
@@ -114,8 +114,9 @@ def run(engine: LLMEngine, prompt: str, batch: int, max_tokens: int) -> tuple[li
 
 
 def llama_server_rates(binary: str, model: str, draft: str | None, modes: list[str], tasks: list[str],
-                       max_tokens: int) -> None:
+                       max_tokens: int) -> list[dict]:
     """Decode tok/s of llama-server per spec mode and task, one request at a time, greedy."""
+    rows = []
     print(f"{'llama-server':>12} {'task':>9} {'tok/s':>7} {'accept':>7} {'drafted':>8}")
     for mode in modes:
         port = free_port()
@@ -133,6 +134,9 @@ def llama_server_rates(binary: str, model: str, draft: str | None, modes: list[s
                 drafted, accepted = t.get("draft_n", 0), t.get("draft_n_accepted", 0)
                 print(f"{mode:>12} {task:>9} {t['predicted_per_second']:7.1f} "
                       f"{accepted / drafted if drafted else 0:7.1%} {drafted:8d}", flush=True)
+                rows.append({"mode": mode, "task": task, "tok_s": t["predicted_per_second"], "drafted": drafted,
+                             "accepted": accepted})
+    return rows
 
 
 def _post(port: int, path: str, body: dict) -> dict:
@@ -142,33 +146,39 @@ def _post(port: int, path: str, body: dict) -> dict:
         return json.loads(r.read())
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     p.add_argument("--speculative-config", default='{"method": "ngram", "num_speculative_tokens": 4}')
     p.add_argument("--batches", default="1")
     p.add_argument("--tasks", default="edit,question")
     p.add_argument("--max-tokens", type=int, default=400)
     p.add_argument("--rounds", type=int, default=3, help="off/on pairs per task and batch (medians are shown)")
-    p.add_argument("--llama-server", default=None, help="llama-server binary: also run its modes")
+    p.add_argument("--llama-server", action="store_true", help="also run llama.cpp's llama-server in its modes")
+    p.add_argument("--llama-cpp", default=None, metavar="DIR", help="the llama.cpp build (default: setup-llama-cpp's)")
     p.add_argument("--llama-spec", default="none,ngram-simple,ngram-map-k,ngram-mod,draft")
     p.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct", help="draft model for llama-server's draft mode")
     p.add_argument("--skip-localbatch", action="store_true")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
+    results: dict = {}
     if args.llama_server:
+        from app.bench.llama_cpp import binary
         from app.engine.gguf.catalog import resolve_model
 
-        llama_server_rates(args.llama_server, resolve_model(args.model), resolve_model(args.draft),
-                           args.llama_spec.split(","), args.tasks.split(","), args.max_tokens)
+        results["llama_server"] = llama_server_rates(str(binary("llama-server", args.llama_cpp)),
+                                                     resolve_model(args.model), resolve_model(args.draft),
+                                                     args.llama_spec.split(","), args.tasks.split(","), args.max_tokens)
     if args.skip_localbatch:
-        return 0
+        return results
+    results["rows"] = rows = []
     config = json.loads(args.speculative_config)
     engine = LLMEngine(args.model, device="cpu", speculative_config=config)
     spec = engine.speculator
     print(f"# {engine.model_name}, speculative_config={json.dumps(config)}")
     print(f"{'task':>9} {'seqs':>4} {'off tok/s':>9} {'on tok/s':>9} {'ratio':>6} {'accept':>7} "
           f"{'tok/step':>8} {'draft %':>7} {'same tokens':>11}")
-    run(engine, "Say hi.", 1, 4)  # warm up: first-call allocations and the thread pool
+    generate(engine, "Say hi.", 1, 4)  # warm up: first-call allocations and the thread pool
     for task in args.tasks.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
             base_rates, rates, ratios = [], [], []
@@ -176,10 +186,10 @@ def main() -> int:
             wall = draft_s = 0.0
             for _ in range(args.rounds):  # off then on, back to back: the VM's drift moves both of a pair
                 spec.enabled = False
-                base, r0, _ = run(engine, TASKS[task], batch, args.max_tokens)
+                base, r0, _ = generate(engine, TASKS[task], batch, args.max_tokens)
                 spec.enabled = True
                 start = time.perf_counter()
-                seqs, r1, d = run(engine, TASKS[task], batch, args.max_tokens)
+                seqs, r1, d = generate(engine, TASKS[task], batch, args.max_tokens)
                 wall, draft_s = wall + time.perf_counter() - start, draft_s + d
                 base_rates.append(r0), rates.append(r1), ratios.append(r1 / r0)
             base_rate, rate, ratio = statistics.median(base_rates), statistics.median(rates), statistics.median(ratios)
@@ -190,8 +200,8 @@ def main() -> int:
             print(f"{task:>9} {batch:>4} {base_rate:9.1f} {rate:9.1f} {ratio:6.2f} "
                   f"{accepted / max(drafted, 1):7.1%} {(steps + accepted) / max(steps, 1):8.2f} "
                   f"{draft_s / wall:7.1%} {str(same):>11}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+            rows.append({"task": task, "seqs": batch, "off_tok_s": round(base_rate, 1), "on_tok_s": round(rate, 1),
+                         "ratio": round(ratio, 3), "accepted": round(accepted / max(drafted, 1), 3),
+                         "tokens_per_step": round((steps + accepted) / max(steps, 1), 2),
+                         "draft_share": round(draft_s / wall, 3), "same_tokens": same})
+    return results

@@ -2,8 +2,8 @@
 against the hybrid cache (sliding-window layers keep their window), in bf16 and int8; and,
 optionally, that greedy tokens are the same both ways on long prompts.
 
-    python -m benchmarks.engine.window_cap [--kv-cache-bytes 1073741824] [--lengths 3000,8000]
-                                            [--check-tokens 600,1500,3000]
+    localbatch bench research window_cap [--kv-cache-bytes 1073741824] [--lengths 3000,8000]
+                                         [--check-tokens 600,1500,3000]
 
 "Fit" is measured on the engine's own pool and allocator: prompts of the given length arrive and are
 prefilled in the engine's chunks, and each stays resident once it has its first token, until no
@@ -43,11 +43,12 @@ def resident(engine: LLMEngine, length: int, arrivals: int) -> int:
     return len(parked)
 
 
-def fit_table(args: argparse.Namespace) -> None:
+def fit_table(args: argparse.Namespace) -> list[dict]:
     lengths = [int(x) for x in args.lengths.split(",")]
     print(f"KV budget {args.kv_cache_bytes / 2**30:.2f} GiB, Gemma 3 270M, blocks of 16 tokens")
     print(f"{'kv dtype':<10}{'cache':<12}" + "".join(f"{f'{n:,} tok: fit (bound)':>26}" for n in lengths))
     fits: dict[tuple[str, int], dict[bool, int]] = {}
+    rows = []
     for dtype in ("bfloat16", "int8"):
         for hybrid in (False, True):
             engine = LLMEngine("gemma3-270m", device="cpu", dtype="bfloat16", kv_cache_bytes=args.kv_cache_bytes,
@@ -58,6 +59,7 @@ def fit_table(args: argparse.Namespace) -> None:
                 bound = engine.block_manager.num_blocks // engine.kv_spec.blocks_for_tokens(n)
                 fit = resident(engine, n, bound + 4)
                 fits.setdefault((dtype, n), {})[hybrid] = fit
+                rows.append({"kv_dtype": dtype, "window_cap": hybrid, "tokens": n, "fit": fit, "bound": bound})
                 cells.append(f"{fit:>17,} ({bound:,})")
             print(f"{dtype:<10}{'window cap' if hybrid else 'every token':<12}" + "".join(f"{c:>26}" for c in cells))
             del engine
@@ -66,9 +68,10 @@ def fit_table(args: argparse.Namespace) -> None:
     for n in lengths:
         print(f"{n:,} tokens: int8 + window cap against bf16 keeping every token "
               f"x{fits['int8', n][True] / fits['bfloat16', n][False]:.2f}")
+    return rows
 
 
-def check_tokens(args: argparse.Namespace) -> None:
+def check_tokens(args: argparse.Namespace) -> bool:
     rng = random.Random(0)
     reqs = [[2] + [rng.randrange(1000, 200000) for _ in range(int(n) - 1)] for n in args.check_tokens.split(",")]
     params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
@@ -82,20 +85,17 @@ def check_tokens(args: argparse.Namespace) -> None:
     same = "identical" if together == alone else "DIFFERENT"
     print(f"greedy tokens, prompts of {args.check_tokens} tokens, fp32: window cap (batched, chunks of 384) "
           f"vs every token (one by one): {same} ({time.perf_counter() - start:.0f} s)")
-    if together != alone:
-        raise SystemExit(1)
+    return together == alone
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-bytes", type=int, default=1 << 30)
     parser.add_argument("--lengths", default="3000,8000")
     parser.add_argument("--check-tokens", default="", help="prompt lengths to compare greedy tokens on")
-    args = parser.parse_args()
-    fit_table(args)
+
+
+def run(args: argparse.Namespace) -> dict:
+    results: dict = {"rows": fit_table(args)}
     if args.check_tokens:
-        check_tokens(args)
-
-
-if __name__ == "__main__":
-    main()
+        results["same_tokens"] = results["ok"] = check_tokens(args)
+    return results

@@ -5,13 +5,12 @@ Cases: decode at 64 sequences x 2048 context (one query each), prefill of 4 sequ
 (causal), and decode at 4 x 16384 where split-KV matters (also run with it forced off). Decode
 reports achieved bandwidth: KV-cache bytes read / time.
 
-    python -m benchmarks.kernels.attention [--model gemma3-270m|llama3-8b|all] [--dtype bf16|fp16] [--block-size 16]
+    localbatch bench research attention [--model gemma3-270m|llama3-8b|all] [--dtype bf16|fp16] [--block-size 16]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -73,7 +72,7 @@ def bench_ms(fn: Callable[[], object]) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=200)
 
 
-def run_problem(p: Problem, model: str, dtype: torch.dtype, block_size: int) -> list[str]:
+def run_problem(p: Problem, model: str, dtype: torch.dtype, block_size: int) -> tuple[list[str], list[dict]]:
     from app.kernels import AttentionMetadata, unified_attention
     from app.kernels.triton_attention import triton_unified_attention
 
@@ -102,34 +101,39 @@ def run_problem(p: Problem, model: str, dtype: torch.dtype, block_size: int) -> 
     kv_bytes = 2 * p.num_seqs * p.context * kv_heads * head_dim * t["k_cache"].element_size()
     flops = 4 * p.num_seqs * heads * head_dim * p.q_len * (p.context if not causal else (p.context + 1) / 2)
     lines = [f"{model:12} {p.name:15} ‖unified−sdpa‖/‖sdpa‖ = {err:.1e}"]
+    rows = []
     for label, fn in runs.items():
         ms = bench_ms(fn)
         rate = f"{kv_bytes / ms / 1e6:7.0f} GB/s" if p.q_len == 1 else f"{flops / ms / 1e9:7.1f} TFLOP/s"
         lines.append(f"{'':12} {'':15} {label:32} {ms * 1e3:9.1f} us  {rate}")
-    return lines
+        rows.append({"model": model, "case": p.name, "kernel": label, "us": round(ms * 1e3, 1), "rate": rate.strip(),
+                     "rel_error": float(f"{err:.1e}")})
+    return lines, rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+DEVICE = "cuda"
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", choices=[*MODELS, "all"], default="all")
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     parser.add_argument("--block-size", type=int, default=16)
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("the attention benchmark needs a CUDA GPU (torch.cuda.is_available() is False); nothing to measure.")
-        return 1
+
+
+def run(args: argparse.Namespace) -> dict:
+    from app.engine.types.errors import LocalbatchError
     from app.kernels import triton_available
 
+    if not torch.cuda.is_available():
+        raise LocalbatchError("the attention benchmark needs a CUDA GPU (torch.cuda.is_available() is False)")
     if not triton_available():
-        print("the attention benchmark needs Triton (pip install triton); nothing to measure.")
-        return 1
+        raise LocalbatchError("the attention benchmark needs Triton (pip install triton)")
     print(f"{torch.cuda.get_device_name()}, {args.dtype}, block_size {args.block_size}, torch {torch.__version__}")
     models = list(MODELS) if args.model == "all" else [args.model]
+    rows: list[dict] = []
     for model in models:
         for p in PROBLEMS:
-            print("\n".join(run_problem(p, model, DTYPES[args.dtype], args.block_size)), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+            lines, problem_rows = run_problem(p, model, DTYPES[args.dtype], args.block_size)
+            print("\n".join(lines), flush=True)
+            rows += problem_rows
+    return {"gpu": torch.cuda.get_device_name(), "rows": rows}

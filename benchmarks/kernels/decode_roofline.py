@@ -6,16 +6,14 @@ device-to-device copy (read + write bytes / time), the best a streaming kernel c
 device. The report is the step time of the real engine (scheduler, runner, sampler, CUDA graphs
 unless --enforce-eager) at each batch size, and the fraction of that roofline it reaches.
 
-    python -m benchmarks.kernels.decode_roofline --random-weights llama:8b --batch-sizes 1,8,64 --context 512
-    python -m benchmarks.kernels.decode_roofline --random-weights gemma3:270m --device cpu --batch-sizes 1,8
+    localbatch bench research decode_roofline --random-weights llama:8b --batch-sizes 1,8,64 --context 512
+    localbatch bench research decode_roofline --random-weights gemma3:270m --device cpu --batch-sizes 1,8
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import sys
 import time
 
 import torch
@@ -58,8 +56,7 @@ def decode_step_time(engine: LLMEngine, batch: int, context: int, steps: int, se
     return elapsed / steps
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--random-weights", default="llama:8b", help="ARCH:SIZE preset (app/engine/gguf/random_weights.py)")
     p.add_argument("--model", default=None, help="a GGUF file instead of random weights")
     p.add_argument("--device", default="auto")
@@ -68,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=512, help="prompt tokens per sequence")
     p.add_argument("--steps", type=int, default=50, help="timed decode steps per batch size")
     p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> dict:
     batches = [int(b) for b in args.batch_sizes.split(",")]
     kw = dict(device=args.device, dtype=args.dtype, max_num_seqs=max(batches), enforce_eager=args.enforce_eager,
               max_model_len=args.context + args.steps + PREFILL_SLACK)
@@ -92,16 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     header = {"model": engine.model_name, "device": name, "dtype": str(engine.setup.dtype).removeprefix("torch."),
               "cuda_graphs": bool(engine.runner.graphs and engine.runner.graphs.graphs), "copy_gb_s": round(bandwidth / 1e9, 1),
               "context": args.context}
-    if args.json:
-        print(json.dumps({**header, "rows": rows}))
-        return 0
     print(" ".join(f"{k}={v}" for k, v in header.items()))
     print(f"{'batch':>5} {'step ms':>9} {'tok/s':>9} {'weights GB':>11} {'KV GB':>8} {'roofline ms':>12} {'of roofline':>12}")
     for r in rows:
         print(f"{r['batch']:>5} {r['step_ms']:>9.3f} {r['tok_s']:>9.1f} {r['weight_gb']:>11.3f} {r['kv_gb']:>8.4f} "
               f"{r['roofline_ms']:>12.3f} {r['of_roofline'] * 100:>11.1f}%")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {**header, "rows": rows}

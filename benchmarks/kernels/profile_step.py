@@ -1,6 +1,6 @@
 """Where a CPU decode step's time goes: the torch profiler over steady decode steps.
 
-    python -m benchmarks.kernels.profile_step --model smollm2-135m-instruct --concurrency 1 [--steps 40]
+    localbatch bench research profile_step --model smollm2-135m-instruct --concurrency 1 [--steps 40]
 
 Admits `--concurrency` requests of `--input-len` random tokens, lets them prefill and decode a few
 steps, then profiles `--steps` decode steps. Prints the mean wall time of a step, the time inside
@@ -20,8 +20,7 @@ from app.engine.core.llm_engine import LLMEngine
 from app.engine.types.sampling_params import SamplingParams
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None)
     p.add_argument("--concurrency", type=int, default=1)
     p.add_argument("--input-len", type=int, default=128)
@@ -29,7 +28,9 @@ def main() -> int:
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--no-profile", action="store_true", help="only the wall time of a step")
     p.add_argument("--python", action="store_true", help="cProfile's Python functions instead of torch's ops")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     engine = LLMEngine(model=args.model, device="cpu")
     rng = random.Random(0)
     vocab = engine.model_config.vocab_size
@@ -48,8 +49,9 @@ def main() -> int:
     times.sort()
     print(f"step: median {times[len(times) // 2] * 1e3:.2f} ms, best {times[0] * 1e3:.2f} ms "
           f"({args.concurrency / times[len(times) // 2]:.1f} tok/s at the median)")
+    results = {"step_ms_p50": round(times[len(times) // 2] * 1e3, 3), "step_ms_min": round(times[0] * 1e3, 3)}
     if args.no_profile:
-        return 0
+        return results
     if args.python:
         import cProfile
         import pstats
@@ -57,15 +59,11 @@ def main() -> int:
         prof = cProfile.Profile()
         prof.runcall(lambda: [engine.step() for _ in range(args.steps)])
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.top)
-        return 0
+        return results
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for _ in range(args.steps):
             with torch.profiler.record_function("step"):
                 engine.step()
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top)
     print(f"per {args.steps} steps:\n{table}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return results

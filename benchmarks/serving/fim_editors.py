@@ -1,7 +1,7 @@
 """Code completion under load: do 4 editors' completion streams and 2 streaming chats all keep going
 on one engine, how long does a completion take, and is anything answered 5xx or left holding KV?
 
-    python -m benchmarks.serving.fim_editors --model qwen2.5-coder-1.5b-instruct [--editors 4] [--chats 2]
+    localbatch bench research fim_editors --model qwen2.5-coder-1.5b-instruct [--editors 4] [--chats 2]
         [--requests 8] [--pause 4] [--url http://127.0.0.1:8000] [-- SERVE FLAGS]
     # --url: an already running endpoint; after --: flags for `localbatch serve`
     #   (e.g. -- --long-prefill-token-threshold 0 for first come, first served)
@@ -23,7 +23,6 @@ from pathlib import Path
 
 import httpx
 
-from app.bench import results
 from app.bench.server import free_port, localbatch_serve_cmd, running
 from app.bench.stats import median, percentile
 
@@ -138,11 +137,9 @@ async def scenario(url: str, args: argparse.Namespace) -> dict:
     }
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     p.add_argument("--url", help="an endpoint already running (e.g. the app's embedded one); else serve starts")
-    p.add_argument("--json", metavar="PATH", help="write the result record (commit, CPU, flags, settings) here")
     p.add_argument("--editors", type=int, default=4)
     p.add_argument("--chats", type=int, default=2)
     p.add_argument("--requests", type=int, default=8, help="completion requests per editor")
@@ -150,7 +147,9 @@ def main() -> None:
     p.add_argument("--n-predict", type=int, default=32)
     p.add_argument("--chat-tokens", type=int, default=128)
     p.add_argument("serve_args", nargs="*", help="after --: flags for localbatch serve")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     if args.url:
         result = asyncio.run(scenario(args.url, args))
     else:
@@ -159,9 +158,4 @@ def main() -> None:
         with running(localbatch_serve_cmd(["--model", args.model, *args.serve_args], port), url, timeout=600):
             result = asyncio.run(scenario(url, args))
     print(json.dumps(result, indent=1))
-    if args.json:
-        results.write(args.json, results.record("fim_editors", vars(args), result))
-
-
-if __name__ == "__main__":
-    main()
+    return result

@@ -1,6 +1,6 @@
 """What handing each step's tokens to an event loop costs the engine, with the machine's drift cancelled.
 
-    python -m benchmarks.serving.handoff --model smollm2-135m-instruct [--streams 1] [--max-tokens 384] [--rounds 5]
+    localbatch bench research handoff --model smollm2-135m-instruct [--streams 1] [--max-tokens 384] [--rounds 5]
 
 One `AsyncEngine` (adaptive threads, as the app and `serve` run it) and one event loop in this
 process. Each round runs the same request twice, alternating which goes first:
@@ -71,7 +71,7 @@ async def one_run(engine: AsyncEngine, streams: int, max_tokens: int, prompt_len
             "step_preempted": (step1.involuntary - step0.involuntary) / tokens}
 
 
-async def main_async(args: argparse.Namespace) -> None:
+async def main_async(args: argparse.Namespace) -> dict:
     engine = AsyncEngine(args.model, device="cpu", adaptive_threads=True)
     try:
         await one_run(engine, args.streams, 32, args.prompt_len, 0.0, seed=999)  # warm-up
@@ -88,6 +88,8 @@ async def main_async(args: argparse.Namespace) -> None:
             print(f"{mode:9s} " + _row({k: median(r[k] for r in runs) for k in runs[0]}))
         pairs = [(b["tok_s"], a["tok_s"]) for a, b in zip(results["per-token"], results["held"], strict=True)]
         print(f"per-token / held: {paired_ratio(pairs):.3f} ({', '.join(f'{a / b:.3f}' for b, a in pairs)})")
+        return {"modes": {mode: {k: median(r[k] for r in runs) for k in runs[0]} for mode, runs in results.items()},
+                "runs": results, "paired_ratio": paired_ratio(pairs)}
     finally:
         await engine.aclose()
 
@@ -98,15 +100,13 @@ def _row(r: dict[str, float]) -> str:
             f"preempted {r['step_preempted']:.2f}/tok")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--streams", type=int, default=1)
     p.add_argument("--max-tokens", type=int, default=384)
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--rounds", type=int, default=5)
-    asyncio.run(main_async(p.parse_args()))
 
 
-if __name__ == "__main__":
-    main()
+def run(args: argparse.Namespace) -> dict:
+    return asyncio.run(main_async(args))

@@ -1,7 +1,7 @@
 """Does the HTTP server slow its engine? `localbatch serve` against the engine alone, in pairs seconds apart.
 
-    python -m benchmarks.serving.serve_vs_engine [--streams 1,4,16] [--scrape-hz 1,20] [--rounds 6]
-        [--model NAME] [--device cpu|cuda] [--max-tokens 256] [--llama-server [PATH]] [--json PATH]
+    localbatch bench research serve_vs_engine [--streams 1,4,16] [--scrape-hz 1,20] [--rounds 6]
+        [--model NAME] [--device cpu|cuda] [--max-tokens 256] [--llama-server] [--llama-cpp DIR] [--json PATH]
 
 The server and the engine alone (`app.bench.worker`, an `LLMEngine` as `localbatch bench` builds
 it) both stay loaded and take turns, the order switching each round, the side not taking its turn
@@ -23,13 +23,11 @@ import os
 import signal
 import time
 
-from app.bench.commands import add_json_arg
 from app.bench.paired import EngineWorker, Pair, Turn, format_rows, summary_row, turns
-from app.bench.results import record, write
-from app.bench.server import (Scraper, fetch_counters, free_port, llama_cpp_binary, localbatch_serve_cmd, running,
-                              start_server, stop_server)
+from app.bench.server import Scraper, fetch_counters, free_port, localbatch_serve_cmd, running, start_server, stop_server
 from app.bench.stats import counter_step_split, median, percentile
 from app.bench.stream import Load, run_level
+from ..engine_options import engine_kwargs_from_argv
 
 
 class Server:
@@ -68,7 +66,7 @@ class Server:
 
 def measure(engine_argv: list[str], load: Load, levels: list[tuple[int, float]], rounds: int) -> dict:
     """Pairs at each (clients, /metrics scrapes a second) of `levels`, one server throughout."""
-    with EngineWorker(engine_argv, load.max_tokens, load.prompt_len) as worker:
+    with EngineWorker(engine_kwargs_from_argv(engine_argv), load.max_tokens, load.prompt_len) as worker:
         server = Server(engine_argv, load)
         try:
             out = {}
@@ -108,8 +106,7 @@ def llama_server_row(binary: str, gguf: str, clients: int, load: Load, rounds: i
             "ratio": None, "note": f"ITL p50 {r['itl_p50_ms']:.1f} / p99 {r['itl_p99_ms']:.1f} ms"}
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--engine-args", default="", help='more engine options for both sides, e.g. "--num-threads 1"')
@@ -118,10 +115,11 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=6, help="pairs per row (medians are reported)")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--prompt-len", type=int, default=64)
-    p.add_argument("--llama-server", nargs="?", const="", default=None, metavar="PATH",
-                   help="also llama-server under the largest stream count (default binary: the anchor build)")
-    add_json_arg(p)
-    args = p.parse_args()
+    p.add_argument("--llama-server", action="store_true", help="also llama.cpp's llama-server under the largest stream count")
+    p.add_argument("--llama-cpp", default=None, metavar="DIR", help="the llama.cpp build (default: setup-llama-cpp's)")
+
+
+def run(args: argparse.Namespace) -> dict:
     print(f"{args.model} on {args.device}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}", flush=True)
     engine_argv = ["--model", args.model, "--device", args.device,
@@ -130,16 +128,11 @@ def main() -> int:
     streams = [int(x) for x in args.streams.split(",")]
     levels = [(n, 0.0) for n in streams] + [(1, float(hz)) for hz in args.scrape_hz.split(",") if hz.strip()]
     rows = [row(n, hz, pairs) for (n, hz), pairs in measure(engine_argv, load, levels, args.rounds).items()]
-    if args.llama_server is not None:
+    if args.llama_server:
+        from app.bench.llama_cpp import binary
         from app.engine.gguf.catalog import resolve_model
 
-        binary = args.llama_server or str(llama_cpp_binary("llama-server"))
-        rows.append(llama_server_row(binary, resolve_model(args.model) or args.model, max(streams), load, args.rounds))
+        rows.append(llama_server_row(str(binary("llama-server", args.llama_cpp)), resolve_model(args.model) or args.model,
+                                     max(streams), load, args.rounds))
     print("\n" + format_rows(rows))
-    if args.json:
-        write(args.json, record("serve_vs_engine", vars(args), {"rows": rows}, args.device))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return {"rows": rows}

@@ -1,6 +1,6 @@
 """Soak `localbatch serve` under a mixed load with faults, and check that nothing is lost.
 
-    python -m benchmarks.serving.soak --model smollm2-135m-instruct --duration 1800 --clients 32 [--json FILE]
+    localbatch bench research soak --model smollm2-135m-instruct --duration 1800 --clients 32 [--json FILE]
         [--max-requests N] [-- extra serve flags, e.g. --kv-cache-bytes 268435456]
 
 Starts the server on a free loopback port (nothing else is ever contacted) and runs `--clients`
@@ -15,7 +15,7 @@ the clients received. At the end it waits for the server to go idle and reads `/
 Report: requests by outcome and status, 5xx count, malformed bodies answered 4xx with an OpenAI
 error object, tokens/s over time, RSS / fds / threads over time (and RSS growth after the first
 `--warmup` seconds), KV blocks in use and running requests after the run, TTFT and ITL
-percentiles. Exit status 1 when a check fails: any 5xx, a malformed body not answered 4xx with an
+percentiles. The record holds the samples too. Exit status 1 when a check fails: any 5xx, a malformed body not answered 4xx with an
 error object, KV blocks or running requests left over, fds or threads growing."""
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import asyncio
 import json
 import os
 import random
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -188,7 +187,7 @@ def proc_sample(pid: int) -> dict[str, int]:
             "fds": len(os.listdir(f"/proc/{pid}/fd"))}
 
 
-async def run(base: str, pid: int, args: argparse.Namespace) -> dict:
+async def soak(base: str, pid: int, args: argparse.Namespace) -> dict:
     stats, samples = Stats(), []
     context = int(httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0].get("max_model_len", 2048))
     context = min(context, 2048)  # "near the context limit" within a budget a 2-core soak can afford
@@ -250,31 +249,25 @@ async def run(base: str, pid: int, args: argparse.Namespace) -> dict:
     return report
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--duration", type=float, default=60.0)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--max-requests", type=int, default=100_000)
     p.add_argument("--warmup", type=float, default=300.0, help="RSS growth is measured from this many seconds on")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=Path, default=None, help="also write the report here")
     p.add_argument("serve_args", nargs="*", help="extra `localbatch serve` flags (after --)")
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     server = start_server(localbatch_serve_cmd(["--model", args.model, *args.serve_args], port), base, timeout=300,
                           quiet=False)
     try:
-        report = asyncio.run(run(base, server.pid, args))
+        report = asyncio.run(soak(base, server.pid, args))
     finally:
         stop_server(server, timeout=60)
     summary = {k: v for k, v in report.items() if k != "samples"}
     print(json.dumps(summary, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1))
-    return 0 if report["ok"] else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return report

@@ -1,8 +1,8 @@
 """Does the app in a real terminal slow its engine? The app in tmux (160x48) against the engine alone.
 
-    python -m benchmarks.ui.app_vs_engine [--tabs 1,4,8] [--rounds 8] [--model NAME] [--max-tokens 384]
+    localbatch bench research app_vs_engine [--tabs 1,4,8] [--rounds 8] [--model NAME] [--max-tokens 384]
         [--prompt TEXT] [--engine-args "..."] [--json PATH]
-    python -m benchmarks.ui.app_vs_engine --unpaired [--tabs 1,4,8] [--idle 30] [--pyspy DIR] [--remote URL]
+    localbatch bench research app_vs_engine --unpaired [--tabs 1,4,8] [--idle 30] [--pyspy DIR] [--remote URL]
 
 Paired (the default): the app and the engine alone both stay loaded and take turns seconds apart,
 the order switching each round, the side not taking its turn stopped (SIGSTOP), so the VM's drift
@@ -34,12 +34,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.bench.commands import add_json_arg
 from app.bench.datasets import CHAT_PROMPT
 from app.bench.paired import EngineWorker, Turn, format_rows, summary_row, turns
-from app.bench.results import record, write
 from app.bench.server import Scraper, fetch_counters
 from app.bench.stats import counter_step_split
+from ..engine_options import engine_kwargs_from_argv
 
 from . import tmux
 
@@ -101,7 +100,7 @@ class App:
 
 def paired(args: argparse.Namespace, tabs: int) -> list:
     engine_argv = [*(["--model", args.model] if args.model else []), "--device", "cpu", *args.engine_args.split()]
-    with EngineWorker(engine_argv, args.max_tokens, chat_prompt=args.prompt) as worker:
+    with EngineWorker(engine_kwargs_from_argv(engine_argv), args.max_tokens, chat_prompt=args.prompt) as worker:
         worker.run(tabs)  # warm-up
         with tempfile.TemporaryDirectory(prefix="lbpairs") as tmp:
             app = App(args, tabs, Path(tmp))
@@ -209,8 +208,7 @@ def idle_cpu(pid: int, seconds: float) -> None:
     print(f"idle CPU over {seconds:.0f} s: {share:.1%} of a core (load {l0:.2f} -> {os.getloadavg()[0]:.2f})", flush=True)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tabs", default="1,4,8", help="comma list of tab counts")
     p.add_argument("--model", default=None)
     p.add_argument("--engine-args", default="", help='more engine options for the app and the engine alone, e.g. "--num-threads 1"')
@@ -227,8 +225,9 @@ def main() -> int:
     p.add_argument("--pyspy-flags", default="--gil --threads")
     p.add_argument("--env", action="append", help="unpaired: VAR=VALUE for the app")
     p.add_argument("--remote", default=None, help="unpaired: run the app with --backend-url URL")
-    add_json_arg(p)
-    args = p.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     print(f"{args.model or 'default model'}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}, "
           f"{time.strftime('%Y-%m-%d %H:%M')}", flush=True)
     levels = [int(x) for x in args.tabs.split(",")]
@@ -237,19 +236,13 @@ def main() -> int:
             Path(args.pyspy).mkdir(parents=True, exist_ok=True)
         rows = []
         for n in levels:
-            run = unpaired(args, n)
-            print(run.line(), flush=True)
-            rows.append({"tabs": n, "steps_ms": run.steps_ms, "replies": run.replies, "process_cpu": run.cpu,
-                         "ui_thread_cpu": run.ui_cpu, "tmux_cpu": run.tmux_cpu})
+            one = unpaired(args, n)
+            print(one.line(), flush=True)
+            rows.append({"tabs": n, "steps_ms": one.steps_ms, "replies": one.replies, "process_cpu": one.cpu,
+                         "ui_thread_cpu": one.ui_cpu, "tmux_cpu": one.tmux_cpu})
         results = {"runs": rows}
     else:
         rows = [summary_row(f"app in tmux, {n} tabs, endpoint on, /metrics 1 Hz", paired(args, n)) for n in levels]
         print("\n" + format_rows(rows))
         results = {"rows": rows}
-    if args.json:
-        write(args.json, record("app_vs_engine", vars(args), results, "cpu"))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return results

@@ -1,8 +1,8 @@
 """What the terminal app's own thread costs while replies stream, without a model.
 
-    python -m benchmarks.ui.ui_cost --tabs 4 [--seconds 20] [--step-ms 60] [--tmux] [--headless]
+    localbatch bench research ui_cost --tabs 4 [--seconds 20] [--step-ms 60] [--tmux] [--headless]
 
-The real app (real widgets, real rendering) on a paced fake engine: the test suite's `FakeEngine`
+The real app (real widgets, real rendering) on a paced fake engine: `app.testing`'s `FakeEngine`
 stepping every `--step-ms` on a thread and event loop of its own, as the real engine's step thread
 does, each delta reaching the app's loop by a thread-safe call. The replies are prose in paragraphs
 with a list and a code block now and then (`--reply code`: one long code block). Reported: the CPU
@@ -13,14 +13,14 @@ can be measured on a busy machine, unlike tok/s.
 
 With --tmux it runs itself inside a 160x48 tmux window (a real terminal: Textual writes escape codes
 and tmux parses them) and also reports the tmux server's CPU. --headless uses Textual's headless
-driver (no terminal output at all), for comparison. Run it from the repository root: the fake
-engine is the tests' (tests/support/fake_engine.py)."""
+driver (no terminal output at all), for comparison."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import shlex
 import sys
 import tempfile
 import threading
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from app.engine.types.outputs import StreamDelta
-from tests.support.fake_engine import FakeEngine
+from app.testing.fake_engine import FakeEngine
 
 from . import tmux
 
@@ -215,11 +215,19 @@ def run_app(args: argparse.Namespace) -> dict:
         return result
 
 
+def inner_argv(args: argparse.Namespace) -> list[str]:
+    """The options of the run inside tmux: these settings, without --tmux and --env."""
+    argv = [f"--{name.replace('_', '-')}={getattr(args, name)}" for name in
+            ("tabs", "step_ms", "seconds", "reply", "warmup", "idle", "idle_warmup", "frame_hz", "poll", "profile")
+            if getattr(args, name) is not None]
+    return argv + (["--headless"] if args.headless else [])
+
+
 def in_tmux(args: argparse.Namespace) -> dict:
-    """Run this script (without --tmux) inside a 160x48 tmux window; also read tmux's CPU."""
+    """Run this benchmark (without --tmux) inside a 160x48 tmux window; also read tmux's CPU."""
     out = Path(tempfile.mkdtemp()) / "result.json"
-    argv = [a for a in sys.argv[1:] if a != "--tmux"]
-    cmd = " ".join([sys.executable, "-m", "benchmarks.ui.ui_cost", *argv, "--out", str(out)])
+    inner = [sys.executable, "-m", "app.cli", "bench", "research", "ui_cost", *inner_argv(args), "--json", str(out)]
+    cmd = " ".join(shlex.quote(a) for a in inner)
     tmux.new_session(f"exec env {' '.join(args.env or [])} {cmd}", session="uicost")
     server = tmux.server_pid()
     t0, c0 = time.monotonic(), tmux.cpu_ticks(server)
@@ -231,13 +239,12 @@ def in_tmux(args: argparse.Namespace) -> dict:
         time.sleep(0.3)
     finally:
         tmux.kill_session("uicost")
-    result = json.loads(out.read_text())
+    result = {k: v for k, v in json.loads(out.read_text()).items() if k not in ("benchmark", "environment", "settings")}
     result["tmux_server_cpu_whole_run"] = tmux.cpu_seconds(tmux.cpu_ticks(server) - c0) / (time.monotonic() - t0)
     return result
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tabs", type=int, default=4)
     p.add_argument("--step-ms", type=float, default=60.0, help="one token per tab this often")
     p.add_argument("--seconds", type=float, default=20.0)
@@ -250,18 +257,10 @@ def main() -> None:
     p.add_argument("--env", action="append", help="VAR=VALUE for the app (with --tmux)")
     p.add_argument("--frame-hz", type=float, default=None, help="override the reply paint rate")
     p.add_argument("--poll", type=float, default=None, help="override the panel refresh period (s)")
-    p.add_argument("--out", default=None)
     p.add_argument("--profile", default=None, help="write a cProfile of the measured stretch here")
-    args = p.parse_args()
-    if args.tmux:
-        print(json.dumps(in_tmux(args)))
-        return
-    result = run_app(args)
-    if args.out:
-        Path(args.out).write_text(json.dumps(result))
-    else:
-        print(json.dumps(result))
 
 
-if __name__ == "__main__":
-    main()
+def run(args: argparse.Namespace) -> dict:
+    result = in_tmux(args) if args.tmux else run_app(args)
+    print(json.dumps(result))
+    return result
