@@ -127,3 +127,39 @@ def _wait(condition, timeout: float = 20.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
+
+
+def test_streamable_http_server(tmp_path) -> None:
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "http.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([sys.executable, FIXTURE, "ok", "--http", str(port)], stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "http.log").read_text()
+            time.sleep(0.1)
+        config = ToolsConfig(servers=(ServerConfig("web", url=f"http://127.0.0.1:{port}/mcp"),
+                                      ServerConfig("gone", url="http://127.0.0.1:1/mcp", startup_timeout=5)),
+                             builtin=False)
+        manager = ToolManager(config)
+        manager.start()
+        try:
+            assert manager.wait_settled(30)
+            assert manager.server("web").line() == "web · ready · 5 tools"
+            assert manager.server("gone").state is ServerState.FAILED
+            assert manager.call("web__echo", {"text": "over http"}).result(10).content == "over http"
+            assert manager.call("web__hang", {}, timeout=0.5).result(10).content.endswith("within 0.5 s")
+        finally:
+            manager.close()
+    finally:
+        proc.kill()  # uvicorn would wait for the hanging call
+        proc.wait(10)
+        log.close()
