@@ -251,7 +251,10 @@ class ToolManager:
             raise
         except BaseException as e:  # noqa: BLE001 - anyio wraps a failed start in an exception group
             if not stop.is_set():
-                self._publish(server, state=ServerState.FAILED, reason=_reason(e, server.errlog), tools=())
+                reason = _reason(e, server.errlog)
+                if server.config.url is not None and server.status.state is ServerState.STARTING:
+                    reason = f"cannot reach {server.config.url}: {reason}"
+                self._publish(server, state=ServerState.FAILED, reason=reason, tools=())
         finally:
             server.client = None
             settled.set()
