@@ -9,7 +9,6 @@ as the `tool` message that answers it. The chat session drives it; the UI only a
 
 from __future__ import annotations
 
-import difflib
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from typing import Any, Protocol
 
 from app.engine.api.tool_use import ParsedCall
 from app.tools.approval import REFUSED_TEXT, ApprovalPolicy, Decision, StepLimit
+from app.tools.edits import unified_diff
 from app.tools.manager import ToolInfo
 from app.tools.results import ToolResult, error_result
 
@@ -90,8 +90,5 @@ def edit_preview(arguments: Mapping[str, Any]) -> str | None:
     if isinstance(diff, str) and diff.strip():
         return diff
     if isinstance(search, str) and isinstance(replace, str):
-        path = arguments.get("path", "file")
-        lines = difflib.unified_diff(search.splitlines(keepends=True), replace.splitlines(keepends=True),
-                                     fromfile=f"a/{path}", tofile=f"b/{path}", n=0)
-        return "".join(line if line.endswith("\n") else line + "\n" for line in lines) or None
+        return unified_diff(str(arguments.get("path", "file")), search, replace) or None
     return None
