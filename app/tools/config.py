@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -212,3 +213,19 @@ def _check_type(key: str, value: Any, schema: Mapping[str, Any], prefix: str, wh
     if (isinstance(value, bool) and want is not bool) or not isinstance(value, want):
         kind = "number" if want == (int, float) else want.__name__
         raise ToolConfigError(f"{prefix}{key} in {where} must be a {kind}, got {value!r}")
+
+
+def read_tools_config(config_path: str | Path | None, mcp_config: str | Path | None = None) -> ToolsConfig:
+    """The tools settings of the app's config TOML at `config_path` (None or a missing file:
+    defaults) plus the servers of an `mcp.json` (`--mcp-config`)."""
+    config = ToolsConfig()
+    path = Path(config_path).expanduser() if config_path is not None else None
+    if path is not None and path.exists():
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+            raise ToolConfigError(f"cannot read config {path}: {e}") from None
+        config = parse_tools_config(data, str(path))
+    if mcp_config is not None:
+        config = config.with_servers(load_mcp_json(mcp_config))
+    return config

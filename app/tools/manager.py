@@ -181,10 +181,20 @@ class ToolManager:
     # --- switches (any thread) ------------------------------------------------------------------
 
     def set_tool_enabled(self, server: str, tool: str, enabled: bool) -> None:
-        self._submit(self._set_tool(self._servers[server], tool, enabled))
+        """Offer the tool or not (calls to a tool turned off are refused)."""
+        target = self._servers[server]
+        with self._lock:
+            (target.disabled_tools.discard if enabled else target.disabled_tools.add)(tool)
+        self._publish(target, tools=target.status.tools)
 
     def set_server_enabled(self, server: str, enabled: bool) -> None:
-        self._submit(self._set_server(self._servers[server], enabled))
+        """Start or stop the server (before `start()`: whether it starts then)."""
+        target = self._servers[server]
+        if self._loop is None:
+            target.enabled = enabled
+            self._publish(target, enabled=enabled, reason=None if enabled else "off")
+        else:
+            self._submit(self._set_server(target, enabled))
 
     def restart(self, server: str) -> None:
         self._submit(self._restart(self._servers[server]))
@@ -217,8 +227,11 @@ class ToolManager:
         asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def _publish(self, server: _Server, **changes: Any) -> None:
-        server.status = replace(server.status, **changes)
         with self._lock:
+            if "tools" in changes:  # a tool turned off while the server was (re)starting stays off
+                changes["tools"] = tuple(replace(t, enabled=t.name not in server.disabled_tools)
+                                         for t in changes["tools"])
+            server.status = replace(server.status, **changes)
             self._snapshot = tuple(s.status for s in self._servers.values())
         if self.on_change is not None:
             self.on_change()
@@ -276,9 +289,11 @@ class ToolManager:
         taken = {t.offered_name for s in self._servers.values() if s is not server for t in s.status.tools}
         out = []
         for tool in tools:
-            name = offered_name(server.config.name, tool.name)
-            while name in taken:
-                name = name[:61] + "_" + str(len(taken) % 100)
+            name = base = offered_name(server.config.name, tool.name)
+            n = 1
+            while name in taken:  # two tools whose names differ only in characters replaced by '_'
+                n += 1
+                name = f"{base[:60]}_{n}"
             taken.add(name)
             out.append(ToolInfo(server.config.name, tool.name, name, (tool.description or "").strip(),
                                 tool.input_schema or {"type": "object", "properties": {}},
@@ -315,11 +330,6 @@ class ToolManager:
         else:
             await self._stop(server, "off")
             self._publish(server, enabled=False)
-
-    async def _set_tool(self, server: _Server, tool: str, enabled: bool) -> None:
-        (server.disabled_tools.discard if enabled else server.disabled_tools.add)(tool)
-        self._publish(server, tools=tuple(replace(t, enabled=t.name not in server.disabled_tools)
-                                          for t in server.status.tools))
 
     async def _settled(self) -> None:
         while any(s.status.state is ServerState.STARTING for s in self._servers.values()):

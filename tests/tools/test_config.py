@@ -78,3 +78,18 @@ def test_mcp_json(tmp_path) -> None:
         parse_mcp_json({"servers": {}})
     with pytest.raises(ToolConfigError, match="only stdio"):
         parse_mcp_json({"mcpServers": {"s": {"type": "sse", "url": "http://h"}}})
+
+
+def test_read_tools_config(tmp_path) -> None:
+    from app.tools.config import read_tools_config
+
+    toml = tmp_path / "config.toml"
+    toml.write_text('model = "x"\n' + TOML)
+    mcp = tmp_path / "mcp.json"
+    mcp.write_text('{"mcpServers": {"fs": {"command": "npx"}}}')
+    config = read_tools_config(toml, mcp)
+    assert [s.name for s in config.servers] == ["git", "web", "fs"] and config.step_limit == 5
+    assert read_tools_config(tmp_path / "none.toml") == ToolsConfig()
+    toml.write_text("[mcp_servers.a]\ncommand = 1\n")
+    with pytest.raises(ToolConfigError, match="mcp_servers.a.command"):
+        read_tools_config(toml)

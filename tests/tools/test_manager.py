@@ -163,3 +163,22 @@ def test_streamable_http_server(tmp_path) -> None:
         proc.kill()  # uvicorn would wait for the hanging call
         proc.wait(10)
         log.close()
+
+
+def test_switches_before_start_and_name_clashes() -> None:
+    manager = ToolManager(ToolsConfig(servers=(ServerConfig("a", command="x"),), builtin=False))
+    manager.set_server_enabled("a", False)
+    manager.set_tool_enabled("a", "t", False)
+    assert manager.server("a").line() == "a · off"
+    manager.start()
+    assert manager.wait_settled(5) and manager.server("a").state is ServerState.STOPPED  # off: not started
+    manager.close()
+
+    class Tool:
+        def __init__(self, name: str) -> None:
+            self.name, self.description, self.input_schema = name, "", None
+
+    server = manager._servers["a"]
+    infos = manager._tool_infos(server, [Tool("do.it"), Tool("do_it"), Tool("do it")])
+    assert [t.offered_name for t in infos] == ["a__do_it", "a__do_it_2", "a__do_it_3"]
+    assert infos[0].input_schema == {"type": "object", "properties": {}}
