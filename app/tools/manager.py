@@ -7,7 +7,8 @@ through frozen snapshots (`servers()`, `offered_tools()`), safe from any thread;
 called on the manager's thread after each change (the UI forwards it with `call_from_thread`).
 
 A server is starting, ready, failed (with a one-line reason: not found, exited, did not answer
-within its startup timeout, ...) or stopped. One server's failure touches no other. A call
+within its startup timeout, ...) or stopped; an idle server is pinged every `health_interval`
+seconds, so one that exits shows as failed before the next call. One server's failure touches no other. A call
 returns a `ToolResult` in every case: a tool's own error, a timeout, a server that died during
 the call and a cancelled call all come back as error text the model can read."""
 
@@ -35,6 +36,8 @@ from app.tools.results import ToolResult, error_result, from_call_result
 NAME_SEPARATOR = "__"  # offered name = server + "__" + tool: OpenAI's [A-Za-z0-9_-]{1,64}
 _INVALID = re.compile(r"[^A-Za-z0-9_-]")
 _STOP_TIMEOUT = 5.0
+HEALTH_INTERVAL = 3.0  # seconds between pings of an idle server
+_PING_TIMEOUT = 10.0
 
 
 class ServerState(enum.Enum):
@@ -103,6 +106,7 @@ class ToolManager:
                  on_change: Callable[[], None] | None = None) -> None:
         self.config = config
         self.on_change = on_change
+        self.health_interval = HEALTH_INTERVAL
         self._servers = {
             s.name: _Server(s, s.enabled, ServerStatus(s.name, ServerState.STOPPED, None if s.enabled else "off",
                                                        enabled=s.enabled, target=s.describe()))
@@ -137,6 +141,10 @@ class ToolManager:
             pass
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=5)
+        for server in self._servers.values():
+            if server.errlog is not None:
+                server.errlog.close()
+                server.errlog = None
         if not thread.is_alive():
             loop.close()
         self._loop = self._thread = None
@@ -252,18 +260,28 @@ class ToolManager:
             server.settled.set()
 
     async def _serve(self, server: _Server, stop: asyncio.Event, settled: asyncio.Event) -> None:
-        """Connect, list the tools, and hold the connection until `stop` (one task per start)."""
+        """Connect, list the tools, and hold the connection until `stop` (one task per start),
+        pinging the server while idle so that one that exits shows as failed."""
+        lost = False
         try:
             async with self._client(server) as client:
                 tools = await _list_tools(client)
                 server.client = client
                 self._publish(server, state=ServerState.READY, tools=self._tool_infos(server, tools))
                 settled.set()
-                await stop.wait()
+                while not lost and not stop.is_set():
+                    try:
+                        await asyncio.wait_for(stop.wait(), self.health_interval)
+                    except TimeoutError:
+                        lost = not await _alive(client)
+            if lost:
+                self._publish(server, state=ServerState.FAILED, reason="exited" + _stderr_note(server.errlog), tools=())
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # noqa: BLE001 - anyio wraps a failed start in an exception group
-            if not stop.is_set():
+            if lost:
+                self._publish(server, state=ServerState.FAILED, reason="exited" + _stderr_note(server.errlog), tools=())
+            elif not stop.is_set():
                 reason = _reason(e, server.errlog)
                 if server.config.url is not None and server.status.state is ServerState.STARTING:
                     reason = f"cannot reach {server.config.url}: {reason}"
@@ -372,6 +390,20 @@ class ToolManager:
             await asyncio.gather(server.task, return_exceptions=True)
             server.task = None
         self._publish(server, state=ServerState.FAILED, reason=reason, tools=())
+
+
+async def _alive(client: Client) -> bool:
+    """False when the connection is gone. Any answer, an error too (newer protocol versions drop
+    ping), proves the server is there; one too busy to answer in time is alive."""
+    try:
+        await asyncio.wait_for(client.session.send_ping(), _PING_TIMEOUT)
+    except TimeoutError:
+        return True
+    except MCPError as e:
+        return e.code != CONNECTION_CLOSED
+    except Exception:  # noqa: BLE001 - the transport's own errors: the connection is gone
+        return False
+    return True
 
 
 async def _list_tools(client: Client) -> list[Any]:

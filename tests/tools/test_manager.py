@@ -31,6 +31,7 @@ def manager(tmp_path_factory):
                          max_result_chars=2000)
     changes: list[float] = []
     m = ToolManager(config, work, on_change=lambda: changes.append(time.monotonic()))
+    m.health_interval = 0.3
     started = time.monotonic()
     m.start()
     assert time.monotonic() - started < 0.5  # nobody waits for the servers
@@ -44,7 +45,7 @@ def test_states_and_reasons(manager: ToolManager) -> None:
     lines = {s.name: s.line() for s in manager.servers()}
     assert [s.name for s in manager.servers()] == [BUILTIN_NAME, "fx", "crashy", "silent", "broken", "missing"]
     assert lines[BUILTIN_NAME] == f"{BUILTIN_NAME} · ready · 4 tools"
-    assert lines["fx"] == "fx · ready · 5 tools"
+    assert lines["fx"] == "fx · ready · 6 tools"
     assert lines["silent"] == "silent · failed: did not answer within 1 s"
     assert lines["broken"] == "broken · failed: exited (stderr: fixture: cannot open the database)"
     assert lines["missing"] == "missing · failed: command not found: no-such-command-for-localbatch"
@@ -109,10 +110,20 @@ def test_crash_mid_call_then_restart(manager: ToolManager) -> None:
     assert manager.call("crashy__echo", {"text": "back"}).result(10).content == "back"
 
 
+def test_exit_while_idle_shows(manager: ToolManager) -> None:
+    _wait(lambda: manager.server("crashy").state is ServerState.READY)
+    assert manager.call("crashy__exit_soon", {}).result(10).content == "bye"
+    _wait(lambda: manager.server("crashy").state is ServerState.FAILED)
+    assert manager.server("crashy").line() == "crashy · failed: exited"
+    time.sleep(1)  # pings of the live servers are answered: they stay ready
+    assert manager.server("fx").state is ServerState.READY
+    manager.restart("crashy")
+
+
 def test_switches(manager: ToolManager) -> None:
     manager.set_tool_enabled("fx", "big", False)
     _wait(lambda: "fx__big" not in {t.offered_name for t in manager.offered_tools()})
-    assert manager.server("fx").line() == "fx · ready · 4 of 5 tools on"
+    assert manager.server("fx").line() == "fx · ready · 5 of 6 tools on"
     assert manager.call("fx__big", {"chars": 3}).result(10).content == "Error: the tool fx__big is turned off"
     manager.set_tool_enabled("fx", "big", True)
     manager.set_server_enabled("crashy", False)
@@ -153,7 +164,7 @@ def test_streamable_http_server(tmp_path) -> None:
         manager.start()
         try:
             assert manager.wait_settled(30)
-            assert manager.server("web").line() == "web · ready · 5 tools"
+            assert manager.server("web").line() == "web · ready · 6 tools"
             assert manager.server("gone").state is ServerState.FAILED
             assert manager.call("web__echo", {"text": "over http"}).result(10).content == "over http"
             assert manager.call("web__hang", {}, timeout=0.5).result(10).content.endswith("within 0.5 s")

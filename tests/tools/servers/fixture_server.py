@@ -1,6 +1,6 @@
 """An MCP server for the tool manager's tests, over stdio or streamable HTTP.
 
-    fixture_server.py ok [--http PORT]   # tools: echo, big, crash, hang, picture
+    fixture_server.py ok [--http PORT]   # tools: echo, big, crash, exit_soon, hang, picture
     fixture_server.py silent             # starts and never answers
     fixture_server.py broken             # exits at once with a message on stderr"""
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import os
 import sys
+import threading
 import time
 
 from mcp.server.mcpserver import MCPServer
@@ -33,6 +34,12 @@ def build() -> MCPServer:
     def crash() -> str:
         """The server process dies during the call."""
         os._exit(3)
+
+    @server.tool(structured_output=False)
+    def exit_soon() -> str:
+        """Answers, then the server process dies while idle."""
+        threading.Timer(0.3, os._exit, (4,)).start()
+        return "bye"
 
     @server.tool(structured_output=False)
     def hang() -> str:
