@@ -31,7 +31,8 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from app.tools.config import ServerConfig, ToolsConfig
-from app.tools.results import ToolResult, error_result, from_call_result
+from app.tools.errors import ToolCallError
+from app.tools.results import ToolResult, error_result, from_call_result, prompt_text
 
 NAME_SEPARATOR = "__"  # offered name = server + "__" + tool: OpenAI's [A-Za-z0-9_-]{1,64}
 _INVALID = re.compile(r"[^A-Za-z0-9_-]")
@@ -64,11 +65,22 @@ class ToolInfo:
 
 
 @dataclass(frozen=True)
+class PromptInfo:
+    """A server's MCP prompt, offered as `/name` in the chat input."""
+
+    server: str
+    name: str
+    description: str
+    arguments: tuple[tuple[str, bool], ...] = ()  # (name, required)
+
+
+@dataclass(frozen=True)
 class ServerStatus:
     name: str
     state: ServerState
     reason: str | None = None  # why it failed or stopped
     tools: tuple[ToolInfo, ...] = ()
+    prompts: tuple[PromptInfo, ...] = ()
     enabled: bool = True
     target: str = ""  # command line or URL
 
@@ -179,6 +191,20 @@ class ToolManager:
         return [t for s in self.servers() if s.enabled and s.state is ServerState.READY
                 for t in s.tools if t.enabled]
 
+    def prompts(self) -> list[PromptInfo]:
+        """The prompts of the ready, enabled servers."""
+        return [p for s in self.servers() if s.enabled and s.state is ServerState.READY for p in s.prompts]
+
+    def get_prompt(self, server: str, name: str,
+                   arguments: Mapping[str, str] | None = None) -> concurrent.futures.Future[list[dict[str, str]]]:
+        """The prompt's messages as chat messages (`role`, `content`); raises `ToolCallError` (in
+        the future) when the server is not ready or refuses."""
+        if self._loop is None:
+            done: concurrent.futures.Future[list[dict[str, str]]] = concurrent.futures.Future()
+            done.set_exception(ToolCallError("tools are not started"))
+            return done
+        return asyncio.run_coroutine_threadsafe(self._get_prompt(server, name, dict(arguments or {})), self._loop)
+
     def find(self, offered: str) -> ToolInfo | None:
         for status in self.servers():
             for tool in status.tools:
@@ -248,7 +274,7 @@ class ToolManager:
         if server.task is not None and not server.task.done():
             return
         server.stop, server.settled = asyncio.Event(), asyncio.Event()
-        self._publish(server, state=ServerState.STARTING, reason=None, tools=(), enabled=True)
+        self._publish(server, state=ServerState.STARTING, reason=None, tools=(), prompts=(), enabled=True)
         server.task = asyncio.get_running_loop().create_task(self._serve(server, server.stop, server.settled))
         try:
             await asyncio.wait_for(server.settled.wait(), server.config.startup_timeout)
@@ -266,8 +292,9 @@ class ToolManager:
         try:
             async with self._client(server) as client:
                 tools = await _list_tools(client)
+                prompts = await _list_prompts(client, server.config.name)
                 server.client = client
-                self._publish(server, state=ServerState.READY, tools=self._tool_infos(server, tools))
+                self._publish(server, state=ServerState.READY, tools=self._tool_infos(server, tools), prompts=prompts)
                 settled.set()
                 while not lost and not stop.is_set():
                     try:
@@ -275,17 +302,17 @@ class ToolManager:
                     except TimeoutError:
                         lost = not await _alive(client)
             if lost:
-                self._publish(server, state=ServerState.FAILED, reason="exited" + _stderr_note(server.errlog), tools=())
+                self._publish(server, state=ServerState.FAILED, reason="exited" + _stderr_note(server.errlog), tools=(), prompts=())
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # noqa: BLE001 - anyio wraps a failed start in an exception group
             if lost:
-                self._publish(server, state=ServerState.FAILED, reason="exited" + _stderr_note(server.errlog), tools=())
+                self._publish(server, state=ServerState.FAILED, reason="exited" + _stderr_note(server.errlog), tools=(), prompts=())
             elif not stop.is_set():
                 reason = _reason(e, server.errlog)
                 if server.config.url is not None and server.status.state is ServerState.STARTING:
                     reason = f"cannot reach {server.config.url}: {reason}"
-                self._publish(server, state=ServerState.FAILED, reason=reason, tools=())
+                self._publish(server, state=ServerState.FAILED, reason=reason, tools=(), prompts=())
         finally:
             server.client = None
             settled.set()
@@ -331,7 +358,7 @@ class ToolManager:
             except Exception:  # noqa: BLE001, S110 - the task reported its own failure
                 pass
         server.task = None
-        self._publish(server, state=ServerState.STOPPED, reason=reason, tools=())
+        self._publish(server, state=ServerState.STOPPED, reason=reason, tools=(), prompts=())
 
     async def _stop_all(self) -> None:
         await asyncio.gather(*(self._stop(s) for s in self._servers.values()), return_exceptions=True)
@@ -381,6 +408,19 @@ class ToolManager:
             return error_result(f"{offered}: the MCP server {tool.server!r} failed: {_reason(e, server.errlog)}")
         return from_call_result(result, self.config.max_result_chars)
 
+    async def _get_prompt(self, name: str, prompt: str, arguments: dict[str, str]) -> list[dict[str, str]]:
+        server = self._servers.get(name)
+        client = server.client if server is not None else None
+        if server is None or client is None or server.status.state is not ServerState.READY:
+            raise ToolCallError(f"the MCP server {name!r} is not ready")
+        try:
+            result = await asyncio.wait_for(client.get_prompt(prompt, arguments), self.config.call_timeout)
+        except TimeoutError:
+            raise ToolCallError(f"the prompt {name}/{prompt} did not come within {self.config.call_timeout:g} s") from None
+        except MCPError as e:
+            raise ToolCallError(f"the prompt {name}/{prompt}: {_one_line(e)}") from None
+        return [{"role": m.role, "content": prompt_text(m.content)} for m in result.messages]
+
     async def _lost(self, server: _Server) -> None:
         """The connection broke during a call: the server failed (restart brings it back)."""
         reason = "exited" + _stderr_note(server.errlog)
@@ -389,7 +429,7 @@ class ToolManager:
         if server.task is not None:
             await asyncio.gather(server.task, return_exceptions=True)
             server.task = None
-        self._publish(server, state=ServerState.FAILED, reason=reason, tools=())
+        self._publish(server, state=ServerState.FAILED, reason=reason, tools=(), prompts=())
 
 
 async def _alive(client: Client) -> bool:
@@ -404,6 +444,20 @@ async def _alive(client: Client) -> bool:
     except Exception:  # noqa: BLE001 - the transport's own errors: the connection is gone
         return False
     return True
+
+
+async def _list_prompts(client: Client, server: str) -> tuple[PromptInfo, ...]:
+    if client.server_capabilities.prompts is None:
+        return ()
+    out: list[PromptInfo] = []
+    cursor: str | None = None
+    while True:
+        page = await client.list_prompts(cursor=cursor)
+        out += [PromptInfo(server, p.name, (p.description or "").strip(),
+                           tuple((a.name, bool(a.required)) for a in p.arguments or ())) for p in page.prompts]
+        cursor = page.next_cursor
+        if not cursor:
+            return tuple(out)
 
 
 async def _list_tools(client: Client) -> list[Any]:

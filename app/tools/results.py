@@ -53,6 +53,12 @@ def from_call_result(result: CallToolResult, max_chars: int) -> ToolResult:
     return ToolResult(text, bool(result.is_error), cut, tuple(named))
 
 
+def prompt_text(block: Any) -> str:
+    """One MCP prompt message's content as text (non-text parts named)."""
+    text, name = _block(block)
+    return text if text is not None else f"[{name}: not shown]"
+
+
 def cut_text(text: str, max_chars: int) -> tuple[str, bool]:
     """`text` cut to about `max_chars` at a line end, with a note of what was left out."""
     if len(text) <= max_chars:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.tools.config import BUILTIN_NAME, ServerConfig, ToolsConfig
+from app.tools.errors import ToolCallError
 from app.tools.manager import ServerState, ToolManager, offered_name
 
 FIXTURE = str(Path(__file__).parent / "servers" / "fixture_server.py")
@@ -76,6 +77,15 @@ def test_calls(manager: ToolManager) -> None:
     picture = manager.call("fx__picture", {}).result(10)
     assert picture.attachments == ("image/png image, 900 bytes",)
     assert picture.content == "a red dot\n[image/png image, 900 bytes: not shown]"
+
+
+def test_prompts(manager: ToolManager) -> None:
+    review = [p for p in manager.prompts() if p.server == "fx"]
+    assert [(p.name, p.description, p.arguments) for p in review] == [("review", "Review a file.", (("path", True),))]
+    assert manager.get_prompt("fx", "review", {"path": "a.py"}).result(10) == [
+        {"role": "user", "content": "Please review a.py for bugs."}]
+    with pytest.raises(ToolCallError, match="not ready"):
+        manager.get_prompt("broken", "review").result(10)
 
 
 def test_huge_result_is_cut(manager: ToolManager) -> None:

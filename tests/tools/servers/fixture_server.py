@@ -53,6 +53,11 @@ def build() -> MCPServer:
         return [TextContent(type="text", text="a red dot"),
                 ImageContent(type="image", data=base64.b64encode(b"\x89PNG" + bytes(896)).decode(), mime_type="image/png")]
 
+    @server.prompt()
+    def review(path: str) -> str:
+        """Review a file."""
+        return f"Please review {path} for bugs."
+
     return server
 
 
