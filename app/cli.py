@@ -1,5 +1,5 @@
-"""`localbatch` command line: the TUI (no subcommand), `generate`, `serve`, `bench`, and the model
-catalog: `models`, `pull`, `rm`."""
+"""`localbatch` command line: the TUI (no subcommand), `generate`, `serve`, `bench`, `mcp` (the
+built-in code tools as an MCP server), and the model catalog: `models`, `pull`, `rm`."""
 
 from __future__ import annotations
 
@@ -265,6 +265,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from app.tools.builtin_server import run_stdio
+
+    run_stdio(args.root or os.getcwd())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="localbatch", description="Local LLM chat tabs on one continuous-batching engine.")
     p.add_argument("-v", "--verbose", action="store_true", help="log engine details to stderr (not in the TUI)")
@@ -319,6 +326,10 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="what this machine gives the engine (CPU flags, compiler, C kernels, CUDA); "
                                       "builds the C kernels ahead of first use")
     d.set_defaults(func=cmd_doctor)
+    mc = sub.add_parser("mcp", help="serve the built-in code tools (list, read, search, edit files) as a stdio "
+                                    "MCP server for one directory")
+    mc.add_argument("--root", default=None, metavar="DIR", help="the working directory (default: the current one)")
+    mc.set_defaults(func=cmd_mcp)
     return p
 
 

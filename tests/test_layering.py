@@ -25,7 +25,7 @@ LAYERS = [
     ("app.engine.runtime",),
     ("app.engine.core",),
     ("app.engine.api",),
-    ("app.ui", "app.server", "app.clients", "app.testing"),
+    ("app.ui", "app.server", "app.clients", "app.testing", "app.tools"),
     ("app.cli", "app.bench"),  # the entry points put an engine together: anything below
 ]
 # Package roots that only re-export lazily (`app/__init__`, `app/engine/__init__`, lazy_exports).

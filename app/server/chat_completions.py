@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import Request
 from starlette.responses import Response
 
+from app.engine.api.tool_use import CallStart, Event, ParsedCall, Text, ToolCallParser, collect, tool_structural_tag
 from app.engine.types.errors import RequestError
 from app.engine.types.outputs import StreamDelta, TopLogprobs
 from app.server.context_overflow import DROPPED_HEADER, fit_conversation, truncated, truncation_length
@@ -17,16 +18,7 @@ from app.server.output_schema import ToolChoice
 from app.server.response_format import Constraint, constrained_params, output_constraint
 from app.server.serving import Endpoint, ServerState, handle_generation
 from app.server.streams import Choice
-from app.server.tool_calls import (
-    CallStart,
-    Event,
-    ParsedCall,
-    Text,
-    ToolCallParser,
-    collect,
-)
-from app.server.tool_grammar import tool_structural_tag
-from app.server.tool_prompt import chat_prompt
+from app.server.tool_prompt import chat_prompt, choice_spec, function_specs
 
 
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
@@ -119,7 +111,7 @@ def chat_constraint(body: ChatCompletionRequest, choice: ToolChoice) -> Constrai
         if answer_schema is None:
             raise RequestError(f"{answer.param}: only a JSON format can be combined with tools "
                                '(tool_choice "auto")', param=answer.param)
-    tag = tool_structural_tag(body.tools, choice, body.parallel_tool_calls, answer_schema)
+    tag = tool_structural_tag(function_specs(body.tools), choice_spec(choice), body.parallel_tool_calls, answer_schema)
     return Constraint({"structural_tag": tag}, "tools") if tag is not None else answer
 
 

@@ -10,18 +10,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.server.openai_schema import ChatMessage
-from app.server.output_schema import NamedToolChoice, ToolDefinition
-from app.server.tool_calls import (
+from app.engine.api.tool_use import (
     CallArguments,
     CallStart,
     Event,
     Text,
     ToolCallParser,
     collect,
+    tool_structural_tag,
 )
-from app.server.tool_grammar import tool_structural_tag
-from app.server.tool_prompt import fallback_messages, tools_system_prompt
+from app.server.openai_schema import ChatMessage
+from app.server.output_schema import NamedToolChoice, ToolDefinition
+from app.server.tool_prompt import choice_spec, fallback_messages, function_specs, tools_system_prompt
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "x": {"y": "}"}}}\n</tool_call>'
 OUTPUTS = [
@@ -107,7 +107,7 @@ def test_structural_tags_accept_exactly_the_calls_allowed(choice: object, parall
                                                           refused: list[str]) -> None:
     xgr = pytest.importorskip("xgrammar")
     testing = pytest.importorskip("xgrammar.testing")
-    tag = tool_structural_tag([WEATHER, NOARGS], choice, parallel)  # type: ignore[arg-type]
+    tag = tool_structural_tag(function_specs([WEATHER, NOARGS]), choice_spec(choice), parallel)  # type: ignore[arg-type]
     grammar = xgr.Grammar.from_structural_tag(json.dumps(tag))
     for text in accepted:
         assert testing._is_grammar_accept_string(grammar, text), text
@@ -116,7 +116,7 @@ def test_structural_tags_accept_exactly_the_calls_allowed(choice: object, parall
 
 
 def test_tool_choice_none_has_no_tag() -> None:
-    assert tool_structural_tag([WEATHER], "none", True) is None
+    assert tool_structural_tag(function_specs([WEATHER]), "none", True) is None
 
 
 def test_fallback_turns_and_system_prompt() -> None:

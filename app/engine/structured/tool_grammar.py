@@ -9,43 +9,32 @@ function's `parameters` schema.
   would commit a small model to another call (SmolLM2 then repeated calls until max_tokens);
   without it the model chooses between ending and another `<tool_call>`.
 - A named function: exactly one call of it (as vLLM answers a named tool_choice).
-- `parallel_tool_calls: false`: the grammar ends after the first call.
+- `parallel` false: the grammar ends after the first call.
 
 The prefix up to the function name is part of each tag's `begin`, so the name is chosen from the
 tool list and the arguments schema follows from it."""
 
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 from typing import Any
 
-from app.server.output_schema import ToolChoice, ToolDefinition
-
-CALL_OPEN = "<tool_call>"
-CALL_CLOSE = "</tool_call>"
+from app.engine.text.tool_calls import CALL_END, CALL_OPEN, FunctionSpec, NamedChoice, ToolChoiceSpec, call_begin
 
 
-def call_begin(name: str) -> str:
-    """The text of a call up to its arguments (also what the fallback prompt shows the model)."""
-    return f'{CALL_OPEN}\n{{"name": {json.dumps(name)}, "arguments": '
-
-
-CALL_END = "}\n" + CALL_CLOSE
-
-
-def tool_structural_tag(tools: list[ToolDefinition], choice: ToolChoice, parallel: bool,
+def tool_structural_tag(tools: Sequence[FunctionSpec], choice: ToolChoiceSpec, parallel: bool,
                         answer_schema: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The structural tag for `choice` ("none": None). With `answer_schema` (a JSON response
     format next to tools under "auto"), the output is either calls or a JSON answer."""
     if choice == "none" or not tools:
         return None
-    if not isinstance(choice, str):
-        tools = [t for t in tools if t.function.name == choice.function.name]
+    if isinstance(choice, NamedChoice):
+        tools = [t for t in tools if t.name == choice.name]
         parallel = False
     tags = [_tag(t) for t in tools]
     if choice == "auto" and answer_schema is None:
-        fmt: dict[str, Any] = {"type": "triggered_tags", "triggers": [CALL_OPEN], "tags": tags,
-                               "at_least_one": False, "stop_after_first": not parallel}
+        fmt: dict[str, Any] = {"type": "triggered_tags", "triggers": [CALL_OPEN],
+                               "tags": tags, "at_least_one": False, "stop_after_first": not parallel}
     else:
         fmt = {"type": "tags_with_separator", "tags": tags, "separator": "", "at_least_one": True,
                "stop_after_first": not parallel}
@@ -54,7 +43,6 @@ def tool_structural_tag(tools: list[ToolDefinition], choice: ToolChoice, paralle
     return {"type": "structural_tag", "format": fmt}
 
 
-def _tag(tool: ToolDefinition) -> dict[str, Any]:
-    function = tool.function
-    return {"type": "tag", "begin": call_begin(function.name),
-            "content": {"type": "json_schema", "json_schema": function.parameters_schema}, "end": CALL_END}
+def _tag(tool: FunctionSpec) -> dict[str, Any]:
+    return {"type": "tag", "begin": call_begin(tool.name),
+            "content": {"type": "json_schema", "json_schema": tool.parameters_schema}, "end": CALL_END}

@@ -1,5 +1,9 @@
-"""Tool calls parsed out of the model's text as it streams: `<tool_call>{"name": ..., "arguments":
-{...}}</tool_call>` blocks become calls, everything else stays content.
+"""Tool calls in the model's text: the call format (`<tool_call>{"name": ..., "arguments": {...}}
+</tool_call>`, the Hermes/Qwen form), the functions offered (`FunctionSpec`), and the parser that
+turns a reply, streamed or whole, into content and calls. Shared by the HTTP endpoint and the
+app's chat tabs.
+
+The parser: `<tool_call>` blocks become calls, everything else stays content.
 
 `ToolCallParser.feed(text)` returns events in order: `Text` (content), `CallStart` (a call's id
 and name, as soon as the name is complete) and `CallArguments` (pieces of its arguments JSON, as
@@ -23,7 +27,60 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.server.tool_grammar import CALL_CLOSE, CALL_OPEN
+CALL_OPEN = "<tool_call>"
+CALL_CLOSE = "</tool_call>"
+CALL_END = "}\n" + CALL_CLOSE
+RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
+
+
+def call_begin(name: str) -> str:
+    """The text of a call up to its arguments (also what the fallback prompt shows the model)."""
+    return f'{CALL_OPEN}\n{{"name": {json.dumps(name)}, "arguments": '
+
+
+def call_text(name: str, arguments: Any) -> str:
+    """One call as the model is asked to write it."""
+    return f"{CALL_OPEN}\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n{CALL_CLOSE}"
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    """A function offered to the model: OpenAI's `{"type": "function", "function": {...}}`."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @property
+    def parameters_schema(self) -> dict[str, Any]:
+        # A function without parameters still takes an (empty) arguments object.
+        return self.parameters if self.parameters is not None else {"type": "object", "properties": {}}
+
+    def openai(self) -> dict[str, Any]:
+        """The tools entry, without the fields not given (as chat templates and prompts show it)."""
+        function: dict[str, Any] = {"name": self.name}
+        for key in ("description", "parameters", "strict"):
+            if getattr(self, key) is not None:
+                function[key] = getattr(self, key)
+        return {"type": "function", "function": function}
+
+    @classmethod
+    def from_openai(cls, tool: dict[str, Any]) -> FunctionSpec:
+        function = tool.get("function", tool)
+        return cls(function["name"], function.get("description"), function.get("parameters"), function.get("strict"))
+
+
+@dataclass(frozen=True)
+class NamedChoice:
+    """tool_choice naming one function: exactly one call of it."""
+
+    name: str
+
+
+# "none" | "auto" | "required" | NamedChoice, as OpenAI's tool_choice.
+ToolChoiceSpec = str | NamedChoice
+
 
 # The call object's opening up to its arguments, with a non-space character after it (whitespace
 # after the colon is not part of the arguments).

@@ -1,0 +1,90 @@
+"""`localbatch mcp`: the built-in code tools as a stdio MCP server for one working directory,
+usable by the app and by any MCP client. The tools are `Workdir`'s; a refused call comes back
+as a tool error of one line."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
+
+from app.tools import workdir as wd
+from app.tools.errors import ToolInputError
+from app.tools.workdir import Workdir
+
+SERVER_NAME = "localbatch"
+INSTRUCTIONS = ("Tools over one working directory: list_files, read_file, search (regular expressions) and "
+                "apply_edit. Paths are relative to the working directory.")
+
+_T = TypeVar("_T")
+
+
+def _refusal(call: Callable[[], _T]) -> _T:
+    try:
+        return call()
+    except (ToolInputError, OSError) as e:
+        raise ToolError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+
+
+def build_server(root: str | Path) -> MCPServer[Any]:
+    """The server for `root` (raises `ToolInputError` when it is not a directory)."""
+    work = Workdir.open(root)
+    server: MCPServer[Any] = MCPServer(SERVER_NAME, instructions=INSTRUCTIONS, log_level="WARNING")
+
+    @server.tool(structured_output=False)
+    def list_files(
+        path: Annotated[str, Field(description="directory relative to the working directory")] = ".",
+        pattern: Annotated[str | None, Field(description="glob on the path or file name, e.g. '*.py'")] = None,
+        limit: Annotated[int, Field(description=f"most files listed (at most {wd.MAX_LIST})", ge=1,
+                                    le=wd.MAX_LIST)] = wd.DEFAULT_LIST,
+    ) -> str:
+        """List the files of the working directory (or a directory in it), skipping what .gitignore ignores."""
+        return _refusal(lambda: work.list_files(path, pattern, limit))
+
+    @server.tool(structured_output=False)
+    def read_file(
+        path: Annotated[str, Field(description="file relative to the working directory")],
+        start_line: Annotated[int, Field(description="first line, from 1", ge=1)] = 1,
+        end_line: Annotated[int | None, Field(description="last line (inclusive); default: the end", ge=1)] = None,
+    ) -> str:
+        """Read a text file, or a range of its lines (at most 2000 lines or 100 kB per call)."""
+        return _refusal(lambda: work.read_file(path, start_line, end_line))
+
+    @server.tool(structured_output=False)
+    def search(
+        pattern: Annotated[str, Field(description="Python regular expression, matched per line")],
+        path: Annotated[str, Field(description="file or directory to search in")] = ".",
+        glob: Annotated[str | None, Field(description="only files matching this glob, e.g. '*.py'")] = None,
+        context: Annotated[int, Field(description="lines of context around each match", ge=0,
+                                      le=wd.MAX_CONTEXT)] = 2,
+        max_matches: Annotated[int, Field(description="stop after this many matches", ge=1,
+                                          le=wd.MAX_MATCHES)] = wd.DEFAULT_MATCHES,
+        ignore_case: bool = False,
+    ) -> str:
+        """Search the files for lines matching a regular expression; prints file:line: text."""
+        return _refusal(lambda: work.search(pattern, path, glob, context, max_matches, ignore_case))
+
+    @server.tool(structured_output=False)
+    def apply_edit(
+        path: Annotated[str, Field(description="file relative to the working directory")],
+        search: Annotated[str | None, Field(description="exact text to replace; it must occur once "
+                                                        "(empty, on a missing file: create it)")] = None,
+        replace: Annotated[str | None, Field(description="the text that replaces it")] = None,
+        diff: Annotated[str | None, Field(description="instead of search/replace: a unified diff of this file")] = None,
+    ) -> str:
+        """Edit one text file by search/replace or by a unified diff; returns the diff applied."""
+        return _refusal(lambda: work.apply_edit(path, search, replace, diff))
+
+    return server
+
+
+def run_stdio(root: str | Path) -> None:
+    """Serve `root` on stdin/stdout until the client closes the pipe."""
+    server = build_server(root)
+    logging.getLogger("mcp").setLevel(logging.WARNING)
+    server.run("stdio")

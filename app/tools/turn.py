@@ -1,0 +1,94 @@
+"""One round of tool calls in a chat, after the model's turn ended with calls: each call is shown
+to the user (a `CallCard`) unless it may run without asking, runs or is refused, and comes back
+as the `tool` message that answers it. The chat session drives it; the UI only answers `ask`.
+
+    loop = ToolLoop(manager, ApprovalPolicy(), StepLimit(config.step_limit))
+    loop.steps.reset()                                  # on each user message
+    messages = await loop.run(parser.calls, ask)        # ask(card) -> Decision, shown by the UI
+    # None: the step limit is reached (loop.steps.message says so); else the tool messages"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from app.engine.api.tool_use import ParsedCall
+from app.tools.approval import REFUSED_TEXT, ApprovalPolicy, Decision, StepLimit
+from app.tools.edits import unified_diff
+from app.tools.manager import ToolInfo
+from app.tools.results import ToolResult, error_result
+
+
+class ToolRunner(Protocol):
+    """What the loop needs of `ToolManager` (tests give a stand-in)."""
+
+    def find(self, offered: str) -> ToolInfo | None: ...
+
+    async def call_async(self, offered: str, arguments: Mapping[str, Any] | None,
+                         timeout: float | None = None) -> ToolResult: ...
+
+
+@dataclass(frozen=True)
+class CallCard:
+    """A call as the approval card shows it."""
+
+    call: ParsedCall
+    tool: ToolInfo
+    arguments: dict[str, Any]
+    diff: str | None = None  # an edit's change, for apply_edit-like tools
+
+    @property
+    def title(self) -> str:
+        return f"{self.tool.server} · {self.tool.name}"
+
+    def arguments_text(self) -> str:
+        return json.dumps(self.arguments, ensure_ascii=False, indent=2)
+
+
+Ask = Callable[[CallCard], Awaitable[Decision]]
+
+
+class ToolLoop:
+    def __init__(self, tools: ToolRunner, policy: ApprovalPolicy | None = None,
+                 steps: StepLimit | None = None) -> None:
+        self.tools = tools
+        self.policy = policy or ApprovalPolicy()
+        self.steps = steps or StepLimit()
+
+    async def run(self, calls: Sequence[ParsedCall], ask: Ask) -> list[dict[str, Any]] | None:
+        """The `tool` messages answering `calls`, in order; None when the step limit stops the loop
+        (nothing runs). Cancelling the awaiting task cancels the call in flight."""
+        if not calls:
+            return []
+        if not self.steps.take():
+            return None
+        return [await self._one(call, ask) for call in calls]
+
+    async def _one(self, call: ParsedCall, ask: Ask) -> dict[str, Any]:
+        tool = self.tools.find(call.name)
+        if tool is None:
+            return error_result(f"there is no tool named {call.name!r}").message(call.id, call.name)
+        try:
+            arguments = json.loads(call.arguments or "{}")
+        except ValueError:
+            arguments = None
+        if not isinstance(arguments, dict):
+            return error_result("the arguments are not a JSON object").message(call.id, call.name)
+        if self.policy.needs_asking(tool):
+            decision = await ask(CallCard(call, tool, arguments, edit_preview(arguments)))
+            if not self.policy.decide(tool, decision):
+                return ToolResult(REFUSED_TEXT, is_error=True).message(call.id, call.name)
+        result = await self.tools.call_async(call.name, arguments)
+        return result.message(call.id, call.name)
+
+
+def edit_preview(arguments: Mapping[str, Any]) -> str | None:
+    """The change an edit call asks for, as a diff: its `diff`, or its search/replace as one."""
+    diff, search, replace = arguments.get("diff"), arguments.get("search"), arguments.get("replace")
+    if isinstance(diff, str) and diff.strip():
+        return diff
+    if isinstance(search, str) and isinstance(replace, str):
+        return unified_diff(str(arguments.get("path", "file")), search, replace) or None
+    return None
