@@ -206,7 +206,7 @@ def test_a_version_3_file_migrates_and_its_messages_are_searchable(tmp_path: Pat
     db.execute("PRAGMA user_version = 3")
     db.close()
     store = ChatStore(path)
-    assert store.version == SCHEMA_VERSION == 4
+    assert store.version == SCHEMA_VERSION == 5
     assert store.chat(1).open and [c.id for c in store.open_chats()] == [1]
     [hit] = store.search("wisdom")
     assert (hit.chat_id, hit.chat_title, hit.message_index, hit.role) == (1, "old", 0, "user")

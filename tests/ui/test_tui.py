@@ -624,7 +624,7 @@ def test_store_migrates_old_files_and_refuses_newer_ones(tmp_path: Path) -> None
     )
     db.close()
     store = ChatStore(path)
-    assert store.version == SCHEMA_VERSION == 4
+    assert store.version == SCHEMA_VERSION == 5
     assert store.chats()[0].settings.temperature == 0.3
     message = store.messages(1)[0]
     assert (message.content, message.finish_reason, message.num_tokens, message.model) == ("hello", None, 0, None)
