@@ -125,7 +125,8 @@ def _fts_statements(columns: tuple[str, ...]) -> tuple[str, ...]:
     )
 
 
-_FTS_COLUMNS = ("content", "tool_calls")  # what search finds: the text, and the tool calls' names and arguments
+# What search finds: the text, an assistant's tool calls (names and arguments), a result's tool.
+_FTS_COLUMNS = ("content", "tool_calls", "name")
 
 
 def _create_fts(db: sqlite3.Connection, columns: tuple[str, ...] = _FTS_COLUMNS) -> None:
@@ -503,19 +504,20 @@ def _search_like(db: sqlite3.Connection, terms: list[str], limit: int) -> list[S
     """Without FTS5: a scan with one LIKE per word (case-insensitive for ASCII) over a message's
     text and tool calls, newest first."""
     patterns = ["%" + term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%" for term in terms]
-    searched = "(m.content || CHAR(10) || COALESCE(m.tool_calls, ''))"
+    searched = "(m.content || CHAR(10) || COALESCE(m.tool_calls, '') || CHAR(10) || COALESCE(m.name, ''))"
     where = " AND ".join(f"{searched} LIKE ? ESCAPE '\\'" for _ in patterns)
     rows = db.execute(
-        f"SELECT {_HIT_COLUMNS}, m.content, m.tool_calls FROM messages m JOIN chats c ON c.id = m.chat_id"
+        f"SELECT {_HIT_COLUMNS}, m.content, COALESCE(m.tool_calls, m.name) FROM messages m"
+        " JOIN chats c ON c.id = m.chat_id"
         f" WHERE {where} ORDER BY m.id DESC LIMIT ?", (*patterns, limit),
     ).fetchall()
     return [SearchHit(*row[:5], _snippet(_matched_text(row[5], row[6], terms), terms)) for row in rows]
 
 
-def _matched_text(content: str, tool_calls: str | None, terms: list[str]) -> str:
-    """The text a snippet is cut from: the message's, unless only its tool calls match."""
+def _matched_text(content: str, tools: str | None, terms: list[str]) -> str:
+    """The text a snippet is cut from: the message's, unless only its tool calls (or tool) match."""
     lower = content.lower()
-    return content if tool_calls is None or any(t.lower() in lower for t in terms) else tool_calls
+    return content if tools is None or any(t.lower() in lower for t in terms) else tools
 
 
 def _snippet(text: str, terms: list[str], width: int = 80) -> str:

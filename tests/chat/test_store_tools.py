@@ -45,7 +45,7 @@ def test_a_schema_4_file_migrates_keeps_its_messages_and_takes_tool_turns(tmp_pa
     store = ChatStore(path)  # reopened: read back as written
     assert store.messages(1)[2:] == [call, result]
     assert store.messages(1)[2].tool_calls == [CALL] and store.messages(1)[3].tool_call_id == "call_7"
-    assert [h.message_index for h in store.search("search_code")] == [2]  # a call is found by its tool
+    assert sorted(h.message_index for h in store.search("search_code")) == [2, 3]  # the call and its result
     assert sorted(h.message_index for h in store.search("zebra")) == [2, 3]
     assert store._db.execute("INSERT INTO messages_fts (messages_fts) VALUES ('integrity-check')")
     with pytest.raises(StoreError, match="unknown message role 'system'"):

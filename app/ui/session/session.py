@@ -202,13 +202,13 @@ class ChatSession:
     def prepare_regenerate(self) -> ContextPlan:
         """The fit of the last turn generated again (its replies left out); raises a
         `LocalbatchError` when the context says no, and nothing changes."""
-        kept = self._messages[:self._last_turn_end()]
+        kept = self._messages[:_last_turn_end(self._messages)]
         return self.context.fit(chat_history(self.chat.system_prompt, kept), self.chat.settings)
 
     def drop_last_replies(self) -> list[MessageRecord]:
         """Delete the last turn's replies (an assistant's, tool calls and results too), to generate
         them again; returns them."""
-        end = self._last_turn_end()
+        end = _last_turn_end(self._messages)
         dropped, self._messages = self._messages[end:], self._messages[:end]
         for message in dropped:
             self._store.delete_message(message.id)
@@ -224,13 +224,6 @@ class ChatSession:
         for message in taken:
             self._store.delete_message(message.id)
         return taken
-
-    def _last_turn_end(self) -> int:
-        """Where the last turn's replies start: after its user message (the end when it has none)."""
-        users = [i for i, m in enumerate(self._messages) if m.role == "user"]
-        if users:
-            return users[-1] + 1
-        return len(self._messages) - (bool(self._messages) and self._messages[-1].role == "assistant")
 
     def fork(self, upto: int | None = None) -> tuple[ChatRecord, int]:
         """A new chat with this one's settings and messages up to index `upto` (all: None), the
@@ -263,6 +256,14 @@ class ChatSession:
         settings = replace(self.chat.settings, json_mode=not self.chat.settings.json_mode)
         self.update_settings(self.chat.system_prompt, settings)
         return settings.json_mode
+
+
+def _last_turn_end(messages: list[MessageRecord]) -> int:
+    """Where the last turn's replies start: after its user message (without one, a last reply)."""
+    users = [i for i, m in enumerate(messages) if m.role == "user"]
+    if users:
+        return users[-1] + 1
+    return len(messages) - (bool(messages) and messages[-1].role == "assistant")
 
 
 def fork_title(title: str) -> str:
