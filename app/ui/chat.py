@@ -23,7 +23,7 @@ from app.ui.format import first_line
 from app.ui.message_list import MessageList, meta_line
 from app.ui.reply_stream import DELTA_MAX_DELAY_S, ReplyWriter
 from app.ui.session.reply import Reply, ReplyEnd, ReplySink
-from app.ui.session.session import ATTACHMENTS, SETTINGS, TITLE, ChatSession
+from app.ui.session.session import ATTACHMENTS, SETTINGS, ChatSession
 from app.ui.store import ChatRecord, MessageRecord
 from app.ui.widgets import (
     AttachmentsLine,
@@ -324,7 +324,6 @@ class LiveReply:
         else:
             view.remove()
         self._pane.live = None
-        self._pane._worker = None
         self._pane.refresh_meter(recount=True)
 
 
