@@ -9,13 +9,15 @@ the reply's sink, `Reply.stream` feeds it the engine's deltas, the view closes i
 rendering), the reply is committed to the store and appended, and the view shows how it ended.
 
 Tool turns plug in at one place, `respond`'s loop: a reply that ended with tool calls
-(`ReplyEnd.tool_calls`, where the reply's calls are parsed) is committed with them; the
-`tool_runner` runs them off the UI thread and returns their results, each appended as a "tool"
-message (`add_tool_result`); then the next reply begins from the chat as it now stands and the
-view opens another sink for it. The history the model reads (`history.chat_history`) already
-carries assistant tool calls and tool results as OpenAI-style messages, and every edit below
-works on whole turns (a user message and everything after it), so a turn's calls and their
-results stay together through regenerate, take-back, fork and the context's overflow policy."""
+(`ReplyEnd.tool_calls`: set by `Reply.stream` once the reply's calls are parsed there; nothing
+sets them yet) is committed with them; `tool_runner.run` (awaited: its I/O belongs off the UI
+thread) returns their results, each appended as a "tool" message (`add_tool_result`); then the
+next reply begins from the chat as it now stands and the view opens another sink for it (the
+tab's `LiveReply` shows one reply so far: approval cards and the next reply's view go there).
+The history the model reads (`history.chat_history`) already carries assistant tool calls and
+tool results as OpenAI-style messages, and every edit below works on whole turns (a user message
+and everything after it), so a turn's calls and their results stay together through
+regenerate, take-back, fork and the context's overflow policy."""
 
 from __future__ import annotations
 
