@@ -106,7 +106,7 @@ async def take_screenshot(output: Path, min_tokens: int) -> str:
             screen: ChatScreen = app.screen
             for i, prompt in enumerate(PROMPTS):  # a prompt typed into each tab...
                 if i:
-                    await screen.action_new_tab()
+                    await screen.new_tab()
                     await pilot.pause()
                 screen.active_pane().query_one("PromptInput").insert(prompt)
             for pane in screen.panes():  # ...then all four sent at once (enter in each tab)

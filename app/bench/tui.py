@@ -124,10 +124,10 @@ async def _stream_tabs(app: Any, pilot: Any, tabs: int) -> tuple[float, float, f
     await pilot.pause()
     screen = app.screen
     for _ in range(tabs - 1):
-        await screen.action_new_tab()
+        await screen.new_tab()
     await pilot.pause()
     screen.active_pane().query_one("PromptInput").insert(CHAT_PROMPT)
-    screen.action_broadcast()
+    screen.action_command("broadcast")
     busy = lambda: any(p.generating for p in screen.panes())  # noqa: E731
     result = await _measure_while_all_decode(screen.engine, tabs, busy)
     while busy():

@@ -20,7 +20,7 @@ from app.engine.types.errors import LocalbatchError
 from app.engine.types.outputs import SpecStats
 from app.engine.types.progress import ProgressFn
 from app.ui.endpoint import EmbeddedEndpoint, ServeFn
-from app.ui.keys import CHAT_ACTIONS, effective_keys
+from app.ui.commands import COMMANDS, effective_keys, palette_help
 from app.ui.loading import (
     EngineFactory,
     LoadingScreen,
@@ -179,7 +179,7 @@ class LocalbatchApp(App):
             self.notify(f"The fast CPU kernels are off ({engine.backend.split(': ', 1)[-1]}): replies run about 3x "
                         "slower. `localbatch doctor` says more.", severity="warning", timeout=30)
         if self.options.serve or self._serve_after_load:
-            screen.call_after_refresh(screen.action_toggle_endpoint)
+            screen.call_after_refresh(screen.action_command, "toggle_endpoint")
         self._serve_after_load = False
 
     def _store_unwritable(self, message: str) -> None:
@@ -233,20 +233,14 @@ class LocalbatchApp(App):
         yield from super().get_system_commands(screen)
         if not isinstance(screen, ChatScreen):
             return
-        yield SystemCommand("Send", "Send the input to the current tab (enter)", screen.action_send)
-        yield SystemCommand("JSON mode", "Constrain this tab's replies to JSON; a schema goes in its settings",
-                            screen.action_toggle_json)
-        yield SystemCommand("Search chats", "Search the messages of every chat, open or closed (full text)",
-                            partial(screen.action_chat_list, search=True))
         spec = self._speculative_stats()
         if spec is not None:
             yield SystemCommand(f"Speculative decoding: turn {'off' if spec.enabled else 'on'}",
                                 f"Now {'on' if spec.enabled else 'off'} ({spec.draft_model or spec.method}); "
                                 "greedy replies stay the same",
                                 partial(self.toggle_speculation, not spec.enabled))
-        for action in CHAT_ACTIONS:
-            keys = self.keys[action.id].replace(",", " / ")
-            yield SystemCommand(action.title, f"{action.help} ({keys})", partial(screen.run_action, action.id))
+        for command in COMMANDS:
+            yield SystemCommand(command.title, palette_help(command, self.keys), partial(screen.action_command, command.id))
 
     def _speculative_stats(self) -> SpecStats | None:
         if self.engine is None:

@@ -15,6 +15,10 @@ from app.ui.clipboard import Copyable, code_blocks
 from app.ui.store import MessageRecord
 
 
+# A message's role as the pickers name it, and what a copy of it is called.
+_ROLES = {"user": ("You", "your message"), "assistant": ("Assistant", "the reply"), "tool": ("Tool", "the tool's result")}
+
+
 class ConfirmDialog(ModalScreen[bool]):
     """Yes/no; dismisses with True only when the confirm button is chosen."""
 
@@ -137,7 +141,7 @@ class MessagePicker(ModalScreen["int | None"]):
 
     @staticmethod
     def _option(index: int, message: MessageRecord) -> Option:
-        role = "You" if message.role == "user" else "Assistant"
+        role = _ROLES.get(message.role, ("Assistant", ""))[0]
         line = " ".join(display_text(message.content).split())
         return Option(f"{index + 1}. {role}: {line[:60]}{'…' if len(line) > 60 else ''}", id=str(index))
 
@@ -164,7 +168,7 @@ class CopyPicker(ModalScreen["Copyable | None"]):
         super().__init__(classes="dialog-screen")
         self._items: list[tuple[str, Copyable]] = []
         for message in reversed(messages):
-            role, what = ("You", "your message") if message.role == "user" else ("Assistant", "the reply")
+            role, what = _ROLES.get(message.role, _ROLES["assistant"])
             self._items.append((f"{role}: {_first_line(message.content)}", Copyable(message.content, what=what)))
             if message.role == "assistant":
                 for block in code_blocks(message.content):

@@ -9,7 +9,7 @@ from types import MappingProxyType
 from app.engine.types.errors import LocalbatchError
 from app.ui.store import ChatRecord, MessageRecord
 
-_ROLE_TITLES = MappingProxyType({"user": "User", "assistant": "Assistant"})
+_ROLE_TITLES = MappingProxyType({"user": "User", "assistant": "Assistant", "tool": "Tool"})
 
 
 def chat_to_markdown(chat: ChatRecord, messages: list[MessageRecord], model_name: str = "") -> str:
@@ -19,13 +19,28 @@ def chat_to_markdown(chat: ChatRecord, messages: list[MessageRecord], model_name
     if chat.system_prompt.strip():
         lines += ["## System", "", chat.system_prompt.strip(), ""]
     for message in messages:
-        title = _ROLE_TITLES.get(message.role, message.role)
-        if message.model and message.model != model_name:  # written before a model switch
-            title += f" ({message.model})"
-        lines += [f"## {title}", "", message.content.rstrip(), ""]
+        lines += [f"## {_title(message, model_name)}", ""]
+        lines += [message.content.rstrip(), ""] if message.content.strip() or not message.tool_calls else []
+        lines += _calls(message)
         if message.finish_reason in ("abort", "length", "error"):
             lines += [f"*(reply ended: {message.finish_reason})*", ""]
     return "\n".join(lines)
+
+
+def _title(message: MessageRecord, model_name: str) -> str:
+    title = _ROLE_TITLES.get(message.role, message.role)
+    if message.role == "tool" and message.name:
+        title += f" `{message.name}`"
+    if message.model and message.model != model_name:  # written before a model switch
+        title += f" ({message.model})"
+    return title
+
+
+def _calls(message: MessageRecord) -> list[str]:
+    """An assistant's tool calls, one line each: the tool and its arguments as the model wrote them."""
+    calls = [call.get("function") or {} for call in message.tool_calls or []]
+    lines = [f"- calls `{f.get('name', '?')}` with `{f.get('arguments', '')}`" for f in calls]
+    return lines + [""] if lines else []
 
 
 def slugify(title: str) -> str:

@@ -1,6 +1,8 @@
-"""Short human-readable numbers for the panels."""
+"""Short human-readable numbers for the panels, and an error as the one line a person reads."""
 
 from __future__ import annotations
+
+from app.engine.types.errors import LocalbatchError
 
 
 def fmt_bytes(n: float) -> str:
@@ -32,3 +34,11 @@ def fmt_wait(seconds: float) -> str:
     """A wait to the whole second, as people say it: "19 s", "1 min 05 s"."""
     secs = max(round(seconds), 1)
     return f"{secs} s" if secs < 60 else f"{secs // 60} min {secs % 60:02d} s"
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    message = text[0] if text else ""
+    if isinstance(error, LocalbatchError) and message:
+        return message
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__

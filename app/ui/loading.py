@@ -22,9 +22,8 @@ from textual.widgets import ProgressBar, Static
 from textual.worker import Worker, WorkerState
 
 from app.engine.api.engine_client import EngineClient
-from app.engine.types.errors import LocalbatchError
 from app.engine.types.progress import ProgressFn
-from app.ui.format import fmt_bytes, fmt_int
+from app.ui.format import first_line, fmt_bytes, fmt_int
 from app.ui.widgets import PromptInput
 
 
@@ -102,14 +101,6 @@ def engine_info(engine: EngineClient) -> EngineInfo:
         chat_template=engine.chat_template,
         backend=engine.backend,
     )
-
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    message = text[0] if text else ""
-    if isinstance(error, LocalbatchError) and message:
-        return message
-    return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
 class LoadingScreen(Screen):

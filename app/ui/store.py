@@ -8,7 +8,11 @@ and a newer one is refused.
 
 Closing a tab keeps its chat (`open` = 0): the chat list shows every chat, and `search` finds a
 message in any of them through an FTS5 index kept in step with `messages` by triggers (a plain
-`LIKE` scan where this SQLite has no FTS5)."""
+`LIKE` scan where this SQLite has no FTS5); the index holds a message's text and its tool calls.
+
+Tool turns (schema 5) are stored as OpenAI's chat messages have them: an assistant message may
+carry `tool_calls` ([{"id", "type": "function", "function": {"name", "arguments"}}], JSON in the
+file) and a "tool" message answers one call (`tool_call_id`, the tool's `name`)."""
 
 from __future__ import annotations
 
@@ -17,9 +21,10 @@ import json
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from app.engine.types.errors import LocalbatchError
 from app.ui.user_config import ChatSettings
@@ -28,6 +33,7 @@ DB_NAME = "chats.sqlite3"
 STREAMING = "streaming"  # finish_reason of a reply still being generated
 INTERRUPTED = "interrupted"  # ... of one the app never finished (killed, crashed)
 HIT_OPEN, HIT_CLOSE = "\x02", "\x03"  # around each match in a SearchHit's snippet
+ROLES = ("user", "assistant", "tool")
 
 
 class StoreError(LocalbatchError):
@@ -49,7 +55,7 @@ class ChatRecord:
 class MessageRecord:
     id: int
     chat_id: int
-    role: str  # "user" | "assistant"
+    role: str  # "user" | "assistant" | "tool"
     content: str
     finish_reason: str | None = None  # assistant only: "stop" | "length" | "abort" | "error"
     num_tokens: int = 0
@@ -57,6 +63,11 @@ class MessageRecord:
     tokens_per_s: float | None = None
     created_at: float = 0.0
     model: str | None = None  # assistant only: the model that wrote it (None: before schema 3)
+    # assistant only: the calls it made, OpenAI's shape: [{"id", "type": "function", "function":
+    # {"name", "arguments" (JSON text)}}]; None: none.
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None  # tool only: the call this message answers
+    name: str | None = None  # tool only: the tool that answered
 
 
 @dataclass
@@ -95,28 +106,68 @@ def fts5_available() -> bool:
 # An external-content index (the text lives once, in `messages`). A streaming reply is UPDATEd
 # about once a second: the update trigger takes the old text out of the index before putting the
 # new one in, else the index would still match words the reply no longer has.
-_FTS_STATEMENTS = (
-    "CREATE VIRTUAL TABLE messages_fts USING fts5(content, content='messages', content_rowid='id')",
-    """CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
-        INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content);
-    END""",
-    """CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
-        INSERT INTO messages_fts (messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
-    END""",
-    """CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
-        INSERT INTO messages_fts (messages_fts, rowid, content) VALUES ('delete', old.id, old.content);
-        INSERT INTO messages_fts (rowid, content) VALUES (new.id, new.content);
-    END""",
-    "INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')",  # index the messages already there
-)
+def _fts_statements(columns: tuple[str, ...]) -> tuple[str, ...]:
+    names = ", ".join(columns)
+    new, old = ", ".join(f"new.{c}" for c in columns), ", ".join(f"old.{c}" for c in columns)
+    return (
+        f"CREATE VIRTUAL TABLE messages_fts USING fts5({names}, content='messages', content_rowid='id')",
+        f"""CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
+            INSERT INTO messages_fts (rowid, {names}) VALUES (new.id, {new});
+        END""",
+        f"""CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
+            INSERT INTO messages_fts (messages_fts, rowid, {names}) VALUES ('delete', old.id, {old});
+        END""",
+        f"""CREATE TRIGGER messages_fts_update AFTER UPDATE OF {names} ON messages BEGIN
+            INSERT INTO messages_fts (messages_fts, rowid, {names}) VALUES ('delete', old.id, {old});
+            INSERT INTO messages_fts (rowid, {names}) VALUES (new.id, {new});
+        END""",
+        "INSERT INTO messages_fts (messages_fts) VALUES ('rebuild')",  # index the messages already there
+    )
 
 
-def _create_fts(db: sqlite3.Connection) -> None:
+# What search finds: the text, an assistant's tool calls (names and arguments), a result's tool.
+_FTS_COLUMNS = ("content", "tool_calls", "name")
+
+
+def _create_fts(db: sqlite3.Connection, columns: tuple[str, ...] = _FTS_COLUMNS) -> None:
     """The search index, where this SQLite has FTS5; without it the migration still succeeds and
     `search` scans with LIKE (a file migrated so gets its index when opened with FTS5)."""
     if fts5_available():
-        for statement in _FTS_STATEMENTS:
+        for statement in _fts_statements(columns):
             db.execute(statement)
+
+
+def _drop_fts(db: sqlite3.Connection) -> None:
+    for trigger in ("insert", "delete", "update"):
+        db.execute(f"DROP TRIGGER IF EXISTS messages_fts_{trigger}")
+    db.execute("DROP TABLE IF EXISTS messages_fts")
+
+
+def _add_tool_turns(db: sqlite3.Connection) -> None:
+    """Schema 5: a CHECK cannot be altered, so `messages` is rebuilt (ids kept) with the "tool"
+    role and the tool columns; the search index is made again over the text and the calls."""
+    _drop_fts(db)
+    db.execute("""CREATE TABLE messages_new (
+        id INTEGER PRIMARY KEY,
+        chat_id INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+        role TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'tool')),
+        content TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        finish_reason TEXT,
+        num_tokens INTEGER NOT NULL DEFAULT 0,
+        ttft_s REAL,
+        tokens_per_s REAL,
+        model TEXT,
+        tool_calls TEXT,
+        tool_call_id TEXT,
+        name TEXT
+    )""")
+    kept = "id, chat_id, role, content, created_at, finish_reason, num_tokens, ttft_s, tokens_per_s, model"
+    db.execute(f"INSERT INTO messages_new ({kept}) SELECT {kept} FROM messages")
+    db.execute("DROP TABLE messages")
+    db.execute("ALTER TABLE messages_new RENAME TO messages")
+    db.execute("CREATE INDEX messages_by_chat ON messages(chat_id, id)")
+    _create_fts(db)
 
 
 # _MIGRATIONS[i] takes the schema from version i to i + 1. Plain statements (not executescript,
@@ -156,13 +207,71 @@ _MIGRATIONS: tuple[tuple[str | Callable[[sqlite3.Connection], None], ...], ...] 
     (
         # Closing a tab keeps the chat; every message is searchable.
         "ALTER TABLE chats ADD COLUMN open INTEGER NOT NULL DEFAULT 1",
-        _create_fts,
+        lambda db: _create_fts(db, ("content",)),
+    ),
+    (
+        # Tool turns: an assistant's tool calls, and "tool" messages with their results.
+        _add_tool_turns,
     ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
-_MESSAGE_COLUMNS = "id, chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, created_at, model"
+_MESSAGE_COLUMNS = ("id, chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, created_at, model,"
+                    " tool_calls, tool_call_id, name")
 _CHAT_COLUMNS = "id, title, system_prompt, settings, position, created_at, open"
+# What a new message row is written with (`_row`), in this order.
+_INSERTED_COLUMNS = ("chat_id, role, content, created_at, finish_reason, num_tokens, ttft_s, tokens_per_s, model,"
+                     " tool_calls, tool_call_id, name")
+_INSERTED_COUNT = len(_INSERTED_COLUMNS.split(","))
+
+
+def _json_or_null(value: list[dict[str, Any]] | None) -> str | None:
+    return json.dumps(value) if value else None
+
+
+def _row(chat_id: int, role: str, content: str, created_at: float, m: MessageRecord) -> tuple:
+    """`m`'s values for _INSERTED_COLUMNS, in `chat_id` (a fork copies messages into another chat)."""
+    return (chat_id, role, content, created_at, m.finish_reason, m.num_tokens, m.ttft_s, m.tokens_per_s, m.model,
+            _json_or_null(m.tool_calls), m.tool_call_id, m.name)
+
+
+def _message(row: tuple) -> MessageRecord:
+    """A row of _MESSAGE_COLUMNS; tool calls that do not parse (a file edited by hand) read as none."""
+    *head, tool_calls, tool_call_id, name = row
+    try:
+        calls = json.loads(tool_calls) if tool_calls else None
+    except json.JSONDecodeError:
+        calls = None
+    return MessageRecord(*head, tool_calls=calls if isinstance(calls, list) else None, tool_call_id=tool_call_id,
+                         name=name)
+
+
+def _version(db: sqlite3.Connection) -> int:
+    return db.execute("PRAGMA user_version").fetchone()[0]
+
+
+def _migrate(db: sqlite3.Connection, path: Path) -> None:
+    version = _version(db)
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"chat database {path} has schema version {version}, newer than this localbatch "
+            f"understands ({SCHEMA_VERSION}); upgrade localbatch or pass another --data-dir"
+        )
+    for target in range(version + 1, SCHEMA_VERSION + 1):
+        with _Transaction(db):
+            for statement in _MIGRATIONS[target - 1]:
+                statement(db) if callable(statement) else db.execute(statement)
+            db.execute(f"PRAGMA user_version = {target}")
+
+
+def _has_fts(db: sqlite3.Connection) -> bool:
+    """Whether `search` can use the FTS5 index (made here for a file migrated without one)."""
+    if not fts5_available():
+        return False
+    if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'messages_fts'").fetchone() is None:
+        with _Transaction(db):
+            _create_fts(db)
+    return True
 
 
 class ChatStore:
@@ -181,8 +290,8 @@ class ChatStore:
             # isolation_level=None: autocommit, each statement is durable when it returns.
             self._db = sqlite3.connect(self.path, isolation_level=None)
             self._db.execute("PRAGMA foreign_keys = ON")
-            self._migrate()
-            self._fts = self._has_fts()
+            _migrate(self._db, self.path)
+            self._fts = _has_fts(self._db)
         except sqlite3.Error as e:
             raise StoreError(f"cannot open chat database {self.path}: {e}") from None
 
@@ -198,29 +307,7 @@ class ChatStore:
 
     @property
     def version(self) -> int:
-        return self._db.execute("PRAGMA user_version").fetchone()[0]
-
-    def _migrate(self) -> None:
-        version = self.version
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"chat database {self.path} has schema version {version}, newer than this localbatch "
-                f"understands ({SCHEMA_VERSION}); upgrade localbatch or pass another --data-dir"
-            )
-        for target in range(version + 1, SCHEMA_VERSION + 1):
-            with self._transaction():
-                for statement in _MIGRATIONS[target - 1]:
-                    statement(self._db) if callable(statement) else self._db.execute(statement)
-                self._db.execute(f"PRAGMA user_version = {target}")
-
-    def _has_fts(self) -> bool:
-        """Whether `search` can use the FTS5 index (made here for a file migrated without one)."""
-        if not fts5_available():
-            return False
-        if self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'messages_fts'").fetchone() is None:
-            with self._transaction():
-                _create_fts(self._db)
-        return True
+        return _version(self._db)
 
     def _write(self, sql: str, params: tuple = ()) -> int:
         """Run one write; its row id, or a new negative id where the file cannot be written."""
@@ -233,9 +320,6 @@ class ChatStore:
                     self.on_write_error(f"cannot save chats to {self.path} ({e}): they are kept in memory until the "
                                         "app exits")
             return next(self._memory_ids)
-
-    def _transaction(self) -> _Transaction:
-        return _Transaction(self._db)
 
     def close(self) -> None:
         self._db.close()
@@ -303,13 +387,11 @@ class ChatStore:
         transaction: a crash leaves no half-copied fork)."""
         if self.write_error is not None:
             return self.create_chat(title, chat.system_prompt, chat.settings)
-        with self._transaction():
+        with _Transaction(self._db):
             fork = self.create_chat(title, chat.system_prompt, chat.settings)
             self._db.executemany(
-                "INSERT INTO messages (chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s,"
-                " created_at, model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(fork.id, m.role, m.content, m.finish_reason, m.num_tokens, m.ttft_s, m.tokens_per_s, m.created_at,
-                  m.model) for m in messages],
+                f"INSERT INTO messages ({_INSERTED_COLUMNS}) VALUES ({', '.join('?' * _INSERTED_COUNT)})",
+                [_row(fork.id, m.role, m.content, m.created_at, m) for m in messages],
             )
         return fork
 
@@ -335,30 +417,39 @@ class ChatStore:
         ttft_s: float | None = None,
         tokens_per_s: float | None = None,
         model: str | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
+        tool_call_id: str | None = None,
+        name: str | None = None,
     ) -> MessageRecord:
-        now = time.time()
-        message_id = self._write(
-            "INSERT INTO messages (chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, created_at,"
-            " model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, now, model),
+        """A message; `tool_calls` (an assistant's) and `tool_call_id` / `name` (a "tool" result's)
+        as `MessageRecord` has them."""
+        if role not in ROLES:
+            raise StoreError(f"unknown message role {role!r}; one of {', '.join(ROLES)}")
+        message = MessageRecord(0, chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, time.time(),
+                                model, tool_calls, tool_call_id, name)
+        message.id = self._write(
+            f"INSERT INTO messages ({_INSERTED_COLUMNS}) VALUES ({', '.join('?' * _INSERTED_COUNT)})",
+            _row(chat_id, role, content, message.created_at, message),
         )
-        return MessageRecord(message_id, chat_id, role, content, finish_reason, num_tokens, ttft_s, tokens_per_s, now,
-                             model)
+        return message
 
     def update_reply(self, message: MessageRecord, content: str, *, finish_reason: str | None, num_tokens: int,
-                     ttft_s: float | None, tokens_per_s: float | None) -> MessageRecord:
-        """A reply committed while it grows: its text so far, or its final text and metadata."""
+                     ttft_s: float | None, tokens_per_s: float | None,
+                     tool_calls: list[dict[str, Any]] | None = None) -> MessageRecord:
+        """A reply committed while it grows: its text so far, or its final text and metadata (and
+        the tool calls it ended with, if any)."""
         self._write(
-            "UPDATE messages SET content = ?, finish_reason = ?, num_tokens = ?, ttft_s = ?, tokens_per_s = ?"
-            " WHERE id = ?", (content, finish_reason, num_tokens, ttft_s, tokens_per_s, message.id))
-        return MessageRecord(message.id, message.chat_id, message.role, content, finish_reason, num_tokens, ttft_s,
-                             tokens_per_s, message.created_at, message.model)
+            "UPDATE messages SET content = ?, finish_reason = ?, num_tokens = ?, ttft_s = ?, tokens_per_s = ?,"
+            " tool_calls = ? WHERE id = ?",
+            (content, finish_reason, num_tokens, ttft_s, tokens_per_s, _json_or_null(tool_calls), message.id))
+        return replace(message, content=content, finish_reason=finish_reason, num_tokens=num_tokens, ttft_s=ttft_s,
+                       tokens_per_s=tokens_per_s, tool_calls=tool_calls)
 
     def messages(self, chat_id: int) -> list[MessageRecord]:
         rows = self._db.execute(
             f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE chat_id = ? ORDER BY id", (chat_id,)
         ).fetchall()
-        return [MessageRecord(*row) for row in rows]
+        return [_message(row) for row in rows]
 
     def recent_prompts(self, limit: int = 200) -> list[str]:
         """The user messages of every chat, newest first (the input's up-arrow history)."""
@@ -381,31 +472,7 @@ class ChatStore:
         terms = query.split()
         if not terms:
             return []
-        if self._fts:
-            return self._search_fts(terms, limit)
-        return self._search_like(terms, limit)
-
-    def _search_fts(self, terms: list[str], limit: int) -> list[SearchHit]:
-        match = " ".join('"' + term.replace('"', '""') + '"' for term in terms) + "*"
-        rows = self._db.execute(
-            "SELECT m.chat_id, c.title, m.id, (SELECT COUNT(*) FROM messages p WHERE p.chat_id = m.chat_id"
-            " AND p.id < m.id), m.role, snippet(messages_fts, 0, ?, ?, '…', 16)"
-            " FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid JOIN chats c ON c.id = m.chat_id"
-            " WHERE messages_fts MATCH ? ORDER BY bm25(messages_fts), m.id DESC LIMIT ?",
-            (HIT_OPEN, HIT_CLOSE, match, limit),
-        ).fetchall()
-        return [SearchHit(*row) for row in rows]
-
-    def _search_like(self, terms: list[str], limit: int) -> list[SearchHit]:
-        """Without FTS5: a scan with one LIKE per word (case-insensitive for ASCII), newest first."""
-        patterns = ["%" + term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%" for term in terms]
-        where = " AND ".join("m.content LIKE ? ESCAPE '\\'" for _ in patterns)
-        rows = self._db.execute(
-            "SELECT m.chat_id, c.title, m.id, (SELECT COUNT(*) FROM messages p WHERE p.chat_id = m.chat_id"
-            f" AND p.id < m.id), m.role, m.content FROM messages m JOIN chats c ON c.id = m.chat_id WHERE {where}"
-            " ORDER BY m.id DESC LIMIT ?", (*patterns, limit),
-        ).fetchall()
-        return [SearchHit(*row[:5], _snippet(row[5], terms)) for row in rows]
+        return (_search_fts if self._fts else _search_like)(self._db, terms, limit)
 
     # app state
 
@@ -416,6 +483,41 @@ class ChatStore:
     def set_meta(self, key: str, value: str) -> None:
         self._write("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                     (key, value))
+
+
+_HIT_COLUMNS = ("m.chat_id, c.title, m.id, (SELECT COUNT(*) FROM messages p WHERE p.chat_id = m.chat_id AND p.id < m.id),"
+                " m.role")
+
+
+def _search_fts(db: sqlite3.Connection, terms: list[str], limit: int) -> list[SearchHit]:
+    match = " ".join('"' + term.replace('"', '""') + '"' for term in terms) + "*"
+    rows = db.execute(
+        f"SELECT {_HIT_COLUMNS}, snippet(messages_fts, -1, ?, ?, '…', 16)"
+        " FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid JOIN chats c ON c.id = m.chat_id"
+        " WHERE messages_fts MATCH ? ORDER BY bm25(messages_fts), m.id DESC LIMIT ?",
+        (HIT_OPEN, HIT_CLOSE, match, limit),
+    ).fetchall()
+    return [SearchHit(*row) for row in rows]
+
+
+def _search_like(db: sqlite3.Connection, terms: list[str], limit: int) -> list[SearchHit]:
+    """Without FTS5: a scan with one LIKE per word (case-insensitive for ASCII) over a message's
+    text and tool calls, newest first."""
+    patterns = ["%" + term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%" for term in terms]
+    searched = "(m.content || CHAR(10) || COALESCE(m.tool_calls, '') || CHAR(10) || COALESCE(m.name, ''))"
+    where = " AND ".join(f"{searched} LIKE ? ESCAPE '\\'" for _ in patterns)
+    rows = db.execute(
+        f"SELECT {_HIT_COLUMNS}, m.content, COALESCE(m.tool_calls, m.name) FROM messages m"
+        " JOIN chats c ON c.id = m.chat_id"
+        f" WHERE {where} ORDER BY m.id DESC LIMIT ?", (*patterns, limit),
+    ).fetchall()
+    return [SearchHit(*row[:5], _snippet(_matched_text(row[5], row[6], terms), terms)) for row in rows]
+
+
+def _matched_text(content: str, tools: str | None, terms: list[str]) -> str:
+    """The text a snippet is cut from: the message's, unless only its tool calls (or tool) match."""
+    lower = content.lower()
+    return content if tools is None or any(t.lower() in lower for t in terms) else tools
 
 
 def _snippet(text: str, terms: list[str], width: int = 80) -> str:

@@ -203,8 +203,8 @@ def _typed(table: dict[str, Any], schema: Mapping[str, Any], where: str, prefix:
 
 
 def _keymap(table: dict[str, Any], where: str) -> dict[str, str]:
-    # Imported here: keys.py pulls in Textual, which config users (the CLI) may not need.
-    from app.ui.keys import ACTION_IDS
+    # Imported here: commands.py pulls in Textual, which config users (the CLI) may not need.
+    from app.ui.commands import ACTION_IDS
 
     for binding_id, keys in table.items():
         if binding_id not in ACTION_IDS:

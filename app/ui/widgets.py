@@ -22,6 +22,7 @@ from app.ui.reply_stream import TAIL_LINES, StreamingBody, chat_markdown_parser
 from app.ui.user_config import ChatSettings
 
 _NEWLINE_KEYS = ("shift+enter", "ctrl+j")
+_ROLE_LINES = {"user": "You", "assistant": "Assistant", "tool": "Tool result"}
 
 
 class PromptInput(TextArea):
@@ -204,7 +205,7 @@ class MessageView(LaidOutOnce, Vertical):
         self._stream_height = stream_height  # its body's first height (see StreamingBody)
 
     def compose(self) -> ComposeResult:
-        yield MessageLine("You" if self.role == "user" else "Assistant", classes="role")
+        yield MessageLine(_ROLE_LINES.get(self.role, self.role), classes="role")
         if self.role == "assistant":
             yield ReplyMarkdown(self._content, classes="body", parser_factory=chat_markdown_parser)
             stream = StreamingBody(self._stream_height, classes="stream")  # the reply while it streams
@@ -304,6 +305,10 @@ class SettingsForm(Vertical):
 
     def focus_first(self) -> None:
         self.query_one(".system-prompt", TextArea).focus()
+
+    def shows(self, system_prompt: str, settings: ChatSettings) -> bool:
+        """Whether the form holds these values (a change made elsewhere leaves it stale)."""
+        return (self._system_prompt, self._settings) == (system_prompt, settings)
 
     def read(self) -> ChatSettings:
         """The form's settings; raises `RequestError` naming the first bad field."""

@@ -131,11 +131,11 @@ async def drive(app: Any, args: argparse.Namespace) -> dict:
     """Open the tabs, broadcast, and measure CPU while every tab streams."""
     screen = await chat_screen(app)
     for _ in range(args.tabs - 1):
-        await screen.action_new_tab()
+        await screen.new_tab()
         await asyncio.sleep(0.2)
     await asyncio.sleep(0.5)
     screen.active_pane().query_one("PromptInput").insert("Tell me a long story about a lighthouse keeper.")
-    screen.action_broadcast()
+    screen.action_command("broadcast")
     await asyncio.sleep(args.warmup)
     profile = _start_profile(args.profile)
     wall, ui, proc = time.perf_counter(), time.thread_time(), time.process_time()

@@ -10,7 +10,7 @@ from typing import Any
 from textual.widgets import Markdown, Static
 
 from app.engine.api.engine_client import Prompt
-from app.ui.chat import BASE_MODEL_STOP, completion_prompt
+from app.ui.session.history import BASE_MODEL_STOP, completion_prompt
 from tests.support.fake_engine import FakeEngine, echo_reply
 from tests.ui.test_tui import SIZE, chat_screen, idle, make_app, type_and_send
 
@@ -59,7 +59,7 @@ async def test_base_model_reply_ends_where_the_model_starts_the_next_user_turn(t
         pane = screen.active_pane()
         await type_and_send(pilot, "hello")
         await idle(pilot, screen)
-        stored = app.store.messages(pane.chat.id)
+        stored = app.store.messages(pane.session.chat.id)
         assert [(m.role, m.content) for m in stored] == [("user", "hello"), ("assistant", "Sure thing")]
         assert stored[1].finish_reason == "stop"
 

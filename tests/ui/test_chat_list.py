@@ -12,8 +12,8 @@ import pytest
 from textual.widgets import Input, OptionList
 
 from app.ui import store as store_module
-from app.ui import chat as chat_module
-from app.ui.chat import HISTORY_PAGE
+from app.ui import message_list as chat_module
+from app.ui.message_list import HISTORY_PAGE
 from app.ui.chat_list import ChatListScreen
 from app.ui.dialogs import ConfirmDialog
 from app.ui.store import _MIGRATIONS, HIT_CLOSE, HIT_OPEN, SCHEMA_VERSION, ChatStore
@@ -46,11 +46,11 @@ async def test_closing_a_tab_keeps_the_chat_and_the_list_reopens_it(tmp_path: Pa
         screen = await chat_screen(pilot)
         await type_and_send(pilot, "keep this chat")
         await idle(pilot, screen)
-        kept = screen.active_pane().chat
+        kept = screen.active_pane().session.chat
         await pilot.press("ctrl+w")  # has messages: closes without asking, the chat stays
-        await until(pilot, lambda: kept.id not in [p.chat.id for p in screen.panes()])
+        await until(pilot, lambda: kept.id not in [p.session.chat.id for p in screen.panes()])
         assert app.screen is screen
-        assert [p.chat.title for p in screen.panes()] == ["Chat 1"]  # the last tab gave way to a new one
+        assert [p.session.chat.title for p in screen.panes()] == ["Chat 1"]  # the last tab gave way to a new one
         assert not app.store.chat(kept.id).open
         assert app.store.count_messages(kept.id) == 2
         assert "Closed “keep this chat”: ctrl+l lists it" in notices(app)
@@ -64,9 +64,9 @@ async def test_closing_a_tab_keeps_the_chat_and_the_list_reopens_it(tmp_path: Pa
         assert chats.focused is results
         results.highlighted = results.get_option_index(f"chat-{kept.id}")
         await pilot.press("enter")
-        await until(pilot, lambda: screen.active_pane() is not None and screen.active_pane().chat.id == kept.id)
+        await until(pilot, lambda: screen.active_pane() is not None and screen.active_pane().session.chat.id == kept.id)
         pane = screen.active_pane()
-        assert [m.content for m in pane.messages] == ["keep this chat", "Reply to: keep this chat"]
+        assert [m.content for m in pane.session.messages] == ["keep this chat", "Reply to: keep this chat"]
         assert app.store.chat(kept.id).open
         await until(pilot, lambda: len(pane.query(MessageView)) == 2)
 
@@ -77,8 +77,8 @@ async def test_closing_a_tab_keeps_the_chat_and_the_list_reopens_it(tmp_path: Pa
     app2, _ = make_app(tmp_path)
     async with app2.run_test(size=SIZE) as pilot:
         screen = await chat_screen(pilot)
-        assert [p.chat.id for p in screen.panes()] != [kept.id]
-        assert kept.id not in [p.chat.id for p in screen.panes()]
+        assert [p.session.chat.id for p in screen.panes()] != [kept.id]
+        assert kept.id not in [p.session.chat.id for p in screen.panes()]
         assert kept.id in [c.id for c in app2.store.chats()]
 
 
@@ -98,7 +98,7 @@ async def test_search_opens_the_chat_at_the_hit_message(tmp_path: Path, monkeypa
     app, _ = make_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         screen = await chat_screen(pilot)
-        assert old.id not in [p.chat.id for p in screen.panes()]
+        assert old.id not in [p.session.chat.id for p in screen.panes()]
         chats = await open_list(pilot)
         await pilot.press(*"zebr")  # typed in the list: goes to the search box (a prefix)
         assert chats.query_one(Input).value == "zebr"
@@ -107,7 +107,7 @@ async def test_search_opens_the_chat_at_the_hit_message(tmp_path: Path, monkeypa
         hit = chats.query_one(OptionList).get_option_at_index(0).prompt
         assert any(span.style == "bold reverse" and hit.plain[span.start:span.end] == "zebra" for span in hit.spans)
         await pilot.press("enter")
-        await until(pilot, lambda: app.screen is screen and screen.active_pane().chat.id == old.id)
+        await until(pilot, lambda: app.screen is screen and screen.active_pane().session.chat.id == old.id)
         pane = screen.active_pane()
         scroll = pane.query_one(".messages")
 
@@ -124,7 +124,7 @@ async def test_search_opens_the_chat_at_the_hit_message(tmp_path: Path, monkeypa
                     f"top={[v.virtual_region.y for v in views[:3]]} h={scroll.scrollable_content_region.height}")
 
         await until(pilot, shown, message=why)
-        assert len(pane.messages) == 30 > HISTORY_PAGE
+        assert len(pane.session.messages) == 30 > HISTORY_PAGE
 
 
 async def test_search_chats_command_focuses_the_search_box(tmp_path: Path) -> None:
@@ -150,7 +150,7 @@ async def test_deleting_from_the_list_asks_first_and_closes_the_tab(tmp_path: Pa
         screen = await chat_screen(pilot)
         await type_and_send(pilot, "doomed chat")
         await idle(pilot, screen)
-        doomed = screen.active_pane().chat
+        doomed = screen.active_pane().session.chat
         await pilot.press("ctrl+n")
         await until(pilot, lambda: len(screen.panes()) == 2)
         chats = await open_list(pilot)
@@ -166,7 +166,7 @@ async def test_deleting_from_the_list_asks_first_and_closes_the_tab(tmp_path: Pa
         await pilot.click("#confirm")
         await until(pilot, lambda: app.screen is chats and rows(chats) and len(rows(chats)) == 1)
         assert doomed.id not in [c.id for c in app.store.chats()]
-        assert doomed.id not in [p.chat.id for p in screen.panes()]
+        assert doomed.id not in [p.session.chat.id for p in screen.panes()]
         await pilot.press("escape")
         await until(pilot, lambda: app.screen is screen)
         assert len(screen.panes()) == 1
@@ -178,7 +178,7 @@ async def test_delete_chat_asks_first(tmp_path: Path) -> None:
         screen = await chat_screen(pilot)
         await type_and_send(pilot, "delete me")
         await idle(pilot, screen)
-        chat = screen.active_pane().chat
+        chat = screen.active_pane().session.chat
         await pilot.press("ctrl+delete")
         await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
         await pilot.press("escape")
@@ -187,7 +187,7 @@ async def test_delete_chat_asks_first(tmp_path: Path) -> None:
         await pilot.press("ctrl+delete")
         await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
         await pilot.click("#confirm")
-        await until(pilot, lambda: [p.chat.title for p in screen.panes()] == ["Chat 1"])  # a new, empty chat
+        await until(pilot, lambda: [p.session.chat.title for p in screen.panes()] == ["Chat 1"])  # a new, empty chat
         assert [c.title for c in app.store.chats()] == ["Chat 1"]
         assert app.store.count_messages(chat.id) == 0
 
@@ -206,7 +206,7 @@ def test_a_version_3_file_migrates_and_its_messages_are_searchable(tmp_path: Pat
     db.execute("PRAGMA user_version = 3")
     db.close()
     store = ChatStore(path)
-    assert store.version == SCHEMA_VERSION == 4
+    assert store.version == SCHEMA_VERSION == 5
     assert store.chat(1).open and [c.id for c in store.open_chats()] == [1]
     [hit] = store.search("wisdom")
     assert (hit.chat_id, hit.chat_title, hit.message_index, hit.role) == (1, "old", 0, "user")

@@ -113,14 +113,14 @@ async def test_the_picker_attaches_files_and_refuses_a_binary_one(project: Path,
         dialog.query_one("#attach-path", Input).value = ""
         await pilot.press("enter")  # an empty line: done
         await until(pilot, lambda: app.screen is screen)
-        assert [a.name for a in pane.attachments] == ["pkg/palindrome.py"]
+        assert [a.name for a in pane.session.draft.attachments] == ["pkg/palindrome.py"]
         assert "pkg/palindrome.py (2 lines)" in str(pane.query_one(AttachmentsLine).render())
         await type_and_send(pilot, "make it ignore case")
         await idle(pilot, screen)
         sent = engine.submitted[-1].prompt[-1]["content"]
         assert sent.startswith("File: pkg/palindrome.py\n```python\n") and sent.endswith("make it ignore case")
-        assert app.store.messages(pane.chat.id)[0].content == sent
-        assert pane.attachments == [] and not pane.query_one(AttachmentsLine).display
+        assert app.store.messages(pane.session.chat.id)[0].content == sent
+        assert pane.session.draft.attachments == [] and not pane.query_one(AttachmentsLine).display
         user_view = pane.query(MessageView).first()
         assert str(user_view.query_one(".body").render()).startswith("📎 pkg/palindrome.py (2 lines)")
 
@@ -131,7 +131,7 @@ async def test_at_path_with_tab_completes_and_the_file_is_sent_first(project: Pa
         screen = await chat_screen(pilot)
         pane = screen.active_pane()
         await pilot.press(*"explain @pkg/pal", "tab")
-        assert pane.input_text() == "explain @pkg/palindrome.py "
+        assert pane.prompt.text == "explain @pkg/palindrome.py "
         await pilot.press(*"please", "enter")
         await idle(pilot, screen)
         sent = engine.submitted[-1].prompt[-1]["content"]
@@ -157,9 +157,9 @@ async def test_the_meter_counts_the_chat_and_the_draft_with_the_engines_tokenize
         meter = pane.query_one(ContextMeter)
         await type_and_send(pilot, "hello")
         await idle(pilot, screen)
-        history = engine.apply_chat_template(pane.history())
+        history = engine.apply_chat_template(pane.session.history())
         assert str(meter.render()).startswith(f"context {len(engine.encode(history)):,} / 1,000 tok")
-        pane.prefill_rate = 50.0
+        pane.session.context.prefill_rate = 50.0
         await pilot.press(*"abcdefghij")
         adding = len(engine.encode(engine.apply_chat_template([{"role": "user", "content": "abcdefghij"}])))
         await until(pilot, lambda: f"this message +{adding} tok, ~1 s to read" in str(meter.render()))
@@ -194,7 +194,7 @@ async def test_an_overflowing_chat_drops_its_oldest_turns_keeping_the_system_pro
         assert sent[-1]["content"].startswith("delta")
         assert not any(m["content"].startswith("alpha") for m in sent)  # the oldest turn went first
         assert len(engine.encode(engine.apply_chat_template(sent))) <= 400 - 50
-        assert len(pane.messages) == 8  # the chat itself keeps everything
+        assert len(pane.session.messages) == 8  # the chat itself keeps everything
         meta = str(pane.query(MessageView).last().query_one(".meta").render())
         assert "oldest messages left out to fit the context" in meta
         assert "the model reads it without the oldest" in str(pane.query_one(ContextMeter).render())
@@ -213,7 +213,7 @@ async def test_the_stop_policy_refuses_and_keeps_the_text(tmp_path: Path, monkey
         await type_and_send(pilot, "b " * 60)
         await pilot.pause()
         assert len(engine.submitted) == submitted and not pane.generating
-        assert pane.input_text() == "b " * 60  # nothing typed is lost
+        assert pane.prompt.text == "b " * 60  # nothing typed is lost
         assert any(s.startswith("this chat no longer fits the context") for s in said)
 
 
@@ -253,19 +253,19 @@ async def test_edit_last_takes_the_turn_back_and_resending_replaces_it(project: 
         pane = screen.active_pane()
         await type_and_send(pilot, "first")
         await idle(pilot, screen)
-        pane.attach(["pkg/palindrome.py"])
+        pane.session.draft.attach(["pkg/palindrome.py"])
         await type_and_send(pilot, "is it fast?")
         await idle(pilot, screen)
         await pilot.press("ctrl+up")
         await pilot.pause()
-        assert pane.input_text() == "is it fast?"
-        assert [a.name for a in pane.attachments] == ["pkg/palindrome.py"]
-        assert [m.content for m in app.store.messages(pane.chat.id)] == ["first", "Reply to: first"]
+        assert pane.prompt.text == "is it fast?"
+        assert [a.name for a in pane.session.draft.attachments] == ["pkg/palindrome.py"]
+        assert [m.content for m in app.store.messages(pane.session.chat.id)] == ["first", "Reply to: first"]
         assert len(pane.query(MessageView)) == 2
-        pane.clear_input()
+        pane.prompt.clear()
         await type_and_send(pilot, "is it correct?")
         await idle(pilot, screen)
-        stored = [m.content for m in app.store.messages(pane.chat.id)]
+        stored = [m.content for m in app.store.messages(pane.session.chat.id)]
         assert len(stored) == 4 and stored[2].startswith("File: pkg/palindrome.py") and stored[2].endswith("correct?")
         first_prompt, last_prompt = engine.submitted[0].prompt, engine.submitted[-1].prompt
         assert last_prompt[:2] == [*first_prompt, {"role": "assistant", "content": "Reply to: first"}][:2]
@@ -286,7 +286,7 @@ async def test_edit_last_with_nothing_sent_or_while_generating_says_why(tmp_path
         engine.paused = False
         await idle(pilot, screen)
         assert said == ["No message of yours to edit yet", "Still generating: stop it first (escape)"]
-        assert len(screen.active_pane().messages) == 2
+        assert len(screen.active_pane().session.messages) == 2
 
 
 async def test_edit_at_opens_a_fork_before_the_message_with_it_in_the_input(tmp_path: Path) -> None:
@@ -305,9 +305,9 @@ async def test_edit_at_opens_a_fork_before_the_message_with_it_in_the_input(tmp_
         await until(pilot, lambda: len(screen.panes()) == 2 and screen.active_pane() is not parent)
         await pilot.pause()
         fork = screen.active_pane()
-        assert [m.content for m in fork.messages] == ["one", "Reply to: one"]
-        assert fork.input_text() == "two"
-        assert len(parent.messages) == 6
+        assert [m.content for m in fork.session.messages] == ["one", "Reply to: one"]
+        assert fork.prompt.text == "two"
+        assert len(parent.session.messages) == 6
 
 
 async def test_up_and_down_in_an_empty_input_walk_the_prompts_sent(tmp_path: Path) -> None:
@@ -335,7 +335,7 @@ async def test_up_and_down_in_an_empty_input_walk_the_prompts_sent(tmp_path: Pat
         await pilot.pause()
         await type_and_send(pilot, "in the new tab")
         await idle(pilot, screen)
-        assert screen.active_pane().recall_prompts()[:3] == ["in the new tab", "second\nprompt", "first prompt"]
+        assert screen.active_pane().session.recall_prompts()[:3] == ["in the new tab", "second\nprompt", "first prompt"]
 
 
 async def test_attach_keeps_the_good_files_and_returns_why_others_were_refused(project: Path, tmp_path: Path) -> None:
@@ -343,8 +343,8 @@ async def test_attach_keeps_the_good_files_and_returns_why_others_were_refused(p
     async with app.run_test(size=SIZE) as pilot:
         screen = await chat_screen(pilot)
         pane = screen.active_pane()
-        assert pane.attach(["blob.bin", "pkg/palindrome.py"]) == ["blob.bin: a binary file; only text files can be attached"]
-        assert pane.attachments == [Attachment("pkg/palindrome.py", read_attachment("pkg/palindrome.py").text, "python")]
+        assert pane.session.draft.attach(["blob.bin", "pkg/palindrome.py"]) == ["blob.bin: a binary file; only text files can be attached"]
+        assert pane.session.draft.attachments == [Attachment("pkg/palindrome.py", read_attachment("pkg/palindrome.py").text, "python")]
 
 
 async def test_a_chat_the_engine_cannot_count_says_so_under_the_input(tmp_path: Path,

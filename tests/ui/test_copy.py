@@ -83,7 +83,7 @@ async def test_copy_reply_copies_the_stored_markdown(tmp_path: Path, monkeypatch
         shown = notices(monkeypatch, screen)
         await pilot.press("ctrl+s")
         await pilot.pause()
-        stored = screen.active_pane().messages[-1].content
+        stored = screen.active_pane().session.messages[-1].content
         assert stored == REPLY
         assert app.clipboard == stored
         lines = len(REPLY.splitlines())

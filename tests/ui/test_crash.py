@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from app.ui import chat as chat_module
-from app.ui.chat import meta_line
+from app.ui.session import reply as chat_module
+from app.ui.message_list import meta_line
 from app.ui.store import INTERRUPTED, STREAMING, ChatStore
 
 REPO = Path(__file__).resolve().parents[2]
@@ -116,6 +116,6 @@ async def test_the_app_keeps_chatting_when_its_store_goes_read_only(tmp_path: Pa
         await type_and_send(pilot, "second")
         await idle(pilot, screen)
         pane = screen.active_pane()
-        assert [m.content for m in pane.messages] == ["first", "Reply to: first", "second", "Reply to: second"]
+        assert [m.content for m in pane.session.messages] == ["first", "Reply to: first", "second", "Reply to: second"]
         warnings = [n for n in app._notifications if n.title == "Chats not saved"]
         assert len(warnings) == 1

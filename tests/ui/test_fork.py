@@ -22,14 +22,14 @@ async def test_fork_copies_history_and_reuses_the_prompt(tmp_path: Path) -> None
         await pilot.press("ctrl+f")
         await until(pilot, lambda: len(screen.panes()) == 2 and screen.active_pane() is not parent)
         fork = screen.active_pane()
-        assert fork.chat.title.endswith("(fork)")
-        assert [(m.role, m.content) for m in fork.messages] == [(m.role, m.content) for m in parent.messages]
-        assert [m.content for m in app.store.messages(fork.chat.id)] == [m.content for m in parent.messages]
+        assert fork.session.chat.title.endswith("(fork)")
+        assert [(m.role, m.content) for m in fork.session.messages] == [(m.role, m.content) for m in parent.session.messages]
+        assert [m.content for m in app.store.messages(fork.session.chat.id)] == [m.content for m in parent.session.messages]
         await type_and_send(pilot, "third, in the fork")
         await idle(pilot, screen)
         parent_prompt, fork_prompt = engine.submitted[1].prompt, engine.submitted[-1].prompt
         assert fork_prompt[: len(parent_prompt)] == parent_prompt  # the shared prefix the cache serves
-        assert len(parent.messages) == 4  # the parent is untouched
+        assert len(parent.session.messages) == 4  # the parent is untouched
 
 
 async def test_fork_at_a_chosen_message(tmp_path: Path) -> None:
@@ -47,5 +47,5 @@ async def test_fork_at_a_chosen_message(tmp_path: Path) -> None:
         await pilot.press("enter")
         await until(pilot, lambda: len(screen.panes()) == 2)
         await pilot.pause()
-        assert [m.content for m in screen.active_pane().messages][0] == "one"
-        assert len(screen.active_pane().messages) == 2
+        assert [m.content for m in screen.active_pane().session.messages][0] == "one"
+        assert len(screen.active_pane().session.messages) == 2

@@ -6,9 +6,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
 from textual.widgets import TabbedContent
 
-from app.ui.chat import HISTORY_PAGE
+from app.ui.message_list import HISTORY_PAGE
 from app.ui.reply_stream import DELTA_MAX_DELAY_S
 from app.ui.store import ChatStore
 from app.ui.widgets import EarlierMessages, MessageView
@@ -36,7 +37,7 @@ async def test_a_200_message_chat_opens_with_one_page_mounted(tmp_path: Path) ->
         pane = screen.panes()[0]
         await until(pilot, lambda: len(pane.query(MessageView)) == HISTORY_PAGE)
         opened_s = time.perf_counter() - started
-        assert len(pane.messages) == 200
+        assert len(pane.session.messages) == 200
         earlier = pane.query_one(EarlierMessages)
         assert f"{200 - HISTORY_PAGE} earlier messages" in str(earlier.render())
         assert not screen.panes()[1].query(MessageView)  # the other tab mounts nothing until shown
@@ -44,12 +45,14 @@ async def test_a_200_message_chat_opens_with_one_page_mounted(tmp_path: Path) ->
         await pilot.press("enter")
         await until(pilot, lambda: len(pane.query(MessageView)) == 2 * HISTORY_PAGE)
         views = pane.query(MessageView)
-        assert views.first()._content == pane.messages[200 - 2 * HISTORY_PAGE].content  # older page above
-        assert views.last()._content == pane.messages[-1].content
+        assert views.first()._content == pane.session.messages[200 - 2 * HISTORY_PAGE].content  # older page above
+        assert views.last()._content == pane.session.messages[-1].content
     # A loose bound (CI machines are slow and shared); what it guards is "not seconds per 100 messages".
     assert opened_s < 10
 
 
+@pytest.mark.skip(reason="the collector's freeze is a process setting the engine owns (issue 63, item 3): the "
+                         "chat screen no longer freezes itself; this check moves to that owner's tests")
 async def test_the_built_screen_is_frozen_out_of_garbage_collection(tmp_path: Path) -> None:
     """Full collections while replies stream walked every widget of the screen (80 ms holding the
     GIL, a tab switch of 250 ms): the built screen is frozen, and thawed when it goes."""
@@ -90,7 +93,7 @@ async def test_a_hidden_tab_buffers_its_stream_and_shows_it_complete(tmp_path: P
     app, _ = make_app(tmp_path, engine)
     async with app.run_test(size=SIZE) as pilot:
         screen = await chat_screen(pilot)
-        await screen.action_new_tab()
+        await screen.new_tab()
         await pilot.pause()
         first, second = screen.panes()
         tabs = screen.query_one(TabbedContent)
@@ -99,9 +102,9 @@ async def test_a_hidden_tab_buffers_its_stream_and_shows_it_complete(tmp_path: P
         words = " ".join(f"w{i}" for i in range(60))
         engine.hold_after = 20
         first.query_one("PromptInput").insert(words)
-        screen.action_broadcast()
+        screen.action_command("broadcast")
         await until(pilot, lambda: engine.live_request_ids() and len(engine.live_request_ids()) == 2)
-        await until(pilot, lambda: second.metrics is not None and second.metrics.num_tokens >= 20)
+        await until(pilot, lambda: second.session.reply is not None and second.session.reply.metrics.num_tokens >= 20)
         view = second.query(MessageView).last()
         assert view.markdown.source == "" and not view.stream.text  # hidden: nothing painted yet
         tabs.active = second.id
@@ -109,7 +112,7 @@ async def test_a_hidden_tab_buffers_its_stream_and_shows_it_complete(tmp_path: P
         engine.hold_after = None
         await idle(pilot, screen)
         expected = "Reply to: " + words
-        assert second.messages[-1].content == expected
+        assert second.session.messages[-1].content == expected
         assert view.markdown.source == expected and not view.stream.display
         assert engine.last_max_delay_s == DELTA_MAX_DELAY_S  # the UI need not be woken every step
 

@@ -17,7 +17,7 @@ async def test_palette_toggle_sends_json_object_and_survives_restart(tmp_path: P
     app, engine = make_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         screen = await chat_screen(pilot)
-        screen.action_toggle_json()
+        screen.action_command("toggle_json")
         await pilot.pause()
         pane = screen.active_pane()
         assert "JSON" in str(pane.query_one(".settings-title").render())
@@ -25,7 +25,7 @@ async def test_palette_toggle_sends_json_object_and_survives_restart(tmp_path: P
         await idle(pilot, screen)
         params = engine.submitted[-1].params
         assert params.json_object is True and params.json_schema is None
-        chat_id = pane.chat.id
+        chat_id = pane.session.chat.id
     app2, _ = make_app(tmp_path)
     async with app2.run_test(size=SIZE) as pilot:
         await chat_screen(pilot)
@@ -44,7 +44,7 @@ async def test_settings_form_schema_is_sent_and_bad_json_is_refused(tmp_path: Pa
         await pilot.pause()
         assert "json_schema" in str(form.query_one(".settings-error").render()) or "not valid JSON" in str(
             form.query_one(".settings-error").render())
-        assert app.store.chat(pane.chat.id).settings.json_schema == ""
+        assert app.store.chat(pane.session.chat.id).settings.json_schema == ""
         form.query_one(".json-schema", TextArea).text = json.dumps(SCHEMA)
         await pilot.pause()
         assert str(form.query_one(".settings-error").render()) == ""

@@ -86,10 +86,10 @@ async def test_switch_keeps_chats_records_models_and_remembers_the_choice(tmp_pa
         assert models.engines[0].closed and app.engine is models.engines[1]
         assert "model-b" in str(app.screen.sub_title)
         pane = screen.active_pane()
-        assert [m.content for m in pane.messages][0] == "first question"  # the chat came along
+        assert [m.content for m in pane.session.messages][0] == "first question"  # the chat came along
         await type_and_send(pilot, "second question")
         await idle(pilot, screen)
-        replies = [m for m in pane.messages if m.role == "assistant"]
+        replies = [m for m in pane.session.messages if m.role == "assistant"]
         assert [m.model for m in replies] == ["default-model", "model-b"]
         assert app.store.get_meta(MODEL_KEY) == "model-b"
     models2 = Models()
@@ -132,10 +132,10 @@ async def test_the_endpoint_serves_the_new_model_after_a_switch(tmp_path: Path, 
     async with app.run_test(size=SIZE) as pilot:
         screen = await _chat(pilot, "default-model")
         await pilot.press("f9")
-        await until(pilot, lambda: screen.endpoint.running and "starting" not in screen._endpoint_note)
+        await until(pilot, lambda: screen.endpoint.running and "starting" not in screen.sidebar.endpoint_note)
         await _pick(pilot, "model-b")
         screen = await _chat(pilot, "model-b")
-        await until(pilot, lambda: screen.endpoint.running and "starting" not in screen._endpoint_note)
+        await until(pilot, lambda: screen.endpoint.running and "starting" not in screen.sidebar.endpoint_note)
         async with httpx.AsyncClient() as client:
             resp = await client.get(f"http://127.0.0.1:{port}/v1/models")
         assert resp.json()["data"][0]["id"] == "model-b"
@@ -174,7 +174,7 @@ async def test_the_picker_pulls_a_model_while_the_current_one_serves(tmp_path: P
         assert screen.query_one("#pull-status", Static).display
         await type_and_send(pilot, "still here?")  # the current model keeps serving meanwhile
         await idle(pilot, screen)
-        assert [m.role for m in screen.active_pane().messages][-1] == "assistant"
+        assert [m.role for m in screen.active_pane().session.messages][-1] == "assistant"
         assert app.engine is models.engines[0] and models.loaded == [None]
         release.set()
         await until(pilot, lambda: app.pulling.done)

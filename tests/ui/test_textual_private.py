@@ -130,7 +130,7 @@ async def test_a_changed_textual_runs_the_app_plain_and_says_so_once(
         pane = screen.active_pane()
         assert pane is not None and pane.query(Markdown).last().source == "Reply to: hello there"
         tab = screen.query_one(TabbedContent).get_tab(pane.id or "")
-        assert pane.chat.title == "hello there" and "hello there" in tab.label.plain
+        assert pane.session.chat.title == "hello there" and "hello there" in tab.label.plain
     assert not any(supported(name) for name in PATCHES)
     assert True in calls["layout"]  # the chat's widgets asked for Textual's second layout
     warned = [r.getMessage() for r in caplog.records if r.name == textual_private.__name__]

@@ -113,7 +113,7 @@ async def test_start_shows_model_device_dtype_and_kv_budget(tmp_path: Path) -> N
         assert "fake-model-q4 · cpu · bfloat16" in info
         assert "context 4,096 tokens" in info
         assert "KV budget 8,192 tokens · 144.0 MiB" in info  # 512 blocks x 16 x 18 KiB
-        assert [p.chat.title for p in screen.panes()] == ["Chat 1"]
+        assert [p.session.chat.title for p in screen.panes()] == ["Chat 1"]
         assert isinstance(app.focused, PromptInput)
 
 
@@ -156,23 +156,23 @@ async def test_send_streams_reply_into_markdown_and_commits_it(tmp_path: Path) -
         pane = screen.active_pane()
         engine.paused = True
         await type_and_send(pilot, "tell me about paged attention")
-        assert pane.input_text() == ""
+        assert pane.prompt.text == ""
         await until(pilot, lambda: bool(engine.live_request_ids()))
         engine.paused = False
-        await until(pilot, lambda: pane.metrics.num_tokens >= 2)
+        await until(pilot, lambda: pane.session.reply.metrics.num_tokens >= 2)
         assert pane.generating  # caught mid-stream (7 tokens, 10 ms apart)
         await idle(pilot, screen)
         reply = "Reply to: tell me about paged attention"
         assert pane.query(Markdown).last().source == reply
-        stored = app.store.messages(pane.chat.id)
+        stored = app.store.messages(pane.session.chat.id)
         assert [(m.role, m.content) for m in stored] == [("user", "tell me about paged attention"), ("assistant", reply)]
         assert stored[1].finish_reason == "stop" and stored[1].num_tokens == 7
         assert stored[1].ttft_s is not None and stored[1].tokens_per_s > 0
-        assert pane.chat.title == "tell me about paged attenti…"  # the first prompt names the chat
+        assert pane.session.chat.title == "tell me about paged attenti…"  # the first prompt names the chat
         prompt, params, request_id = engine.submitted[0]
         assert prompt == [{"role": "user", "content": "tell me about paged attention"}]
         assert params.temperature == 0.7 and params.max_tokens == 512
-        assert request_id.startswith(f"chat{pane.chat.id}-")
+        assert request_id.startswith(f"chat{pane.session.chat.id}-")
 
 
 async def test_ctrl_j_inserts_newline_instead_of_sending(tmp_path: Path) -> None:
@@ -180,7 +180,7 @@ async def test_ctrl_j_inserts_newline_instead_of_sending(tmp_path: Path) -> None
     async with app.run_test(size=SIZE) as pilot:
         screen = await chat_screen(pilot)
         await pilot.press("a", "ctrl+j", "b")
-        assert screen.active_pane().input_text() == "a\nb"
+        assert screen.active_pane().prompt.text == "a\nb"
         assert not engine.submitted
         await pilot.press("enter")
         await idle(pilot, screen)
@@ -194,19 +194,19 @@ async def test_escape_stops_generation_and_commits_partial_reply(tmp_path: Path)
         pane = screen.active_pane()
         engine.hold_after = 2
         await type_and_send(pilot, "one two three four five six")
-        await until(pilot, lambda: pane.metrics is not None and pane.metrics.num_tokens >= 2)
-        request_id = pane.request_id
+        await until(pilot, lambda: pane.session.reply is not None and pane.session.reply.metrics.num_tokens >= 2)
+        request_id = pane.session.request_id
         await pilot.press("escape")
         await idle(pilot, screen)
         assert request_id in engine.aborted and not engine.live_request_ids()
-        last = app.store.messages(pane.chat.id)[-1]
+        last = app.store.messages(pane.session.chat.id)[-1]
         assert last.role == "assistant" and last.finish_reason == "abort"
         assert last.content.startswith("Reply") and len(last.content) < len("Reply to: one two three four five six")
         assert "stopped" in str(pane.query(".meta").last().render())
         engine.hold_after = None
         await pilot.press("ctrl+r")  # regenerate replaces the stopped reply
         await idle(pilot, screen)
-        messages = app.store.messages(pane.chat.id)
+        messages = app.store.messages(pane.session.chat.id)
         assert [m.role for m in messages] == ["user", "assistant"]
         assert messages[-1].content == "Reply to: one two three four five six"
         assert engine.submitted[1].prompt == engine.submitted[0].prompt
@@ -221,11 +221,11 @@ async def test_rejected_request_shows_error_and_regenerate_retries(tmp_path: Pat
         await type_and_send(pilot, "busy?")
         await idle(pilot, screen)
         assert "error: the waiting queue is full" in str(pane.query(".meta").last().render())
-        assert [m.role for m in app.store.messages(pane.chat.id)] == ["user"]  # errors are not stored
+        assert [m.role for m in app.store.messages(pane.session.chat.id)] == ["user"]  # errors are not stored
         await pilot.press("ctrl+r")
         await idle(pilot, screen)
         assert not pane.query(".failed")
-        assert [m.content for m in app.store.messages(pane.chat.id)] == ["busy?", "Reply to: busy?"]
+        assert [m.content for m in app.store.messages(pane.session.chat.id)] == ["busy?", "Reply to: busy?"]
 
 
 async def test_tabs_open_switch_close_and_delete_with_confirm(tmp_path: Path) -> None:
@@ -254,13 +254,13 @@ async def test_tabs_open_switch_close_and_delete_with_confirm(tmp_path: Path) ->
         await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
         await pilot.press("escape")
         await until(pilot, lambda: app.screen is screen)
-        assert len(screen.panes()) == 2 and app.store.count_messages(first.chat.id) == 2
+        assert len(screen.panes()) == 2 and app.store.count_messages(first.session.chat.id) == 2
         await pilot.press("ctrl+delete")
         await until(pilot, lambda: isinstance(app.screen, ConfirmDialog))
         await pilot.click("#confirm")
         await until(pilot, lambda: len(screen.panes()) == 1)
-        assert first.chat.id not in [c.id for c in app.store.chats()]
-        assert app.store.count_messages(first.chat.id) == 0
+        assert first.session.chat.id not in [c.id for c in app.store.chats()]
+        assert app.store.count_messages(first.session.chat.id) == 0
 
 
 async def test_broadcast_decodes_in_every_tab_at_once(tmp_path: Path) -> None:
@@ -276,14 +276,14 @@ async def test_broadcast_decodes_in_every_tab_at_once(tmp_path: Path) -> None:
         await until(pilot, lambda: len(engine.live_request_ids()) == 4)
         await pilot.pause(0.1)  # a few panel polls
         body = str(screen.query_one("#kv-body", Static).render())
-        assert all(p.chat.title in body for p in screen.panes())  # each tab holds KV blocks
+        assert all(p.session.chat.title in body for p in screen.panes())  # each tab holds KV blocks
         assert "batch 4 seq" in str(screen.query_one("#tp-steps", Static).render())
         engine.hold_after = None
         await idle(pilot, screen)
         assert engine.max_concurrent == 4
         for pane in screen.panes():
-            assert [m.content for m in pane.messages] == ["compare notes", "Reply to: compare notes"]
-        assert screen.active_pane().input_text() == ""
+            assert [m.content for m in pane.session.messages] == ["compare notes", "Reply to: compare notes"]
+        assert screen.active_pane().prompt.text == ""
 
 
 async def test_a_broadcast_to_a_lone_tab_is_a_plain_send(tmp_path: Path, monkeypatch: Any) -> None:
@@ -334,10 +334,10 @@ async def test_restart_restores_tabs_messages_settings_and_active_tab(tmp_path: 
     async with app2.run_test(size=SIZE) as pilot:
         screen = await chat_screen(pilot)
         panes = screen.panes()
-        assert [p.chat.title for p in panes] == ["Renamed chat", "second question"]
-        assert [m.content for m in panes[0].messages] == ["first question", "Reply to: first question"]
+        assert [p.session.chat.title for p in panes] == ["Renamed chat", "second question"]
+        assert [m.content for m in panes[0].session.messages] == ["first question", "Reply to: first question"]
         assert screen.active_pane() is panes[1]
-        assert panes[1].chat.settings == ChatSettings(temperature=0.2, top_p=0.95, max_tokens=512, seed=7)
+        assert panes[1].session.chat.settings == ChatSettings(temperature=0.2, top_p=0.95, max_tokens=512, seed=7)
         assert len(panes[0].query(Markdown)) == 0  # a hidden tab mounts its history when shown
         await type_and_send(pilot, "and again")
         await idle(pilot, screen)
@@ -357,17 +357,17 @@ async def test_settings_form_rejects_invalid_values_and_system_prompt_is_sent(tm
         await pilot.press("ctrl+n")  # new chats take the config's system prompt and sampling
         await until(pilot, lambda: len(screen.panes()) == 2)
         pane = screen.active_pane()
-        assert pane.chat.system_prompt == "Be terse." and pane.chat.settings.temperature == 0.5
+        assert pane.session.chat.system_prompt == "Be terse." and pane.session.chat.settings.temperature == 0.5
         await pilot.press("f3")
         form = pane.query_one(".settings-form")
         form.query_one(".setting.top_p", Input).value = "2"
         await pilot.pause()
         assert "top_p" in str(form.query_one(".settings-error").render())
-        assert app.store.chat(pane.chat.id).settings.top_p == 0.95
+        assert app.store.chat(pane.session.chat.id).settings.top_p == 0.95
         form.query_one(".setting.top_p", Input).value = "0.5"
         await pilot.pause()
         assert str(form.query_one(".settings-error").render()) == ""
-        assert app.store.chat(pane.chat.id).settings.top_p == 0.5
+        assert app.store.chat(pane.session.chat.id).settings.top_p == 0.5
         await pilot.press("f3")
         await type_and_send(pilot, "hi")
         await idle(pilot, screen)
@@ -384,7 +384,7 @@ async def test_export_writes_markdown(tmp_path: Path) -> None:
         await pilot.press("f4")
         await pilot.pause()
         pane = screen.active_pane()
-        path = tmp_path / "data" / "exports" / f"export-me-{pane.chat.id}.md"
+        path = tmp_path / "data" / "exports" / f"export-me-{pane.session.chat.id}.md"
         text = path.read_text()
         assert text.startswith("# export me\n")
         assert "model fake-model-q4 · temperature 0.7" in text
@@ -422,7 +422,7 @@ async def test_panels_show_tabs_api_requests_cached_blocks_and_waiting_queue(tmp
     app, _ = make_app(tmp_path, engine)
     async with app.run_test(size=SIZE) as pilot:
         screen, pane = await held_reply(pilot, engine, "hold on")
-        live = decoding(pane.request_id, prompt=10, output=20, blocks=2, ttft=0.05, itl=0.01, rate=31.5)
+        live = decoding(pane.session.request_id, prompt=10, output=20, blocks=2, ttft=0.05, itl=0.01, rate=31.5)
         api = decoding("chatcmpl-1", prompt=100, output=50, blocks=10, ttft=0.2, itl=0.02, rate=12.0)
         engine.frozen_stats = EngineStats(
             num_running=2, num_waiting=3, waiting_for="turn", num_blocks_total=100, num_blocks_used=12,
@@ -457,7 +457,7 @@ async def test_a_long_prompt_shows_how_far_it_is_read_and_the_time_left(tmp_path
     app, _ = make_app(tmp_path, engine)
     async with app.run_test(size=SIZE) as pilot:
         screen, pane = await held_reply(pilot, engine, "a pasted file")
-        reading = replace(decoding(pane.request_id, prompt=4096, output=0, blocks=256), status="prefill",
+        reading = replace(decoding(pane.session.request_id, prompt=4096, output=0, blocks=256), status="prefill",
                           num_computed_tokens=1536)
         engine.frozen_stats = EngineStats(prefill_tokens_per_s=80.0, requests=(reading,))
         screen.poll_stats()
@@ -484,7 +484,7 @@ async def test_endpoint_toggle_serves_the_same_engine(tmp_path: Path) -> None:
     async with app.run_test(size=SIZE) as pilot:
         screen = await chat_screen(pilot)
         await pilot.press("f9")
-        await until(pilot, lambda: screen.endpoint.running and "starting" not in screen._endpoint_note)
+        await until(pilot, lambda: screen.endpoint.running and "starting" not in screen.sidebar.endpoint_note)
         screen.poll_stats()
         assert f"http://127.0.0.1:{port}/v1" in str(screen.query_one("#endpoint-status", PanelText).render())
         async with httpx.AsyncClient() as client:
@@ -505,7 +505,7 @@ async def test_endpoint_degrades_with_a_clear_message_without_app_server(tmp_pat
     app, _ = make_app(tmp_path, serve=True)
     async with app.run_test(size=SIZE) as pilot:
         screen = await chat_screen(pilot)
-        await until(pilot, lambda: screen._endpoint_note.startswith("failed"))
+        await until(pilot, lambda: screen.sidebar.endpoint_note.startswith("failed"))
         screen.poll_stats()
         assert "embedded endpoint is unavailable" in str(screen.query_one("#endpoint-status", PanelText).render())
         assert not screen.endpoint.running
@@ -518,11 +518,11 @@ async def test_quit_while_generating_commits_partial_and_closes_engine(tmp_path:
         engine.hold_after = 2
         await type_and_send(pilot, "a b c d e f g")
         pane = screen.active_pane()
-        await until(pilot, lambda: pane.metrics is not None and pane.metrics.num_tokens >= 2)
+        await until(pilot, lambda: pane.session.reply is not None and pane.session.reply.metrics.num_tokens >= 2)
         await pilot.press("ctrl+q")
     assert engine.closed
     store = ChatStore.in_dir(tmp_path / "data")
-    assert store.messages(pane.chat.id)[-1].finish_reason == "abort"
+    assert store.messages(pane.session.chat.id)[-1].finish_reason == "abort"
 
 
 # --- snapshot -----------------------------------------------------------------------------------
@@ -554,7 +554,7 @@ def test_main_screen_snapshot(tmp_path: Path, snap_compare: Any) -> None:
         history = ThroughputHistory()
         for t, rate in enumerate([0, 10, 30, 45, 52, 57, 55, 58, 57.4]):
             history.observe(float(t), rate)
-        screen.history = history
+        screen.sidebar.history = history
         screen.poll_stats(now=8.5)
         screen.query_one(TabbedContent).active = screen.panes()[0].id
         app.clear_notifications()
@@ -624,7 +624,7 @@ def test_store_migrates_old_files_and_refuses_newer_ones(tmp_path: Path) -> None
     )
     db.close()
     store = ChatStore(path)
-    assert store.version == SCHEMA_VERSION == 4
+    assert store.version == SCHEMA_VERSION == 5
     assert store.chats()[0].settings.temperature == 0.3
     message = store.messages(1)[0]
     assert (message.content, message.finish_reason, message.num_tokens, message.model) == ("hello", None, 0, None)
@@ -799,7 +799,7 @@ async def test_app_on_a_remote_backend_chats_and_shows_remote_figures(tmp_path: 
             assert screen.info.model_name == "served" and screen.endpoint is None
             await type_and_send(pilot, "hello there")
             await idle(pilot, screen)
-            reply = screen.active_pane().messages[-1]
+            reply = screen.active_pane().session.messages[-1]
             assert reply.role == "assistant" and reply.content and reply.finish_reason in ("stop", "length")
             screen.poll_stats()
             assert "remote backend" in str(screen.query_one("#endpoint-status", PanelText).render())
@@ -863,8 +863,8 @@ async def test_what_is_typed_while_the_model_loads_is_kept(tmp_path: Path) -> No
         release.set()
         screen = await chat_screen(pilot)
         pane = screen.active_pane()
-        await until(pilot, lambda: [m.content for m in pane.messages][:1] == ["hello"])
-        assert pane.input_text() == "draft"
+        await until(pilot, lambda: [m.content for m in pane.session.messages][:1] == ["hello"])
+        assert pane.prompt.text == "draft"
 
 
 def test_the_rate_history_takes_a_poll_that_comes_a_little_early() -> None:

@@ -42,18 +42,18 @@ async def test_broadcast_on_a_real_engine(tmp_path: Path, tiny_gguf_factory) -> 
             while True:
                 await pilot.pause(0.01)
                 batch_sizes.append(engine.stats().last_batch_size)
-                done = all(not p.generating and len(p.messages) == 2 for p in screen.panes())
+                done = all(not p.generating and len(p.session.messages) == 2 for p in screen.panes())
                 if done:
                     break
                 assert time.monotonic() < deadline, "replies did not finish"
             replies = []
             for pane in screen.panes():
-                assert [m.role for m in pane.messages] == ["user", "assistant"]
-                reply = pane.messages[1].content
+                assert [m.role for m in pane.session.messages] == ["user", "assistant"]
+                reply = pane.session.messages[1].content
                 assert reply.strip()
                 shown = list(pane.query(MessageView))[-1].markdown.source
                 assert shown == reply  # the tab shows what was stored
-                assert app.store.count_messages(pane.chat.id) == 2
+                assert app.store.count_messages(pane.session.chat.id) == 2
                 replies.append(reply)
             assert replies[0] == replies[1]  # greedy decoding of one prompt, batched or not
             # Both tabs ran in one step: the second prompt waits a step for the first one's blocks

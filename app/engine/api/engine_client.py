@@ -29,7 +29,7 @@ class EngineClient(Protocol):
     is_remote: bool
     # True when the model has its own chat template (the GGUF's `tokenizer.chat_template`; a remote
     # server serves chat completions, so True). False for a base model: the TUI then sends a plain-
-    # text prompt the model continues (see `app.ui.chat.completion_prompt`), no template tokens.
+    # text prompt the model continues (see `app.ui.session.history.completion_prompt`), no template tokens.
     chat_template: bool
     # The model's fill-in-the-middle tokens (code models: /infill, `suffix` on /v1/completions);
     # None when it has none, or when a remote server does not say.
