@@ -125,6 +125,13 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 
+    def set_speculation(self, enabled: bool) -> bool:
+        """Speculative decoding on or off from the next step on; False without a speculator."""
+        if self.speculator is None:
+            return False
+        self.speculator.enabled = enabled
+        return True
+
     # ---- the step -----------------------------------------------------------------------------
     def step(self, on_launched: Callable[[], None] | None = None) -> list[StreamDelta]:
         """One packed step. `on_launched`: see `Worker.execute_model`."""
