@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     engine_parser = argparse.ArgumentParser()
     add_engine_args(engine_parser)
     engine = LLMEngine(**engine_kwargs(engine_parser.parse_args([a for a in args.engine if a != "--"])))
-    vocab = engine.model_config.vocab_size
+    vocab = engine.plan.model_config.vocab_size
     shape = Shape(args.prompt_len, args.max_tokens)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:

@@ -32,7 +32,7 @@ def main() -> int:
     args = p.parse_args()
     engine = LLMEngine(model=args.model, device="cpu")
     rng = random.Random(0)
-    vocab = engine.model_config.vocab_size
+    vocab = engine.plan.model_config.vocab_size
     for _ in range(args.concurrency):
         ids = [rng.randrange(vocab) for _ in range(args.input_len)]
         engine.add_request(ids, SamplingParams(max_tokens=args.steps * 3 + 40, temperature=0.0, ignore_eos=True))

@@ -80,15 +80,16 @@ class AsyncEngine:
         if self._load_error is not None:
             self._settings.release()
             raise self._load_error
-        self.tokenizer = self.engine.tokenizer
+        plan = self.engine.plan
+        self.tokenizer = plan.tokenizer
         # Random-weights engines have no tokenizer; a fallback template does not make a chat model.
         self.chat_template = self.tokenizer is not None and self.tokenizer.chat_template_name == "gguf"
         self.fim_tokens = self.tokenizer.fim_tokens if self.tokenizer is not None else None
-        self.model_name = self.engine.model_name
-        self.max_model_len = self.engine.max_model_len
-        self.device = str(self.engine.setup.device)
-        self.dtype = str(self.engine.setup.dtype).removeprefix("torch.")
-        self.backend = self.engine.backend
+        self.model_name = plan.model_name
+        self.max_model_len = plan.max_model_len
+        self.device = str(plan.setup.device)
+        self.dtype = str(plan.setup.dtype).removeprefix("torch.")
+        self.backend = self.engine.worker.backend
 
     # ---- EngineClient -------------------------------------------------------------------------
     async def stream(
@@ -146,14 +147,14 @@ class AsyncEngine:
         return True
 
     def encode(self, text: str, add_bos: bool = True, *, parse_special: bool = True) -> list[int]:
-        return self.engine.require_tokenizer().encode(text, add_bos=add_bos, parse_special=parse_special)
+        return self.engine.inputs.require_tokenizer().encode(text, add_bos=add_bos, parse_special=parse_special)
 
     def decode(self, token_ids: list[int]) -> str:
-        return self.engine.require_tokenizer().decode(token_ids)
+        return self.engine.inputs.require_tokenizer().decode(token_ids)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             tools: list[dict[str, Any]] | None = None) -> str:
-        return self.engine.require_tokenizer().apply_chat_template(messages, add_generation_prompt, tools)
+        return self.engine.inputs.require_tokenizer().apply_chat_template(messages, add_generation_prompt, tools)
 
     async def aclose(self) -> None:
         # The join takes up to a step; off the loop, so the UI keeps drawing meanwhile.
@@ -174,7 +175,7 @@ class AsyncEngine:
     def _main(self, model: str | None, device: str, dtype: str, progress: ProgressFn | None, kwargs: dict) -> None:
         try:
             self.engine = LLMEngine(model, device=device, dtype=dtype, progress=progress, **kwargs)
-            self._publish_at_launch = self.engine.setup.device.type == "cuda"
+            self._publish_at_launch = self.engine.plan.setup.device.type == "cuda"
             if self.engine.thread_tuner is not None:  # this thread is the engine's alone
                 self.engine.thread_tuner.place_team()
             self._stats, self._stats_at = self.engine.stats(), time.monotonic()
