@@ -1,7 +1,7 @@
 """The engine on its own thread, bridged to asyncio.
 
-The step thread is the only writer of engine state. Requests and aborts reach it through a queue;
-each step's deltas go back with ONE `call_soon_threadsafe` per event loop (not one per token), or
+The step thread is the only writer of engine state. Requests, aborts and switches (speculation on
+or off) reach it through a queue; each step's deltas go back with ONE `call_soon_threadsafe` per event loop (not one per token), or
 fewer where the streams let their deltas wait (`max_delay_s`), and `stats()` returns the snapshot
 taken after the last step. On a GPU they go once the next step is queued on the device.
 """
