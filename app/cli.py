@@ -238,7 +238,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     from app.engine.gguf.catalog import CATALOG, installed_path
     from app.engine.runtime.device import resolve_device
-    from app.engine.types.cpu_info import cpu_model
+    from app.kernels.cpu_info import cpu_model
     from app.kernels import cpu_build, cpu_qgemm, triton_available
 
     flags = cpu_build.cpu_flags()

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.engine.types.cpu_info import cpu_flags, cpu_model
+from app.kernels.cpu_info import cpu_flags, cpu_model
 
 # The flags the C kernels and llama.cpp choose their code by (AMX: any of its flags).
 CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile")

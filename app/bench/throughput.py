@@ -112,20 +112,20 @@ def build_engine(args: argparse.Namespace, engine_kwargs: dict[str, Any], progre
 
 
 def engine_facts(engine: LLMEngine) -> dict[str, Any]:
-    return {"model": engine.model_name, "device": str(engine.setup.device),
-            "dtype": str(engine.setup.dtype).removeprefix("torch."),
-            "kv_cache_dtype": str(engine.kv_dtype).removeprefix("torch."),
+    return {"model": engine.plan.model_name, "device": str(engine.plan.setup.device),
+            "dtype": str(engine.plan.setup.dtype).removeprefix("torch."),
+            "kv_cache_dtype": str(engine.plan.kv_dtype).removeprefix("torch."),
             "kv_cache_tokens": engine.stats().kv_cache_tokens}
 
 
 def warm_up(engine: LLMEngine, shape: Shape, seed: int) -> None:
     """Two short requests, so the first measured step does not pay one-time costs."""
-    run_requests(engine, make_requests(shape, 2, engine.model_config.vocab_size, seed + 999), 2)
+    run_requests(engine, make_requests(shape, 2, engine.plan.model_config.vocab_size, seed + 999), 2)
 
 
 def concurrency_sweep(engine: LLMEngine, shape: Shape, levels: list[int], seed: int) -> list[dict]:
     """Per level c: c requests at concurrency c; decode tok/s, output tok/s, TTFT/TPOT p50, step split."""
-    vocab, rows = engine.model_config.vocab_size, []
+    vocab, rows = engine.plan.model_config.vocab_size, []
     for c in levels:
         before = engine.stats()
         s = run_requests(engine, make_requests(shape, c, vocab, seed + c), c).summary()
@@ -141,7 +141,7 @@ def run_throughput(args: argparse.Namespace, engine_kwargs: dict[str, Any], prog
     engine = build_engine(args, engine_kwargs, progress)
     shape = Shape.from_args(args)
     warm_up(engine, shape, args.seed)
-    result = run_requests(engine, make_requests(shape, args.num_prompts, engine.model_config.vocab_size, args.seed),
+    result = run_requests(engine, make_requests(shape, args.num_prompts, engine.plan.model_config.vocab_size, args.seed),
                           engine.config.max_num_seqs)
     report = {**engine_facts(engine), **result.summary()}
     levels = [int(x) for x in args.concurrency.split(",")] if args.concurrency else []
@@ -155,7 +155,7 @@ def run_throughput(args: argparse.Namespace, engine_kwargs: dict[str, Any], prog
 def run_latency(args: argparse.Namespace, engine_kwargs: dict[str, Any], progress: Progress | None = None) -> dict:
     """`--batch-size` requests at once, end to end, `--num-iters` times after `--num-iters-warmup`."""
     engine = build_engine(args, engine_kwargs, progress)
-    shape, vocab = Shape.from_args(args), engine.model_config.vocab_size
+    shape, vocab = Shape.from_args(args), engine.plan.model_config.vocab_size
     for i in range(args.num_iters_warmup):
         run_requests(engine, make_requests(shape, args.batch_size, vocab, args.seed + 999 + i), args.batch_size)
     runs = [run_requests(engine, make_requests(shape, args.batch_size, vocab, args.seed + i), args.batch_size)
@@ -191,7 +191,7 @@ def structured_sweep(engine: LLMEngine, shape: Shape, levels: list[int], schema:
     the same requests unconstrained. Decode tok/s counts only steps decoding all c streams; the two
     runs alternate `repeats` times and each keeps its best, so a burst of load elsewhere on the
     machine does not land on one side only."""
-    vocab = engine.model_config.vocab_size
+    vocab = engine.plan.model_config.vocab_size
     run_requests(engine, make_requests(shape, 2, vocab, seed + 998), 2, schema)  # compile outside the timing
     rows = []
     for c in levels:

@@ -88,7 +88,7 @@ async def _run_all(tab_counts: list[int], args: argparse.Namespace, engine_kwarg
 
 
 async def _headless(engine: Any, n: int, args: argparse.Namespace) -> float:
-    requests = make_requests(Shape(args.input_len, args.output_len), n, engine.engine.model_config.vocab_size,
+    requests = make_requests(Shape(args.input_len, args.output_len), n, engine.engine.plan.model_config.vocab_size,
                              args.seed + n)
     params = SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
 

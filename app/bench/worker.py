@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chat-prompt", default=None)
     args = p.parse_args(argv)
     engine = LLMEngine(**args.engine)
-    vocab = engine.model_config.vocab_size
+    vocab = engine.plan.model_config.vocab_size
     shape = Shape(args.prompt_len, args.max_tokens)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.engine.types.cpu_info import cpu_flags  # also read as cpu_build.cpu_flags (device, doctor)
+from app.kernels.cpu_info import cpu_flags  # also read as cpu_build.cpu_flags (device, doctor)
 
 log = logging.getLogger(__name__)
 

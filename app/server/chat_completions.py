@@ -18,7 +18,7 @@ from app.server.output_schema import ToolChoice
 from app.server.response_format import Constraint, constrained_params, output_constraint
 from app.server.serving import Endpoint, ServerState, handle_generation
 from app.server.streams import Choice
-from app.server.tool_prompt import chat_prompt, choice_spec, function_specs
+from app.server.tool_prompt import choice_spec, function_specs
 
 
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
@@ -37,11 +37,10 @@ class _Chat(Endpoint):
         choice = body.effective_tool_choice
         self.tools_offered = choice != "none" and bool(body.tools)
         max_tokens = body.requested_max_tokens()
-        messages, dropped = fit_conversation(state, body.messages, body.context_overflow, max_tokens,
-                                             body.tools or [], choice)
-        prompt = chat_prompt(state.engine, messages, body.tools or [], choice)
+        prompt, dropped = fit_conversation(state, body.messages, body.context_overflow, max_tokens,
+                                           body.tools or [], choice)
         keep = truncation_length(body.truncate_prompt_tokens, state.engine.max_model_len, max_tokens)
-        prompt = truncated(state, prompt, keep)
+        prompt, _ = truncated(state, prompt, keep)
         constraint = chat_constraint(body, choice)
         # No max_tokens: the engine generates until the context (or the KV pool) is full.
         params = constrained_params(body, max_tokens, body.engine_logprobs(), constraint)

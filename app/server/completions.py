@@ -37,11 +37,16 @@ class _Completion(Endpoint):
         # max_tokens None: up to the end of the context.
         params = constrained_params(body, body.max_tokens, body.logprobs, constraint)
         prompts: list[Prompt]
+        # What `echo` repeats: the prompt as sent, or the part of it the engine reads.
+        self._echo_prompts: list[Prompt] = list(body.prompt)
         if body.suffix is not None:
             prompts, params = _fim_prompts(state, body, params)
+            self._echo_prompts = list(prompts)
         else:
             keep = truncation_length(body.truncate_prompt_tokens, state.engine.max_model_len, body.max_tokens)
-            prompts = [truncated(state, p, keep) for p in body.prompt]
+            cuts = [truncated(state, p, keep) for p in body.prompt]
+            prompts = [ids for ids, _ in cuts]
+            self._echo_prompts = [ids if cut else p for p, (ids, cut) in zip(body.prompt, cuts)]
         super().__init__(state, prompts, params, constraint.renames() if constraint else None)
         self.body = body
         self._echoes: list[str] = []
@@ -50,7 +55,7 @@ class _Completion(Endpoint):
 
     def accepted(self) -> None:
         # Decoded only now: the engine has accepted the token ids.
-        self._echoes = [self._prompt_text(p) if self.body.echo else "" for p in self.prompts]
+        self._echoes = [self._prompt_text(p) if self.body.echo else "" for p in self._echo_prompts]
 
     def opening(self, choice: Choice) -> list[dict[str, Any]]:
         echo = self._echoes[choice.prompt_index]

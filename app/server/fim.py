@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from app.engine.api.engine_client import EngineClient
+from app.engine.types.context_window import prompt_budget
 from app.engine.types.fim import FimTokens
 from app.server.http_errors import ApiError
 
@@ -90,9 +91,9 @@ def build_fim_prompt(encode: Encode, fim: FimTokens, prefix: str | Sequence[int]
     keep = len(extra_ids)
     if max_model_len > 0:
         # Room to generate: n_predict (at most a quarter of the context), or an eighth of the
-        # context when it is unlimited (llama.cpp then leaves almost none).
+        # context when it is unlimited (llama.cpp then leaves almost none); twice that is kept free.
         reserve = min(n_predict, max_model_len // 4) if n_predict and n_predict > 0 else max_model_len // 8
-        keep = min(max(0, max_model_len - size - 2 * reserve), keep)
+        keep = min(max(0, prompt_budget(max_model_len, 2 * reserve) - size), keep)
     before = [fim.prefix, *prefix_ids, *prompt_ids]
     after = [fim.suffix, *suffix_ids]
     first, second = (after, before) if spm_order else (before, after)

@@ -17,6 +17,7 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.responses import JSONResponse, Response
 
+from app.engine.types.context_window import reply_room
 from app.engine.types.fim import FimTokens
 from app.engine.types.sampling_params import SamplingParams
 from app.server.fim import ExtraChunk, FimPrompt, build_fim_prompt, engine_encoder, require_fim
@@ -98,9 +99,7 @@ class InfillRequest(_Body):
     def sampling_params(self, fim: FimTokens, max_model_len: int, num_prompt_tokens: int) -> SamplingParams:
         """n_predict is cut to what the context leaves (llama.cpp stops there too); 0 (llama.vim's
         cache warm-up) still samples one token, which is not returned."""
-        max_tokens = None if self.n_predict < 0 else max(self.n_predict, 1)
-        if max_tokens is not None and max_model_len > num_prompt_tokens:
-            max_tokens = min(max_tokens, max_model_len - num_prompt_tokens)
+        max_tokens = reply_room(max_model_len, num_prompt_tokens, None if self.n_predict < 0 else max(self.n_predict, 1))
         seed = None if self.seed is None or self.seed < 0 or self.seed == RANDOM_SEED else self.seed
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                               min_p=self.min_p, repetition_penalty=self.repeat_penalty,

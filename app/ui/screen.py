@@ -22,6 +22,7 @@ from textual.widgets import (
     Tabs,
 )
 
+from app.engine.api import process_settings
 from app.engine.api.engine_client import EngineClient
 from app.engine.types.errors import LocalbatchError
 from app.ui import chat_commands, cropped_compositor
@@ -105,6 +106,13 @@ class ChatScreen(Screen):
         self._frame = 0
         self.set_interval(1 / FRAME_HZ, self._on_frame)
         self.call_after_refresh(self._focus_active)
+        # The built screen's widgets leave the collector's reach: full collections while replies
+        # stream walked them all holding the GIL (the process settings' one owner undoes it).
+        self._process_settings = process_settings.hold()
+        self.call_after_refresh(self._process_settings.freeze)
+
+    def on_unmount(self) -> None:
+        self._process_settings.release()
 
     def take_input(self, draft: str, queued: str | None) -> None:
         """What was typed while the model loaded: the message sent then goes to the shown tab, a

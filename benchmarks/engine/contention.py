@@ -28,8 +28,8 @@ from app.engine.types.sampling_params import SamplingParams
 
 def decode_rate(engine: LLMEngine, concurrency: int, seconds: float) -> float:
     rng = random.Random(0)
-    vocab = engine.model_config.vocab_size
-    params = SamplingParams(max_tokens=engine.max_model_len - 64, temperature=0.0, ignore_eos=True)
+    vocab = engine.plan.model_config.vocab_size
+    params = SamplingParams(max_tokens=engine.plan.max_model_len - 64, temperature=0.0, ignore_eos=True)
     seqs = [engine.add_request([rng.randrange(100, vocab - 100) for _ in range(32)], params) for _ in range(concurrency)]
     while any(s.num_computed_tokens < s.num_prompt_tokens for s in seqs):
         engine.step()

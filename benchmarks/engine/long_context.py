@@ -53,4 +53,4 @@ def run(args: argparse.Namespace) -> dict:
               f"({step * 1e3:.1f} ms a step; {1 / step / base:.2f}x the first length's rate)", flush=True)
         rows.append({"context": n, "ttft_s": round(ttft, 3), "step_ms": round(step * 1e3, 2),
                      "decode_tok_s": round(1 / step, 1), "of_first": round(1 / step / base, 3)})
-    return {"model": engine.model_name, "rows": rows}
+    return {"model": engine.plan.model_name, "rows": rows}

@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> dict:
     config = json.loads(args.speculative_config)
     engine = LLMEngine(args.model, device="cpu", speculative_config=config)
     spec = engine.speculator
-    print(f"# {engine.model_name}, speculative_config={json.dumps(config)}")
+    print(f"# {engine.plan.model_name}, speculative_config={json.dumps(config)}")
     print(f"{'task':>9} {'seqs':>4} {'off tok/s':>9} {'on tok/s':>9} {'ratio':>6} {'accept':>7} "
           f"{'tok/step':>8} {'draft %':>7} {'same tokens':>11}")
     generate(engine, "Say hi.", 1, 4)  # warm up: first-call allocations and the thread pool

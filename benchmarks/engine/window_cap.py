@@ -27,8 +27,8 @@ def resident(engine: LLMEngine, length: int, arrivals: int) -> int:
     """How many sequences of `length` tokens a copy of the engine's pool holds: prompts arrive and
     are prefilled in the engine's chunks; a sequence that has its first token stays resident
     (keeps its blocks, steps no further) until a prompt can no longer be admitted."""
-    bm = BlockManager(engine.block_manager.num_blocks, engine.config.block_size, False, engine.kv_spec)
-    sched = Scheduler(SchedulerConfig(engine.config.max_num_batched_tokens, max_num_seqs=4096, max_waiting=4096), bm)
+    bm = BlockManager(engine.block_manager.num_blocks, engine.config.block_size, False, engine.plan.kv_spec)
+    sched = Scheduler(SchedulerConfig(engine.plan.max_num_batched_tokens, max_num_seqs=4096, max_waiting=4096), bm)
     for i in range(arrivals):
         sched.add(Sequence(f"r{i}", [i % 1000 + 5] * (length - 1), SamplingParams(max_tokens=1), 1))
     parked = []
@@ -56,7 +56,7 @@ def fit_table(args: argparse.Namespace) -> list[dict]:
                                max_model_len=max(lengths) + 64)
             cells = []
             for n in lengths:
-                bound = engine.block_manager.num_blocks // engine.kv_spec.blocks_for_tokens(n)
+                bound = engine.block_manager.num_blocks // engine.plan.kv_spec.blocks_for_tokens(n)
                 fit = resident(engine, n, bound + 4)
                 fits.setdefault((dtype, n), {})[hybrid] = fit
                 rows.append({"kv_dtype": dtype, "window_cap": hybrid, "tokens": n, "fit": fit, "bound": bound})

@@ -29,22 +29,22 @@ PREFILL_SLACK = 1024
 
 def kv_bytes(engine: LLMEngine, batch: int, context: int) -> int:
     """Bytes of K and V that one decode step's attention reads: each layer sees its window."""
-    dtype_size = torch.finfo(engine.setup.dtype).bits // 8
-    return engine.model_config.kv_bytes_read([context] * batch, dtype_size)
+    dtype_size = torch.finfo(engine.plan.setup.dtype).bits // 8
+    return engine.plan.model_config.kv_bytes_read([context] * batch, dtype_size)
 
 
 def decode_step_time(engine: LLMEngine, batch: int, context: int, steps: int, seed: int) -> float:
     """Seconds per decode step with `batch` sequences whose contexts are about `context` tokens."""
     rng = random.Random(seed)
-    vocab = engine.model_config.vocab_size
+    vocab = engine.plan.model_config.vocab_size
     # Up to the context limit: sequences prefilled early decode while later ones still prefill.
-    params = SamplingParams(max_tokens=engine.max_model_len - context, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=engine.plan.max_model_len - context, temperature=0.0, ignore_eos=True)
     seqs = [engine.add_request([rng.randrange(vocab) for _ in range(context)], params) for _ in range(batch)]
     while not all(s.num_output_tokens for s in seqs):  # prefill
         engine.step()
     for _ in range(3):  # first decode steps: graph replays warm, allocator settled
         engine.step()
-    synchronize(engine.setup.device)
+    synchronize(engine.plan.setup.device)
     t = time.perf_counter()
     for _ in range(steps):
         engine.step()  # returns after the sampled ids reached the host: the step is complete
@@ -75,9 +75,9 @@ def run(args: argparse.Namespace) -> dict:
         engine = LLMEngine(args.model, **kw)
     else:
         engine = LLMEngine(random_weights=args.random_weights, **kw)
-    device = engine.setup.device
+    device = engine.plan.setup.device
     bandwidth = copy_bandwidth(device, nbytes=1 << 30, repeats=10)
-    wbytes = engine.model.weight_bytes_per_step()
+    wbytes = engine.worker.model.weight_bytes_per_step()
     rows = []
     for b in batches:
         step = decode_step_time(engine, b, args.context, args.steps, seed=b)
@@ -87,8 +87,8 @@ def run(args: argparse.Namespace) -> dict:
                      "weight_gb": round(wbytes / 1e9, 3), "kv_gb": round(kbytes / 1e9, 4),
                      "roofline_ms": round(roofline * 1e3, 3), "of_roofline": round(roofline / step, 3)})
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    header = {"model": engine.model_name, "device": name, "dtype": str(engine.setup.dtype).removeprefix("torch."),
-              "cuda_graphs": bool(engine.runner.graphs and engine.runner.graphs.graphs), "copy_gb_s": round(bandwidth / 1e9, 1),
+    header = {"model": engine.plan.model_name, "device": name, "dtype": str(engine.plan.setup.dtype).removeprefix("torch."),
+              "cuda_graphs": bool(engine.worker.runner.graphs and engine.worker.runner.graphs.graphs), "copy_gb_s": round(bandwidth / 1e9, 1),
               "context": args.context}
     print(" ".join(f"{k}={v}" for k, v in header.items()))
     print(f"{'batch':>5} {'step ms':>9} {'tok/s':>9} {'weights GB':>11} {'KV GB':>8} {'roofline ms':>12} {'of roofline':>12}")

@@ -33,7 +33,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     engine = LLMEngine(model=args.model, device="cpu")
     rng = random.Random(0)
-    vocab = engine.model_config.vocab_size
+    vocab = engine.plan.model_config.vocab_size
     for _ in range(args.concurrency):
         ids = [rng.randrange(vocab) for _ in range(args.input_len)]
         engine.add_request(ids, SamplingParams(max_tokens=args.steps * 3 + 40, temperature=0.0, ignore_eos=True))

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from app.bench import results
-from app.engine.types import cpu_info
+from app.kernels import cpu_info
 
 
 def test_record_says_where_the_figures_came_from(tmp_path):

@@ -139,7 +139,7 @@ def test_int8_kv_cache_teacher_forced(request, name):
     Measured: Gemma 3 1096/1096 and 0.0077 nats, SmolLM2 1106/1106 and 0.0081 (fp16 KV: 0.0050
     and 0.0068)."""
     oracle, llm = _load(request, name, kv_cache_dtype="int8")
-    assert llm.engine.runner.kv_caches[0].k.dtype == torch.int8
+    assert llm.engine.worker.runner.kv_caches[0].k.dtype == torch.int8
     agree, total, mean_err = _teacher_forced(oracle, llm)
     assert total >= 1000
     assert agree / total >= 0.98
@@ -150,7 +150,7 @@ def test_fp16_kv_cache_teacher_forced(request):
     """kv_cache_dtype float16 with fp32 compute (llama.cpp's default KV type; the C attention
     reads it in place). Measured: SmolLM2 1106/1106 at 0.0077 nats."""
     oracle, llm = _load(request, "smollm2_135m_instruct", kv_cache_dtype="float16")
-    assert llm.engine.runner.kv_caches[0].k.dtype == torch.float16
+    assert llm.engine.worker.runner.kv_caches[0].k.dtype == torch.float16
     agree, total, mean_err = _teacher_forced(oracle, llm)
     assert total >= 1000
     assert agree / total >= 0.99
@@ -164,7 +164,7 @@ def test_bf16_packed_kernels_and_int4_head_teacher_forced(request, monkeypatch):
     monkeypatch.setenv(kernel_choice.KERNEL_ENV, "packed")
     oracle = json.loads((ORACLE_DIR / "gemma3_270m.json").read_text())
     llm = LLM(str(request.getfixturevalue("embedded_model_path")), device="cpu", dtype="bfloat16", kv_cache_blocks=512)
-    assert isinstance(llm.engine.model.head.packed, Int4Weight)
+    assert isinstance(llm.engine.worker.model.head.packed, Int4Weight)
     agree, total, mean_err = _teacher_forced(oracle, llm)
     assert total >= 1000
     assert agree / total >= 0.99
@@ -209,7 +209,7 @@ def test_batched_chunked_cached_equal_alone(oracle, llm):
     from app.kernels import cpu_qgemm
 
     alone, runs = _alone_and_together(oracle, llm)
-    exact = isinstance(llm.engine.model.head.packed, (cpu_qgemm.Q4Weight, cpu_qgemm.Q8Weight))
+    exact = isinstance(llm.engine.worker.model.head.packed, (cpu_qgemm.Q4Weight, cpu_qgemm.Q8Weight))
     for run in runs:
         if exact:
             assert [(o.token_ids, o.logprobs) for o in run] == [(o.token_ids, o.logprobs) for o in alone]
@@ -229,7 +229,7 @@ def test_cpu_quantized_kernels_teacher_forced_and_resident_weights(request, monk
         pytest.skip("no C compiler or no AVX2/FMA/F16C here: the C kernels cannot build")
     monkeypatch.setenv(cpu_qgemm.ENABLE_ENV, "1")
     oracle, llm = _load(request, name)
-    model = llm.engine.model
+    model = llm.engine.worker.model
     assert isinstance(model.head.packed, cpu_qgemm.Q8Weight) and model.embed_rows is model.head.packed
     path = _model_path(request, name)
     assert model.resident_weight_bytes() <= 1.5 * Path(path).stat().st_size
@@ -250,7 +250,7 @@ def test_fp16_weights_when_the_quantized_kernels_are_off(request, monkeypatch):
 
     monkeypatch.setenv(cpu_qgemm.ENABLE_ENV, "0")
     oracle, llm = _load(request, "gemma3_270m")
-    if not isinstance(llm.engine.model.layers[0].qkv.dense, Fp16Weight):
+    if not isinstance(llm.engine.worker.model.layers[0].qkv.dense, Fp16Weight):
         pytest.skip("no fbgemm fp16 kernel, or bf16 compute here: the fp16 copies are not used")
     agree, total, mean_err = _teacher_forced(oracle, llm)
     assert total >= 1000

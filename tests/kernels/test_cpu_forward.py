@@ -19,9 +19,9 @@ pytestmark = pytest.mark.skipif(
 def _generate(path, c_layers: bool, kv_cache_dtype: str = "auto") -> list[tuple[list[int], list]]:
     engine = LLMEngine(str(path), device="cpu", dtype="float32", block_size=4, kv_cache_blocks=512,
                        max_num_batched_tokens=24, kv_cache_dtype=kv_cache_dtype)  # prompts in chunks, beside decodes
-    assert engine.model.c_layers is not None
+    assert engine.worker.model.c_layers is not None
     if not c_layers:
-        engine.model.c_layers = None
+        engine.worker.model.c_layers = None
     seqs = [engine.add_request([(7 * i + 3 * j) % 200 + 5 for j in range(9 + 13 * i)],
                                SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=3))
             for i in range(3)]
@@ -44,7 +44,7 @@ def test_one_call_over_an_int8_kv_cache(arch, tiny_gguf_factory):
 
 def test_a_bias_beyond_qkv_keeps_the_layers_one_by_one(tiny_gguf_factory):
     engine = LLMEngine(str(tiny_gguf_factory("qwen2")), device="cpu", dtype="float32", kv_cache_blocks=64)
-    layers = engine.model.layers
+    layers = engine.worker.model.layers
     assert cpu_forward.takes_layers(layers)
     layers[0].o_proj.bias = layers[0].qkv.bias[: layers[0].o_proj.packed.out_features].clone()
     assert not cpu_forward.takes_layers(layers)  # forward_layers adds q, k and v's biases only

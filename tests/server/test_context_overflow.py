@@ -1,6 +1,7 @@
 """What a request whose prompt does not fit the context gets: OpenAI's 400 by default; with vLLM's
 `truncate_prompt_tokens` the prompt's last k tokens; with localbatch's `context_overflow:
-"drop_oldest"` (chat) the conversation less its oldest turns, said in a response header."""
+"drop_oldest"` (chat) the conversation less its oldest turns, said in a response header. A prompt
+the server counted or cut goes to the engine as the token ids it counted: tokenized once."""
 
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def test_a_chat_that_fits_is_sent_whole_without_the_header(client: httpx.Client,
     r = chat(client, messages, context_overflow="drop_oldest")
     assert r.status_code == 200, r.text
     assert DROPPED not in r.headers
-    assert engine.submitted[-1].prompt == messages
+    assert engine.submitted[-1].prompt == templated(messages)
 
 
 # --- context_overflow: "drop_oldest" -------------------------------------------------------------
@@ -86,10 +87,9 @@ def test_drop_oldest_drops_the_oldest_turns_and_says_how_many(client: httpx.Clie
     expected = fewest_dropped(messages, CONTEXT - MAX_TOKENS)
     r = chat(client, messages, context_overflow="drop_oldest")
     assert r.status_code == 200, r.text
-    sent = engine.submitted[-1].prompt
-    assert sent == expected and sent[0] == SYSTEM and sent[-1] == messages[-1]
-    assert messages[1] not in sent  # the oldest question went
-    assert r.headers[DROPPED] == str(len(messages) - len(sent)) == "6"  # three of the four turns
+    assert expected[0] == SYSTEM and expected[-1] == messages[-1] and messages[1] not in expected
+    assert engine.submitted[-1].prompt == templated(expected)  # the oldest question went
+    assert r.headers[DROPPED] == str(len(messages) - len(expected)) == "6"  # three of the four turns
     assert r.json()["usage"]["prompt_tokens"] == len(templated(expected))
 
 
@@ -97,7 +97,7 @@ def test_drop_oldest_without_max_tokens_leaves_one_token(client: httpx.Client, e
     messages = conversation(4)
     r = client.post(CHAT, json={"messages": messages, "context_overflow": "drop_oldest"})
     assert r.status_code == 200, r.text
-    assert engine.submitted[-1].prompt == fewest_dropped(messages, CONTEXT - 1)
+    assert engine.submitted[-1].prompt == templated(fewest_dropped(messages, CONTEXT - 1))
     assert int(r.headers[DROPPED]) >= 2
 
 
@@ -121,7 +121,7 @@ def test_drop_oldest_streams_with_the_header(client: httpx.Client, engine: FakeE
     assert events[-1] == "[DONE]"
     usage = json.loads(events[-2])["usage"]
     assert usage["prompt_tokens"] == len(templated(fewest_dropped(messages, CONTEXT - MAX_TOKENS)))
-    assert engine.submitted[-1].prompt[-1] == messages[-1]
+    assert engine.submitted[-1].prompt == templated(fewest_dropped(messages, CONTEXT - MAX_TOKENS))
 
 
 def test_drop_oldest_counts_the_tools_prompt() -> None:
@@ -132,11 +132,13 @@ def test_drop_oldest_counts_the_tools_prompt() -> None:
     with ServerThread(engine) as srv, httpx.Client(base_url=srv.url, timeout=10) as c:
         r = chat(c, messages, context_overflow="drop_oldest", tools=[TOOL])
     assert r.status_code == 200, r.text
-    sent = engine.submitted[-1].prompt
-    assert "get_weather" in sent[0]["content"] and sent[-1] == messages[-1]
+    sent = TOK.decode(engine.submitted[-1].prompt)
+    assert sent.startswith("<system>") and "get_weather" in sent
+    assert sent.endswith(f"<user>{messages[-1]['content']}\n<assistant>")
     used, turn = r.json()["usage"]["prompt_tokens"], len(TOK.apply_chat_template(messages[1:3], False))
     assert used + MAX_TOKENS <= 1024 < used + MAX_TOKENS + turn  # one turn more would not have fit
-    assert r.headers[DROPPED] == str(len(messages) - len(sent))
+    kept = 1 + sent.count("<user>") + sent.count("<assistant>") - 1  # the system prompt; the last is the reply's
+    assert r.headers[DROPPED] == str(len(messages) - kept)
 
 
 @pytest.mark.parametrize("value", ["truncate", "stop", 1, None, True])
@@ -167,10 +169,12 @@ def test_completion_token_ids_and_batches_are_cut_each(client: httpx.Client, eng
     assert r.json()["usage"]["prompt_tokens"] == 5 + 4
 
 
-def test_a_shorter_prompt_is_left_as_it_is(client: httpx.Client, engine: FakeEngine) -> None:
-    r = client.post(COMPLETIONS, json={"prompt": "hi", "max_tokens": MAX_TOKENS, "truncate_prompt_tokens": 50})
+def test_a_shorter_prompt_is_sent_whole_and_echoed_as_written(client: httpx.Client, engine: FakeEngine) -> None:
+    body = {"prompt": "hi", "max_tokens": MAX_TOKENS, "truncate_prompt_tokens": 50, "echo": True}
+    r = client.post(COMPLETIONS, json=body)
     assert r.status_code == 200, r.text
-    assert engine.submitted[-1].prompt == "hi"
+    assert engine.submitted[-1].prompt == TOK.encode("hi")  # counted here: the engine reads the ids
+    assert r.json()["choices"][0]["text"].startswith("hi")
 
 
 @pytest.mark.parametrize("max_tokens", [MAX_TOKENS, None])
@@ -204,3 +208,23 @@ def test_truncation_after_dropping_turns(client: httpx.Client, engine: FakeEngin
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] == 30 and r.headers[DROPPED] == "6"
     assert engine.submitted[-1].prompt == templated(fewest_dropped(messages, CONTEXT - MAX_TOKENS))[-30:]
+
+
+def test_drop_oldest_then_truncation_cuts_the_ids_it_counted(client: httpx.Client, engine: FakeEngine) -> None:
+    messages = conversation(4)
+    rendered: list[int] = []
+    render = engine.apply_chat_template
+
+    def counting(*args: Any, **kwargs: Any) -> str:
+        rendered.append(1)
+        return render(*args, **kwargs)
+
+    engine.apply_chat_template = counting  # type: ignore[method-assign]
+    try:
+        r = chat(client, messages, context_overflow="drop_oldest", truncate_prompt_tokens=20)
+    finally:
+        del engine.apply_chat_template
+    assert r.status_code == 200, r.text
+    assert engine.submitted[-1].prompt == templated(fewest_dropped(messages, CONTEXT - MAX_TOKENS))[-20:]
+    # Each render counted a candidate; the kept one is not rendered again, by the server or the engine.
+    assert len(rendered) <= 4

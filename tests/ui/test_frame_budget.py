@@ -51,8 +51,6 @@ async def test_a_200_message_chat_opens_with_one_page_mounted(tmp_path: Path) ->
     assert opened_s < 10
 
 
-@pytest.mark.skip(reason="the collector's freeze is a process setting the engine owns (issue 63, item 3): the "
-                         "chat screen no longer freezes itself; this check moves to that owner's tests")
 async def test_the_built_screen_is_frozen_out_of_garbage_collection(tmp_path: Path) -> None:
     """Full collections while replies stream walked every widget of the screen (80 ms holding the
     GIL, a tab switch of 250 ms): the built screen is frozen, and thawed when it goes."""

@@ -1,7 +1,7 @@
 """The engine on its own thread, bridged to asyncio.
 
-The step thread is the only writer of engine state. Requests and aborts reach it through a queue;
-each step's deltas go back with ONE `call_soon_threadsafe` per event loop (not one per token), or
+The step thread is the only writer of engine state. Requests, aborts and switches (speculation on
+or off) reach it through a queue; each step's deltas go back with ONE `call_soon_threadsafe` per event loop (not one per token), or
 fewer where the streams let their deltas wait (`max_delay_s`), and `stats()` returns the snapshot
 taken after the last step. On a GPU they go once the next step is queued on the device.
 """
@@ -9,11 +9,8 @@ taken after the last step. On a GPU they go once the next step is queued on the 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import gc
 import logging
 import queue
-import sys
 import threading
 import time
 import uuid
@@ -22,6 +19,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.engine.api import process_settings
 from app.engine.api.engine_client import Prompt
 from app.engine.core.llm_engine import LLMEngine
 from app.engine.core.sequence import Sequence
@@ -33,7 +31,6 @@ from app.engine.types.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
-_SWITCH_INTERVAL_S = 0.002
 _IDLE_WAIT_S = 0.5  # requests and aborts wake the loop at once; this only paces the idle rate decay
 # Readers poll the snapshot a few times a second (the panels, /metrics); taking one every step
 # (a pass over every live request's block tables) cost the step thread time for nobody.
@@ -76,23 +73,23 @@ class AsyncEngine:
         self._thread = threading.Thread(
             target=self._main, args=(model, device, dtype, progress, engine_kwargs), name="localbatch-engine", daemon=True
         )
-        # The step thread releases the GIL inside every torch op and needs it back between ops; a
-        # busy caller thread (the TUI rendering) kept it for the default 5 ms switch interval each
-        # time. A shorter interval bounds that wait without starving the UI.
-        sys.setswitchinterval(_SWITCH_INTERVAL_S)
+        # The short GIL switch interval and the frozen model, held until close().
+        self._settings = process_settings.hold()
         self._thread.start()
         self._loaded.wait()
         if self._load_error is not None:
+            self._settings.release()
             raise self._load_error
-        self.tokenizer = self.engine.tokenizer
+        plan = self.engine.plan
+        self.tokenizer = plan.tokenizer
         # Random-weights engines have no tokenizer; a fallback template does not make a chat model.
         self.chat_template = self.tokenizer is not None and self.tokenizer.chat_template_name == "gguf"
         self.fim_tokens = self.tokenizer.fim_tokens if self.tokenizer is not None else None
-        self.model_name = self.engine.model_name
-        self.max_model_len = self.engine.max_model_len
-        self.device = str(self.engine.setup.device)
-        self.dtype = str(self.engine.setup.dtype).removeprefix("torch.")
-        self.backend = self.engine.backend
+        self.model_name = plan.model_name
+        self.max_model_len = plan.max_model_len
+        self.device = str(plan.setup.device)
+        self.dtype = str(plan.setup.dtype).removeprefix("torch.")
+        self.backend = self.engine.worker.backend
 
     # ---- EngineClient -------------------------------------------------------------------------
     async def stream(
@@ -144,24 +141,20 @@ class AsyncEngine:
         return self._stats
 
     def set_speculation(self, enabled: bool) -> bool:
-        speculator = self.engine.speculator
-        if speculator is None:
+        if self.engine.speculator is None:  # fixed at load
             return False
-        speculator.enabled = enabled  # one bool, read by the step thread once per decode
-        stats = self._stats  # an idle engine takes no new snapshot: show the switch at once
-        if stats.speculative is not None:
-            self._stats = dataclasses.replace(stats, speculative=dataclasses.replace(stats.speculative, enabled=enabled))
+        self._send("speculation", enabled)  # the step thread switches it before its next step
         return True
 
     def encode(self, text: str, add_bos: bool = True, *, parse_special: bool = True) -> list[int]:
-        return self.engine.require_tokenizer().encode(text, add_bos=add_bos, parse_special=parse_special)
+        return self.engine.inputs.require_tokenizer().encode(text, add_bos=add_bos, parse_special=parse_special)
 
     def decode(self, token_ids: list[int]) -> str:
-        return self.engine.require_tokenizer().decode(token_ids)
+        return self.engine.inputs.require_tokenizer().decode(token_ids)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             tools: list[dict[str, Any]] | None = None) -> str:
-        return self.engine.require_tokenizer().apply_chat_template(messages, add_generation_prompt, tools)
+        return self.engine.inputs.require_tokenizer().apply_chat_template(messages, add_generation_prompt, tools)
 
     async def aclose(self) -> None:
         # The join takes up to a step; off the loop, so the UI keeps drawing meanwhile.
@@ -172,7 +165,7 @@ class AsyncEngine:
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=10)
-        gc.unfreeze()
+        self._settings.release()
 
     # ---- the step thread ----------------------------------------------------------------------
     def _send(self, kind: str, payload: Any) -> None:
@@ -182,16 +175,14 @@ class AsyncEngine:
     def _main(self, model: str | None, device: str, dtype: str, progress: ProgressFn | None, kwargs: dict) -> None:
         try:
             self.engine = LLMEngine(model, device=device, dtype=dtype, progress=progress, **kwargs)
-            self._publish_at_launch = self.engine.setup.device.type == "cuda"
+            self._publish_at_launch = self.engine.plan.setup.device.type == "cuda"
             if self.engine.thread_tuner is not None:  # this thread is the engine's alone
                 self.engine.thread_tuner.place_team()
             self._stats, self._stats_at = self.engine.stats(), time.monotonic()
             # The model, its tokenizer tables and the KV pool are millions of long-lived objects:
             # a full collection walked them all, holding the GIL, whenever the app's rendering
-            # churned enough garbage (~25% of the UI thread's samples while streaming). Frozen
-            # until close(), so a closed engine's objects can be collected again.
-            gc.collect()
-            gc.freeze()
+            # churned enough garbage (~25% of the UI thread's samples while streaming).
+            self._settings.freeze()
         except BaseException as e:  # noqa: BLE001 - re-raised in the constructor's thread
             self._load_error = e
             return
@@ -217,7 +208,6 @@ class AsyncEngine:
         engine = self.engine
         while not self._stop.is_set():
             drained = self._drain_inbox()
-            self._pending += drained
             busy = engine.has_unfinished()
             deltas: list = []
             if busy:
@@ -240,17 +230,24 @@ class AsyncEngine:
                 if now - self._stats_at >= _STATS_PERIOD_S or not engine.has_unfinished():
                     self._stats, self._stats_at = engine.stats(), now
 
-    def _drain_inbox(self) -> list[StreamDelta | tuple[str, BaseException]]:
-        out: list = []
+    def _drain_inbox(self) -> int:
+        """Apply what the callers sent (requests, aborts, switches); their deltas and failed adds
+        join `_pending`. Returns how many items there were."""
+        count = 0
         while True:
             try:
                 kind, payload = self._inbox.get_nowait()
             except queue.Empty:
-                return out
+                return count
+            count += 1
             if kind == "add":
-                out.extend(self._add(payload))
-            elif (delta := self.engine.abort(payload)) is not None:
-                out.append(delta)
+                self._pending += self._add(payload)
+            elif kind == "abort":
+                if (delta := self.engine.abort(payload)) is not None:
+                    self._pending.append(delta)
+            elif kind == "speculation":
+                self.engine.set_speculation(payload)
+                self._stats_at = float("-inf")  # shown in the next snapshot, taken below
 
     def _add(self, seq: Sequence) -> list:
         try:

@@ -21,7 +21,7 @@ class LLM:
         progress: ProgressFn | None = None, **engine_kwargs: Any,
     ) -> None:
         self.engine = LLMEngine(model, device=device, dtype=dtype, progress=progress, **engine_kwargs)
-        self.tokenizer = self.engine.tokenizer
+        self.tokenizer = self.engine.plan.tokenizer
 
     def generate(
         self,

@@ -9,6 +9,7 @@ import itertools
 from app.engine.core.sequence import Sequence
 from app.engine.structured.compiler import ConstraintCompiler
 from app.engine.text.tokenizer import Tokenizer
+from app.engine.types.context_window import check_fits
 from app.engine.types.errors import RequestError
 from app.engine.types.prompt import Prompt
 from app.engine.types.sampling_params import SamplingParams
@@ -31,7 +32,7 @@ class InputProcessor:
         params.validate()
         params.check_token_ids(self.vocab_size)
         ids = self.tokenize_prompt(prompt)
-        max_tokens = self._check_fits(len(ids), params)
+        max_tokens = check_fits(len(ids), params.max_tokens, self.max_model_len, self.pool_tokens)
         seq = Sequence(request_id or f"req-{next(self._ids)}", ids, params, max_tokens)
         seq.grammar = self.constraints.matcher_for(params)  # compiled here, off the step thread (cached)
         return seq
@@ -57,34 +58,3 @@ class InputProcessor:
         if self.tokenizer is None:
             raise RequestError("this engine has random weights and no tokenizer: send token ids", param="prompt")
         return self.tokenizer
-
-    def _check_fits(self, num_prompt: int, params: SamplingParams) -> int:
-        """The request's max_tokens: as asked, or all the context and the pool leave."""
-        limit = self.max_model_len
-        if num_prompt >= limit:
-            raise RequestError(
-                f"the prompt has {num_prompt} tokens but the context holds {limit} (and at least one must be generated)",
-                param="prompt",
-            )
-        pool_tokens = self.pool_tokens
-        if params.max_tokens is None:
-            max_tokens = min(limit, pool_tokens) - num_prompt
-            if max_tokens < 1:
-                raise RequestError(
-                    f"the prompt has {num_prompt} tokens but the KV pool holds {pool_tokens}; "
-                    "raise --kv-cache-bytes / --kv-cache-blocks", param="prompt")
-            return max_tokens
-        max_tokens = params.max_tokens
-        if num_prompt + max_tokens > limit:
-            raise RequestError(
-                f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) = {num_prompt + max_tokens} "
-                f"exceeds the context length {limit}",
-                param="max_tokens",
-            )
-        if num_prompt + max_tokens > pool_tokens:
-            raise RequestError(
-                f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) can never fit the KV pool of "
-                f"{pool_tokens} tokens; raise --kv-cache-bytes / --kv-cache-blocks or lower max_tokens",
-                param="max_tokens",
-            )
-        return max_tokens

@@ -1,7 +1,10 @@
 """LLMEngine: puts the engine together (a `Worker` that holds the model and the KV pool, the
 `InputProcessor` that makes requests into sequences, the `Scheduler` that owns them) and runs it:
 `step()` advances every live request by one packed forward pass. Single-threaded: `AsyncEngine`
-drives it from its own thread (`make_sequence` excepted: it is safe from any thread)."""
+drives it from its own thread (`make_sequence` excepted: it is safe from any thread).
+
+What the worker decided at load (device, model, context, KV layout, the step's token budget) is
+`engine.plan`; the model and the KV pool are `engine.worker.model` and `engine.worker.runner`."""
 
 from __future__ import annotations
 
@@ -17,11 +20,9 @@ from app.engine.core.scheduler import Scheduler, SchedulerConfig
 from app.engine.core.sequence import Sequence
 from app.engine.core.speculator import Speculator
 from app.engine.core.step_budget import PrefillBudget
-from app.engine.runtime.model_runner import ModelRunner, StepOutput
+from app.engine.runtime.model_runner import StepOutput
 from app.engine.runtime.threads import ThreadTuner
 from app.engine.runtime.worker import Worker
-from app.engine.structured.compiler import ConstraintCompiler
-from app.engine.text.tokenizer import Tokenizer
 from app.engine.types.batch import ScheduledBatch
 from app.engine.types.engine_config import EngineConfig
 from app.engine.types.errors import LocalbatchError
@@ -47,29 +48,25 @@ class LLMEngine:
         cfg = self.config = EngineConfig(**engine_kwargs)
         cfg.validate()
         self.worker = Worker(cfg, device, dtype)
-        self.setup, self.kv_dtype = self.worker.setup, self.worker.kv_dtype
-        adaptive = cfg.adaptive_threads and cfg.num_threads is None and self.setup.device.type == "cpu"
+        adaptive = cfg.adaptive_threads and cfg.num_threads is None and self.worker.setup.device.type == "cpu"
         self.thread_tuner: ThreadTuner | None = ThreadTuner() if adaptive else None
-        self.worker.load_model(model, random_weights, progress)
-        w = self.worker  # what it loaded, for the engine's users
-        self.model, self.model_config, self.model_name, self.tokenizer = w.model, w.model_config, w.model_name, w.tokenizer
-        self.max_model_len, self.kv_spec, self.kv_bytes_per_token = w.max_model_len, w.kv_spec, w.kv_bytes_per_token
+        plan = self.plan = self.worker.load_model(model, random_weights, progress)
         if progress:
             progress("sizing the KV pool", None)
         num_blocks = self.worker.determine_num_blocks()
-        self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, self.kv_spec)
+        self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, plan.kv_spec)
         self.speculator = self._build_speculator(num_blocks)
         target = None if cfg.itl_target_ms is None else cfg.itl_target_ms / 1e3
-        self.prefill_budget = PrefillBudget(cfg.max_num_batched_tokens, target)
-        self.outputs = OutputProcessor(self.tokenizer, self.max_model_len)
-        self.scheduler = Scheduler(SchedulerConfig(cfg.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_waiting,
-                                                   cfg.long_prefill_token_threshold),
+        self.prefill_budget = PrefillBudget(plan.max_num_batched_tokens, target)
+        self.outputs = OutputProcessor(plan.tokenizer, plan.max_model_len)
+        self.scheduler = Scheduler(SchedulerConfig(plan.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_waiting,
+                                                   plan.long_prefill_token_threshold),
                                    self.block_manager, self.speculator, self.prefill_budget.cap, self.outputs)
         self.worker.initialize_kv_cache(num_blocks)
         self.metrics = EngineMetrics.of(self.worker)
         self._unfinished_since: float | None = None  # when the last step ended with requests left
-        pool_tokens = self.kv_spec.max_tokens(num_blocks, cfg.max_num_batched_tokens)  # a chunk's window blocks too
-        self.inputs = InputProcessor(self.tokenizer, self.model_config.vocab_size, self.max_model_len, pool_tokens)
+        pool_tokens = plan.kv_spec.max_tokens(num_blocks, plan.max_num_batched_tokens)  # a chunk's window blocks too
+        self.inputs = InputProcessor(plan.tokenizer, plan.model_config.vocab_size, plan.max_model_len, pool_tokens)
         self.worker.warm_up(progress)
 
     def _build_speculator(self, num_blocks: int) -> Speculator | None:
@@ -77,28 +74,9 @@ class LLMEngine:
         if config is None:
             return None
         draft = self.worker.load_draft_model(config.model, num_blocks) if config.model is not None else None
-        return Speculator(config, self.max_model_len, draft)
-
-    # ---- what the worker holds ----------------------------------------------------------------
-    @property
-    def runner(self) -> ModelRunner:
-        return self.worker.runner
-
-    @property
-    def backend(self) -> str:
-        return self.worker.backend
+        return Speculator(config, self.plan.max_model_len, draft)
 
     # ---- requests -----------------------------------------------------------------------------
-    @property
-    def constraints(self) -> ConstraintCompiler:
-        return self.inputs.constraints
-
-    def tokenize_prompt(self, prompt: Prompt) -> list[int]:
-        return self.inputs.tokenize_prompt(prompt)
-
-    def require_tokenizer(self) -> Tokenizer:
-        return self.inputs.require_tokenizer()
-
     def make_sequence(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None) -> Sequence:
         """Validate and tokenize a request without touching engine state (safe from any thread).
         Raises RequestError naming the problem."""
@@ -124,6 +102,13 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
+
+    def set_speculation(self, enabled: bool) -> bool:
+        """Speculative decoding on or off from the next step on; False without a speculator."""
+        if self.speculator is None:
+            return False
+        self.speculator.enabled = enabled
+        return True
 
     # ---- the step -----------------------------------------------------------------------------
     def step(self, on_launched: Callable[[], None] | None = None) -> list[StreamDelta]:

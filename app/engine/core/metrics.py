@@ -59,14 +59,15 @@ class EngineMetrics:
     @classmethod
     def of(cls, worker: Worker) -> EngineMetrics:
         """The metrics of an engine on `worker`: what a token costs in its pool, what a step reads."""
-        spec, per_token, cfg = worker.kv_spec, worker.kv_bytes_per_token, worker.model_config
+        plan = worker.plan
+        spec, per_token, cfg = plan.kv_spec, plan.kv_bytes_per_token, plan.model_config
         full_layers = sum(len(g.layers) for g in spec.groups if g.sliding_window is None)
         past_window = per_token * full_layers // cfg.num_layers if spec.is_hybrid else 0
-        kv = KVCacheInfo(str(worker.kv_dtype).removeprefix("torch."), per_token, past_window)
+        kv = KVCacheInfo(str(plan.kv_dtype).removeprefix("torch."), per_token, past_window)
         return cls(kv, MemoryTraffic(
             weight_bytes_per_step=worker.model.weight_bytes_per_step,
-            copy_bandwidth=copy_bandwidth(worker.setup.device),
-            kv_bytes_read=functools.partial(cfg.kv_bytes_read, **kv_sizes(worker.kv_dtype)),
+            copy_bandwidth=copy_bandwidth(plan.setup.device),
+            kv_bytes_read=functools.partial(cfg.kv_bytes_read, **kv_sizes(plan.kv_dtype)),
         ))
 
     def __init__(self, kv: KVCacheInfo, traffic: MemoryTraffic) -> None:

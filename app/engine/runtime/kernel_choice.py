@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from app.engine.types.cpu_info import cpu_model
+from app.kernels.cpu_info import cpu_model
 
 log = logging.getLogger(__name__)
 

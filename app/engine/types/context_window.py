@@ -1,7 +1,11 @@
-"""What to do when a chat no longer fits the context: the overflow policies the app and the HTTP
-endpoint share. `drop_oldest_turns` keeps the system messages and the newest turn and drops whole
-turns (a user message and the replies after it) from the oldest on, so what the model reads is
-still a well-formed conversation."""
+"""The context's arithmetic, in one place: whether a prompt and the tokens asked for fit
+(`check_fits`, the engine's check), what the context leaves a prompt beside a reply
+(`prompt_budget`) and a reply after a prompt (`reply_room`); and what to do when a chat no longer
+fits: the overflow policies the app and the HTTP endpoint share. `drop_oldest_turns` keeps the
+system messages and the newest turn and drops whole turns (a user message and the replies after
+it) from the oldest on, so what the model reads is still a well-formed conversation.
+
+A context of 0 is unknown (a remote server that does not say): nothing is cut or refused for it."""
 
 from __future__ import annotations
 
@@ -24,6 +28,44 @@ class ContextOverflowError(RequestError):
         super().__init__(message, param="messages")
         self.num_tokens = num_tokens
         self.budget = budget
+
+
+def prompt_budget(context: int, max_tokens: int | None) -> int:
+    """Tokens a prompt may take so that `max_tokens` more fit the context; without `max_tokens`
+    (generate until the context is full) at least one token is generated."""
+    return context - (max_tokens or 1)
+
+
+def reply_room(context: int, num_prompt_tokens: int, max_tokens: int | None) -> int | None:
+    """`max_tokens` cut to what the context leaves after the prompt; unchanged (None included)
+    when the context is unknown or the prompt alone fills it (the engine's check then says so)."""
+    if max_tokens is None or context <= num_prompt_tokens:
+        return max_tokens
+    return min(max_tokens, context - num_prompt_tokens)
+
+
+def check_fits(num_prompt_tokens: int, max_tokens: int | None, context: int, pool_tokens: int) -> int:
+    """The request's max_tokens: as asked, or (None) all that the context and the KV pool leave.
+    `pool_tokens`: the longest sequence the KV pool can hold. Raises `RequestError` naming the
+    field that does not fit."""
+    if num_prompt_tokens >= context:
+        raise RequestError(f"the prompt has {num_prompt_tokens} tokens but the context holds {context} "
+                           "(and at least one must be generated)", param="prompt")
+    if max_tokens is None:
+        left = min(context, pool_tokens) - num_prompt_tokens
+        if left < 1:
+            raise RequestError(f"the prompt has {num_prompt_tokens} tokens but the KV pool holds {pool_tokens}; "
+                               "raise --kv-cache-bytes / --kv-cache-blocks", param="prompt")
+        return left
+    total = num_prompt_tokens + max_tokens
+    if total > context:
+        raise RequestError(f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} "
+                           f"exceeds the context length {context}", param="max_tokens")
+    if total > pool_tokens:
+        raise RequestError(f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) can never fit the KV "
+                           f"pool of {pool_tokens} tokens; raise --kv-cache-bytes / --kv-cache-blocks or lower "
+                           "max_tokens", param="max_tokens")
+    return max_tokens
 
 
 def turn_starts(messages: Sequence[Message]) -> list[int]:

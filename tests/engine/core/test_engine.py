@@ -251,14 +251,14 @@ def test_error_in_one_request_fails_only_that_request(model_path, reference):
     engine = make_engine(model_path, enable_prefix_caching=False)
     seqs = [engine.add_request(p, SamplingParams(max_tokens=12, **GREEDY)) for p in reqs[:3]]
     bad = seqs[1]
-    real_run = engine.runner.run
+    real_run = engine.worker.runner.run
 
     def flaky_run(batch):
         if bad in batch.seqs and bad.num_output_tokens >= 2:
             raise RuntimeError("simulated kernel failure")
         return real_run(batch)
 
-    engine.runner.run = flaky_run
+    engine.worker.runner.run = flaky_run
     deltas = []
     while engine.has_unfinished():
         deltas += engine.step()
@@ -328,3 +328,14 @@ def test_on_launched_is_called_once_per_model_run_before_its_outputs(model_path,
         steps += 1
     assert len(calls) == steps and all(calls)
     assert [s.output_token_ids for s in seqs] == alone[:3]
+
+
+def test_load_leaves_the_config_as_given_and_decides_in_its_plan(model_path):
+    engine = make_engine(model_path, max_num_batched_tokens=None, max_model_len=64)
+    assert (engine.config.max_num_batched_tokens, engine.config.long_prefill_token_threshold) == (None, None)
+    plan = engine.plan
+    assert (plan.max_num_batched_tokens, plan.long_prefill_token_threshold) == (512, 128)  # the CPU's defaults
+    assert plan.max_model_len == 64 and plan.setup.device.type == "cpu"
+    assert engine.scheduler.config.max_num_batched_tokens == 512
+    with pytest.raises(AttributeError):
+        plan.max_model_len = 128  # frozen: what load decided stays decided

@@ -204,7 +204,7 @@ def test_window_cap_gives_the_tokens_of_keeping_everything(model_path):  # noqa:
     reqs = prompts(8, seed=21)
     keep_all = run_alone(make_engine(model_path, disable_hybrid_kv_cache_manager=True, enable_prefix_caching=False), reqs)
     batched = make_engine(model_path)
-    assert batched.kv_spec.is_hybrid
+    assert batched.plan.kv_spec.is_hybrid
     assert run_all(batched, reqs, max_tokens=12) == keep_all
     assert run_all(batched, reqs, max_tokens=12) == keep_all  # the prompts again: prefix-cache hits
     assert batched.block_manager.num_hit_tokens > 0

@@ -281,8 +281,8 @@ def test_engine_accepts_catalog_name(models, monkeypatch, tiny_gguf_factory):
     by_default = LLMEngine(device="cpu", kv_cache_blocks=8)  # the pulled chat model is the default
     by_path = LLMEngine(model=str(src), device="cpu", kv_cache_blocks=8)
     # The installed file goes by its catalog name; a copy elsewhere by its own general.name.
-    assert by_name.model_name == by_default.model_name == NAME
-    assert by_path.model_name == "tiny-llama"
+    assert by_name.plan.model_name == by_default.plan.model_name == NAME
+    assert by_path.plan.model_name == "tiny-llama"
     with pytest.raises(LocalbatchError, match="unknown model 'nope'"):
         LLMEngine(model="nope", device="cpu", kv_cache_blocks=8)
 

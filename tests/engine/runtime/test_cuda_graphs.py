@@ -51,11 +51,11 @@ def decode_meta(slots: torch.Tensor, seq_lens: torch.Tensor, table: torch.Tensor
 
 def with_eager_graphs(engine, max_num_seqs: int = 8):
     cfg = engine.config
-    width = -(-engine.max_model_len // cfg.block_size)
-    runner = engine.runner
-    runner.graphs = EagerGraphs(engine.model, runner.kv_caches, max_num_seqs, width, runner.layer_groups)
-    engine.runner.graphs.capture_all()
-    return engine.runner.graphs
+    width = -(-engine.plan.max_model_len // cfg.block_size)
+    runner = engine.worker.runner
+    runner.graphs = EagerGraphs(engine.worker.model, runner.kv_caches, max_num_seqs, width, runner.layer_groups)
+    engine.worker.runner.graphs.capture_all()
+    return engine.worker.runner.graphs
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +96,8 @@ def test_eager_buckets_equal_unpadded_steps(model_path):
     reqs = prompts(5, seed=5)
     alone = run_all(make_engine(model_path, enable_prefix_caching=False), reqs)
     engine = make_engine(model_path, enable_prefix_caching=False)
-    engine.runner.setup_decode_graphs(8, engine.max_model_len, capture=False)
-    assert engine.runner.graphs.graphs == {}
+    engine.worker.runner.setup_decode_graphs(8, engine.plan.max_model_len, capture=False)
+    assert engine.worker.runner.graphs.graphs == {}
     assert run_all(engine, reqs) == alone
 
 
@@ -120,16 +120,16 @@ def test_padding_rows_write_no_kv(model_path):
     graphs = with_eager_graphs(engine)
     # A step of 8 leaves real rows behind; then a step of 3 (bucket 4) must store exactly 3 slots.
     table = torch.arange(8, dtype=torch.int32).view(8, 1)
-    groups = engine.kv_spec.num_groups  # every group stores into the same slots here
+    groups = engine.plan.kv_spec.num_groups  # every group stores into the same slots here
     graphs.run(torch.arange(8) + 5, torch.full((8,), 2),
                [decode_meta(torch.arange(8) * 4 + 2, torch.full((8,), 3, dtype=torch.int32), table)] * groups)
-    before = [layer.k.clone() for layer in engine.runner.kv_caches]
+    before = [layer.k.clone() for layer in engine.worker.runner.kv_caches]
     slots = torch.tensor([40, 44, 48])
     table = torch.tensor([[10], [11], [12]], dtype=torch.int32)
     hidden = graphs.run(torch.tensor([7, 8, 9]), torch.tensor([0, 0, 0]),
                         [decode_meta(slots, torch.ones(3, dtype=torch.int32), table)] * groups)
-    assert hidden.shape == (3, engine.model_config.hidden_size)
-    for layer, old in zip(engine.runner.kv_caches, before):
+    assert hidden.shape == (3, engine.plan.model_config.hidden_size)
+    for layer, old in zip(engine.worker.runner.kv_caches, before):
         changed = (layer.k.flatten(0, 1) != old.flatten(0, 1)).flatten(1).any(1).nonzero().flatten()
         assert changed.tolist() == slots.tolist()  # the three real slots, nothing for the padding row
 
@@ -171,7 +171,7 @@ def test_cuda_graph_replay_is_bitwise_eager(tiny_gguf_factory):
     """A replay and the same padded bucket run eagerly give identical hidden states."""
     engine = make_engine(tiny_gguf_factory("llama"), device="cuda", dtype="bfloat16", block_size=16,
                          kv_cache_blocks=64, max_num_seqs=8)
-    graphs = engine.runner.graphs
+    graphs = engine.worker.runner.graphs
     n = 5  # bucket 8
     ids, pos = torch.arange(n) + 3, torch.arange(n) * 3  # sequence i: block i, positions < 16
     slots = torch.arange(n) * 16 + pos

@@ -48,7 +48,7 @@ def test_cuda_engine_matches_plain_fp32_on_the_cpu(tiny_gguf_factory, monkeypatc
             m.setenv(name, value)
         ref = generate(make_engine(path, kv_cache_dtype="float32"), reqs)
     engine = make_engine(path, device="cuda", kv_cache_dtype="float32", enforce_eager=eager)
-    assert bool(engine.runner.graphs and engine.runner.graphs.graphs) != eager
+    assert bool(engine.worker.runner.graphs and engine.worker.runner.graphs.graphs) != eager
     got = generate(engine, reqs)
     for (ref_ids, ref_lps), (ids, lps) in zip(ref, got):
         assert ids == ref_ids

@@ -19,31 +19,31 @@ needs_c = pytest.mark.skipif(cpu_forward._library() is None, reason="no C compil
 def test_fp32_on_a_cpu_runs_everything_in_c_in_one_call(kv_cache_dtype, stored, tiny_gguf_factory) -> None:
     engine = LLMEngine(str(tiny_gguf_factory("llama")), device="cpu", dtype="float32", kv_cache_blocks=64,
                        kv_cache_dtype=kv_cache_dtype)
-    plan = engine.model.plan
+    plan = engine.worker.model.plan
     assert (plan.rows, plan.attention, plan.one_call, plan.kv_dtype) == (RowOps.C, Attention.C, True, stored)
-    assert engine.backend == f"C kernels ({cpu_qgemm.isa()})"
+    assert engine.worker.backend == f"C kernels ({cpu_qgemm.isa()})"
 
 
 @needs_c
 def test_a_bf16_kv_cache_keeps_the_c_rows_and_says_why_attention_is_torch(tiny_gguf_factory) -> None:
     engine = LLMEngine(str(tiny_gguf_factory("llama")), device="cpu", dtype="float32", kv_cache_blocks=64,
                        kv_cache_dtype="bfloat16")
-    plan = engine.model.plan
+    plan = engine.worker.model.plan
     assert (plan.rows, plan.attention, plan.one_call) == (RowOps.C, Attention.TORCH, False)
     assert plan.unified_attention is not None and plan.store_kv is not None  # the torch reference's, named
-    assert engine.backend == (f"C kernels ({cpu_qgemm.isa()}); attention in torch "
+    assert engine.worker.backend == (f"C kernels ({cpu_qgemm.isa()}); attention in torch "
                               "(the C attention reads fp32, fp16 or int8 KV caches, not bfloat16)")
 
 
 def test_bf16_compute_runs_torch_throughout(tiny_gguf_factory) -> None:
     engine = LLMEngine(str(tiny_gguf_factory("llama")), device="cpu", dtype="bfloat16", kv_cache_blocks=64)
-    assert engine.model.plan == KernelPlan(RowOps.TORCH, Attention.TORCH, kv_dtype=torch.bfloat16)
-    assert engine.backend == "torch kernels: bfloat16 compute"
+    assert engine.worker.model.plan == KernelPlan(RowOps.TORCH, Attention.TORCH, kv_dtype=torch.bfloat16)
+    assert engine.worker.backend == "torch kernels: bfloat16 compute"
 
 
 def test_a_pool_of_another_dtype_than_the_plan_is_refused_not_run(tiny_gguf_factory) -> None:
     engine = LLMEngine(str(tiny_gguf_factory("llama")), device="cpu", dtype="float32", kv_cache_blocks=64)
-    model = engine.model
+    model = engine.worker.model
     wrong = allocate_kv_caches(model.cfg, 4, 16, torch.int8, torch.device("cpu"))
     with pytest.raises(ValueError, match="int8 KV cache given to a model built for torch.float16"):
         model.hidden_states(torch.tensor([1]), torch.tensor([0]), None, wrong)

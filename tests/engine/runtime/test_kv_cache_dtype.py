@@ -48,7 +48,7 @@ def model_path(tiny_gguf_factory):
 def reference(model_path):
     """Each of 6 prompts run alone over an int8 pool, prefix caching off."""
     engine = make_engine(model_path, enable_prefix_caching=False, **INT8)
-    assert engine.runner.kv_caches[0].k.dtype == torch.int8 and engine.runner.kv_caches[0].quantized
+    assert engine.worker.runner.kv_caches[0].k.dtype == torch.int8 and engine.worker.runner.kv_caches[0].quantized
     reqs = prompts(6)
     return reqs, run_alone(engine, reqs)
 
@@ -78,12 +78,12 @@ def test_int8_pool_holds_about_twice_the_bf16_tokens(model_path):
     budget = 1 << 20
     engines = {name: make_engine(model_path, kv_cache_blocks=None, kv_cache_bytes=budget, kv_cache_dtype=name)
                for name in ("bfloat16", "int8")}
-    cfg = engines["int8"].model_config
+    cfg = engines["int8"].plan.model_config
     per_head = {"bfloat16": 2 * cfg.head_dim, "int8": cfg.head_dim + 4}  # data (+ fp32 scale)
     for name, engine in engines.items():
         assert engine.stats().kv_bytes_per_token == 2 * cfg.num_layers * cfg.num_kv_heads * per_head[name]
         # A pool block holds 4 tokens of one layer (one KV cache group of one layer).
-        assert engine.stats().num_blocks_total == budget // (engine.kv_bytes_per_token // cfg.num_layers * 4)
+        assert engine.stats().num_blocks_total == budget // (engine.plan.kv_bytes_per_token // cfg.num_layers * 4)
     ratio = engines["int8"].stats().num_blocks_total / engines["bfloat16"].stats().num_blocks_total
     assert ratio == pytest.approx(per_head["bfloat16"] / per_head["int8"], rel=0.02)  # 1.78 at head_dim 32; 1.97 at 256
     # A bf16 pool under fp32 compute serves too (stored rounded, attended in fp32).

@@ -78,7 +78,7 @@ def run(engine: LLMEngine, prompts: list, params: list[SamplingParams]) -> list[
 
 
 def text(engine: LLMEngine, seq: Sequence) -> str:
-    return engine.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+    return engine.plan.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
 
 
 def seeded(n: int = len(SEEDS), **params) -> list[SamplingParams]:
@@ -87,7 +87,7 @@ def seeded(n: int = len(SEEDS), **params) -> list[SamplingParams]:
 
 
 def no_whitespace(engine: LLMEngine) -> dict[int, float]:
-    tok = engine.tokenizer
+    tok = engine.plan.tokenizer
     return {i: -100.0 for i in range(tok.vocab_size) if tok.token_to_bytes(i) and not tok.token_to_bytes(i).strip()}
 
 
@@ -119,9 +119,9 @@ def test_json_schema_output_validates(gemma):
 
 def test_json_schema_as_text_is_the_same_constraint(gemma):
     gemma.make_sequence(PROMPT, SamplingParams(max_tokens=10, json_schema=PERSON))
-    cached = gemma.constraints.num_cached
+    cached = gemma.inputs.constraints.num_cached
     gemma.make_sequence(PROMPT, SamplingParams(max_tokens=10, json_schema=json.dumps(PERSON, indent=2)))
-    assert gemma.constraints.num_cached == cached  # one compiled grammar for both spellings
+    assert gemma.inputs.constraints.num_cached == cached  # one compiled grammar for both spellings
 
 
 @pytest.mark.parametrize("engine_name", ["gemma", "qwen"])
@@ -213,9 +213,9 @@ def test_preemption_keeps_the_grammar_state(gemma_path):
 
 def test_n_sequences_get_their_own_matchers_from_one_compiled_grammar(gemma):
     params = SamplingParams(max_tokens=30, temperature=1.0, regex="(ab|ba|c){2,5}")  # one params object, n=3
-    before = gemma.constraints.num_cached
+    before = gemma.inputs.constraints.num_cached
     seqs = [gemma.make_sequence(PROMPT, params) for _ in range(3)]
-    assert gemma.constraints.num_cached == before + 1
+    assert gemma.inputs.constraints.num_cached == before + 1
     assert len({id(s.grammar) for s in seqs}) == 3
     for seq in seqs:
         gemma.add_sequence(seq)
@@ -230,7 +230,7 @@ def test_max_tokens_cut_is_length(gemma):
 
 
 def test_stop_token_only_where_the_grammar_is_complete(gemma):
-    eos = gemma.tokenizer.eos_token_id
+    eos = gemma.plan.tokenizer.eos_token_id
     for seq in run(gemma, [PROMPT] * 3, seeded(3, regex="[a-c]{3}", logit_bias={eos: 100.0})):
         assert seq.finish_reason == "stop" and seq.output_token_ids[-1] == eos
         assert re.fullmatch("[a-c]{3}", text(gemma, seq))
@@ -249,7 +249,7 @@ def test_finished_and_aborted_sequences_drop_their_matcher(gemma):
 def test_logprobs_are_those_of_the_masked_logits(gemma):
     # "a" and "b" are pieces and byte tokens (<0x61>, <0x62>): 4 allowed tokens, ranked first.
     seq, = run(gemma, [PROMPT], seeded(1, regex="[ab]", logprobs=6))
-    tok = gemma.tokenizer
+    tok = gemma.plan.tokenizer
     first = seq.logprobs[0]
     allowed = {t: lp for t, lp in first.items() if lp > float("-inf")}
     assert {tok.token_to_bytes(t) for t in allowed} == {b"a", b"b"} and len(first) - len(allowed) >= 2
@@ -269,7 +269,7 @@ def test_logit_bias_forces_and_bans(qwen):
 
 
 def test_logit_bias_outside_the_vocabulary_is_a_request_error(qwen):
-    vocab = qwen.model_config.vocab_size
+    vocab = qwen.plan.model_config.vocab_size
     with pytest.raises(RequestError) as err:
         qwen.add_request([5, 6], SamplingParams(logit_bias={vocab: 1.0}))
     assert err.value.param == "logit_bias" and str(vocab) in str(err.value)
@@ -332,5 +332,5 @@ def test_real_model_json_follows_the_schema_at_temperature(monkeypatch: pytest.M
     seqs = run(engine, [chat] * 3, seeded(3, json_schema=schema, max_tokens=60))
     for seq in seqs:
         assert seq.finish_reason == "stop", text(engine, seq)
-        assert seq.output_token_ids[-1] in engine.tokenizer.stop_token_ids
+        assert seq.output_token_ids[-1] in engine.plan.tokenizer.stop_token_ids
         jsonschema.validate(json.loads(text(engine, seq)), schema)
