@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pytest
 from textual.widgets import TabbedContent
 
 from app.ui.message_list import HISTORY_PAGE
