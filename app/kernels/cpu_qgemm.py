@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from app.kernels import cpu_build
-from app.kernels.settings import ISA_ENV, QUANT_KERNELS_ENV, KernelSettings  # noqa: F401  (ISA_ENV: read by the C side)
+from app.kernels.settings import QUANT_KERNELS_ENV, KernelSettings
 
 GROUP = 32
 CHUNK_ROWS = 4096  # rows packed at a time: fp32 temporaries stay small even for a 262k-row head

@@ -32,10 +32,6 @@ class Int8Weight:
     def supported(weight: torch.Tensor) -> bool:
         return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and Int8Weight.available()
 
-    @classmethod
-    def build(cls, weight: torch.Tensor, requantize_int4: bool = False) -> Int8Weight | None:
-        return cls(weight) if cls.supported(weight) else None
-
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] == 0:
             return x.new_empty((0, self.q.shape[0]))
@@ -61,13 +57,6 @@ class Int4Weight:
         self.q = packed
         self.scale = scale_zero  # [in_features / GROUP, out_features, 2] bf16
         self.out_features = out_features
-
-    @classmethod
-    def build(cls, weight: torch.Tensor, requantize_int4: bool = False) -> Int4Weight | None:
-        """A bf16 CPU matrix on a 4-bit grid, or any such one with `requantize_int4`."""
-        if not Int8Weight.supported(weight):
-            return None
-        return cls.from_grid(weight) or (cls.requantized(weight) if requantize_int4 else None)
 
     @classmethod
     def from_grid(cls, weight: torch.Tensor) -> Int4Weight | None:
@@ -143,10 +132,6 @@ class Fp16Weight:
     @staticmethod
     def supported(weight: torch.Tensor) -> bool:
         return weight.device.type == "cpu" and weight.dtype == torch.float32 and Fp16Weight.available()
-
-    @classmethod
-    def build(cls, weight: torch.Tensor) -> Fp16Weight | None:
-        return cls(weight) if cls.supported(weight) else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] == 0:

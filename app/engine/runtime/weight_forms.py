@@ -39,7 +39,7 @@ from app.kernels import registry
 from app.kernels.cpu_qgemm import CHUNK_ROWS, GROUP, Q4KWeight, Q4Weight, Q5Weight, Q6Weight, Q8Weight, SplitWeight
 from app.kernels.registry import EmbeddingRequest, WeightRequest
 from app.kernels.settings import KernelSettings
-from app.kernels.torch_weights import Fp16Weight, Int4Weight, Int8Weight, grid_levels
+from app.kernels.torch_weights import Fp16Weight, Int4Weight, Int8Weight
 
 
 class WeightForm(Protocol):
@@ -379,6 +379,3 @@ def group_weight(weight: torch.Tensor) -> GroupWeight:
     """The C kernels' copy of a tensor: the fewest bits that hold it (8 requantizes)."""
     return group_form(TensorMatrix(weight))
 
-
-def dense_of(matrix: torch.Tensor | Matrix) -> torch.Tensor:
-    return matrix if isinstance(matrix, torch.Tensor) else matrix.dense()

@@ -14,7 +14,7 @@ from app.engine.gguf.catalog import installed_path
 from app.engine.gguf.loader import load_gguf
 from app.engine.gguf.quants import SUPPORTED_TYPES, BlockTensor
 from app.engine.runtime.decoder import DecoderLM
-from app.engine.runtime.kernel_plan import weight_plan
+from app.engine.runtime.kernel_plan import doctor_plan, weight_plan
 from app.engine.runtime.weight_forms import TypedMatrix
 from app.kernels import cpu_qgemm, registry
 from app.kernels.settings import KernelSettings
@@ -154,3 +154,15 @@ def test_the_registry_lists_each_ops_entries_in_order() -> None:
     assert all(e.build is not None for e in registry.ENTRIES if e.op.startswith(("weight", "embedding")))
     with pytest.raises(ValueError, match="no op named 'gemm'"):
         registry.entries("gemm")
+
+
+def test_the_doctor_prints_the_settings_and_each_models_plan(tiny_gguf_factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOCALBATCH_CPU_ATTENTION", "torch")
+    rows = doctor_plan(torch.device("cpu"), torch.float32, torch.float16, {"tiny": tiny_gguf_factory("qwen2")})
+    assert rows[0] == ("settings", "LOCALBATCH_CPU_ATTENTION=torch (of LOCALBATCH_LINEAR_KERNEL, "
+                                   "LOCALBATCH_CPU_QUANT_KERNELS, LOCALBATCH_CPU_ATTENTION, LOCALBATCH_CPU_ISA)")
+    key, plan = rows[1]
+    assert key == "plan" and plan.startswith("tiny: attention torch (not triton: CUDA only; not c: "
+                                             "LOCALBATCH_CPU_ATTENTION=torch) · row ops ")
+    if cpu_qgemm.library() is not None:
+        assert plan.endswith(" · q8 x8; output q8; token table fp16")
