@@ -16,7 +16,8 @@ from app.engine.gguf.quants import SUPPORTED_TYPES, BlockTensor
 from app.engine.runtime.decoder import DecoderLM
 from app.engine.runtime.kernel_plan import doctor_plan, weight_plan
 from app.engine.runtime.weight_forms import TypedMatrix
-from app.kernels import cpu_qgemm, registry
+from app.kernels import cpu_attention, cpu_build, cpu_ops, cpu_qgemm, registry
+from app.kernels.registry import AttentionRequest, RowRequest
 from app.kernels.settings import KernelSettings
 
 needs_gemm = pytest.mark.skipif(cpu_qgemm.library() is None,
@@ -166,3 +167,15 @@ def test_the_doctor_prints_the_settings_and_each_models_plan(tiny_gguf_factory, 
                                              "LOCALBATCH_CPU_ATTENTION=torch) · row ops ")
     if cpu_qgemm.library() is not None:
         assert plan.endswith(" · q8 x8; output q8; token table fp16")
+
+
+def test_a_machine_without_the_c_library_plans_torch_and_says_why(tiny_gguf_factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No C compiler, or a CPU without AVX2/FMA/F16C: every choice falls to torch's, named."""
+    for module in (cpu_qgemm, cpu_attention, cpu_ops):
+        monkeypatch.setattr(module, "library", lambda: None)
+    monkeypatch.setattr(cpu_build, "library", lambda: cpu_build.KernelLibrary(None, "no C compiler found"))
+    assert set(weight_plan(tiny_gguf_factory("qwen2"), torch.float32, DEFAULTS).values()) == {"fp16"}
+    request = AttentionRequest("cpu", torch.float32, torch.float16, 4, 64, rope=True)
+    assert [(e.name, why) for e, why in registry.verdicts("attention", request)] == [
+        ("triton", "CUDA only"), ("c", "no C compiler found"), ("torch", None)]
+    assert registry.choose("row_ops", RowRequest("cpu", torch.float32, (64, 128), "silu")).name == "torch"
