@@ -17,7 +17,7 @@ import torch
 from app.engine.gguf.model_config import ModelConfig
 from app.engine.gguf.reader import GGUFFile
 from app.engine.runtime.weight_forms import Source, TypedMatrix, fused, takes_groups
-from app.kernels import attention_kernels, cpu_attention, registry
+from app.kernels import attention_kernels, registry
 from app.kernels.registry import AttentionRequest, EmbeddingRequest, RowRequest, WeightRequest
 from app.kernels.settings import ENV_VARS, KernelSettings
 
@@ -53,6 +53,7 @@ class KernelPlan:
     one_call: bool = False  # every layer in one C call (cpu_forward); set by the decoder, which has the weights
     kv_dtype: torch.dtype = torch.float32
     settings: KernelSettings = field(default_factory=KernelSettings, compare=False)  # as read when planned
+    why_torch: str | None = field(default=None, compare=False)  # the registry's reason the C kernels passed
     # A TRITON or TORCH attention's kernels, filled in from `attention` (C has its own fused calls).
     unified_attention: Callable | None = field(default=None, compare=False)
     store_kv: Callable | None = field(default=None, compare=False)
@@ -72,9 +73,7 @@ class KernelPlan:
             return backend
         left = " and ".join(name for name, ours in (("row ops", self.rows is RowOps.C),
                                                     ("attention", self.attention is Attention.C)) if not ours)
-        why = "this model's sizes"
-        if self.attention is not Attention.C and self.kv_dtype not in cpu_attention.CACHE_DTYPES:
-            why = f"the C attention reads fp32, fp16 or int8 KV caches, not {str(self.kv_dtype).removeprefix('torch.')}"
+        why = self.why_torch or "this model's sizes"
         return f"{backend}; {left} in torch ({why})"
 
 
@@ -82,9 +81,13 @@ def plan_kernels(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, kv_
                  settings: KernelSettings | None = None) -> KernelPlan:
     """The rows and attention kernels for this model (`one_call` is the decoder's to add)."""
     settings = settings or KernelSettings.from_env()
-    rows = registry.choose("row_ops", row_request(cfg, dtype, device)).name
-    attention = registry.choose("attention", attention_request(cfg, dtype, device, kv_dtype, settings)).name
-    return KernelPlan(rows, attention, kv_dtype=kv_dtype, settings=settings)
+    requests = {"row_ops": row_request(cfg, dtype, device),
+                "attention": attention_request(cfg, dtype, device, kv_dtype, settings)}
+    chosen = {op: registry.choose(op, request).name for op, request in requests.items()}
+    why = [dict((e.name, reason) for e, reason in registry.verdicts(op, request))["c"]
+           for op, request in requests.items() if chosen[op] != "c"]
+    return KernelPlan(chosen["row_ops"], chosen["attention"], kv_dtype=kv_dtype, settings=settings,
+                      why_torch="; ".join(why) or None)
 
 
 def row_request(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> RowRequest:
