@@ -231,13 +231,15 @@ def cmd_rm(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     """What this machine gives the engine, and what `--device auto` will run: the CPU's flags, the C
     compiler, the C kernels (built now if they were not: nothing is left to build at first use),
-    CUDA, and the pulled models."""
+    CUDA, the pulled models, the kernel settings read and each model's plan from the registry."""
     import platform
 
     import torch
 
     from app.engine.gguf.catalog import CATALOG, installed_path
     from app.engine.runtime.device import resolve_device
+    from app.engine.runtime.kernel_plan import doctor_plan
+    from app.engine.runtime.kv_pool import resolve_kv_cache_dtype
     from app.kernels.cpu_info import cpu_model
     from app.kernels import cpu_build, cpu_qgemm, triton_available
 
@@ -257,6 +259,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         ("--device auto", f"{setup.device.type} · {str(setup.dtype).removeprefix('torch.')} · {setup.backend}"),
         ("models", ", ".join(name for name in CATALOG if installed_path(name)) or "none pulled"),
     ]
+    rows += doctor_plan(setup.device, setup.dtype, resolve_kv_cache_dtype("auto", setup.dtype, setup.device),
+                        {name: installed_path(name) for name in CATALOG if installed_path(name)})
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")

@@ -327,7 +327,7 @@ def _report(args: argparse.Namespace) -> int:
 
 def _setup_llama_cpp(args: argparse.Namespace) -> int:
     from app.bench.llama_cpp import default_dir, setup
-    from app.engine.types.cpu_info import cpu_flags
+    from app.kernels.cpu_info import cpu_flags
 
     bin_dir = setup(args.dir or default_dir(), cpu_flags(), args.jobs or os.cpu_count() or 1)
     print(f"llama.cpp built in {bin_dir}" + (f"; pass --llama-cpp {args.dir} to the benchmarks" if args.dir else ""))

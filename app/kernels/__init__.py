@@ -2,40 +2,29 @@
 them (the specification, and what runs where neither applies).
 
 The engine picks its kernels once per model (`runtime/kernel_plan.py`, through `attention_kernels`);
-`unified_attention` and `store_kv` here choose per call, for callers without a plan (tests,
-benchmarks). Importing this package never imports CUDA or compiles anything; Triton kernels load
-lazily, the first time they are asked for.
+`unified_attention` and `store_kv` here ask the same registry (`registry.py`) per call, for callers
+without a plan (tests, benchmarks). Importing this package never imports CUDA or compiles anything;
+Triton kernels load lazily, the first time they are asked for.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import torch
 
-from app.kernels import cpu_attention
+from app.kernels import cpu_attention, registry
 from app.kernels.kv_cache import KVCacheLayer, check_kv_cache
 from app.kernels.kv_quant import is_quantized_kv
 from app.kernels.metadata import AttentionMetadata
 from app.kernels.reference import store_kv_ref, unified_attention_ref
+from app.kernels.registry import AttentionRequest, triton_available
+from app.kernels.settings import KernelSettings
 
 __all__ = [
-    "AttentionMetadata", "KVCacheLayer", "attention_kernels", "is_quantized_kv", "store_kv", "store_kv_ref",
+    "AttentionMetadata", "KVCacheLayer", "attention_backend", "attention_kernels", "is_quantized_kv", "store_kv", "store_kv_ref",
     "triton_available", "unified_attention", "unified_attention_ref",
 ]
-
-
-@functools.lru_cache(maxsize=1)
-def triton_available() -> bool:
-    """True when the Triton kernels can run here: Triton imports and a CUDA device is present."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def attention_kernels(backend: str) -> tuple[Callable, Callable]:
@@ -51,10 +40,11 @@ def attention_kernels(backend: str) -> tuple[Callable, Callable]:
     return unified_attention_ref, store_kv_ref
 
 
-def _backend(t: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor | None) -> str:
-    if t.is_cuda and triton_available():
-        return "triton"
-    return "c" if cpu_attention.handles(t, k_cache, k_scale) else "torch"
+def attention_backend(t: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor | None) -> str:
+    """The registry's attention entry for a call on `t` (queries, or keys to store) over `k_cache`."""
+    request = AttentionRequest(t.device.type, t.dtype, k_cache.dtype, t.shape[1], t.shape[2],
+                               scales=k_scale is not None, settings=KernelSettings.from_env())
+    return registry.choose("attention", request).name
 
 
 def unified_attention(
@@ -72,7 +62,7 @@ def unified_attention(
     """
     _check_attention_args(q, k_cache, v_cache, out, meta, sliding_window, softcap)
     check_kv_cache(k_cache, v_cache, k_scale, v_scale)
-    backend = _backend(q, k_cache, k_scale)
+    backend = attention_backend(q, k_cache, k_scale)
     if backend == "c":
         return cpu_attention.unified_attention(q, k_cache, v_cache, out, meta, scale, sliding_window, softcap,
                                                k_scale, v_scale)
@@ -89,7 +79,7 @@ def store_kv(
     row into an int8/fp8 cache and its scale. Triton on CUDA, C for an fp32/fp16/int8 CPU cache, else torch."""
     _check_store_args(k, v, k_cache, v_cache, slot_mapping)
     check_kv_cache(k_cache, v_cache, k_scale, v_scale)
-    backend = _backend(k, k_cache, k_scale)
+    backend = attention_backend(k, k_cache, k_scale)
     if backend == "c":
         cpu_attention.store_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
         return

@@ -17,18 +17,18 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 
 import torch
 
 from app.kernels import cpu_build
+from app.kernels.settings import ATTENTION_ENV, KernelSettings
 from app.kernels.kv_cache import KVCacheLayer
 from app.kernels.metadata import AttentionMetadata
 
-BACKEND_ENV = "LOCALBATCH_CPU_ATTENTION"  # "torch": the reference instead of the C kernel
+BACKEND_ENV = ATTENTION_ENV  # "torch": the reference instead of the C kernel (read in `settings`)
 KV_KINDS = {torch.float32: 0, torch.float16: 1, torch.int8: 2}  # cpu_kernels.h's KV_F32, KV_F16, KV_I8
 CACHE_DTYPES = tuple(KV_KINDS)
-_MAX_HEADS = 128  # query heads the kernel's stack buffers hold
+MAX_HEADS = 128  # query heads the kernel's stack buffers hold
 
 
 class KVPools(ctypes.Structure):
@@ -57,27 +57,15 @@ def _library() -> ctypes.CDLL | None:
     }, restypes={"paged_attention": ctypes.c_int})
 
 
-def available() -> bool:
-    """The kernels are built here and not turned off (`LOCALBATCH_CPU_ATTENTION=torch`)."""
-    return os.environ.get(BACKEND_ENV, "c") != "torch" and _library() is not None
+def library() -> ctypes.CDLL | None:
+    """The C library with these kernels, None where it does not build here."""
+    return _library()
 
 
-def handles(q: torch.Tensor, k_cache: torch.Tensor, k_scale: torch.Tensor | None) -> bool:
-    """Whether the C kernels take this call: fp32 CPU tensors, an fp32, fp16 or int8 cache (int8 with
-    its scales), a head size the vector loops cover, and the library built here."""
-    return (
-        q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype in CACHE_DTYPES
-        and (k_scale is not None) == (k_cache.dtype == torch.int8)
-        and q.shape[2] % 8 == 0 and q.shape[1] <= _MAX_HEADS and available()
-    )
-
-
-def takes(device: torch.device, dtype: torch.dtype, cache_dtype: torch.dtype, heads: int, head_dim: int) -> bool:
-    """Whether a model's whole attention block runs here (`rope_store_kv`, then `unified_attention`),
-    asked once per model: fp32 CPU compute, an fp32, fp16 or int8 cache, a head size the kernels' buffers
-    hold (a multiple of 16, at most 512), the library built and not turned off."""
-    return (device.type == "cpu" and dtype == torch.float32 and cache_dtype in CACHE_DTYPES
-            and head_dim % 16 == 0 and head_dim <= 512 and heads <= _MAX_HEADS and available())
+def available(settings: KernelSettings | None = None) -> bool:
+    """The kernels are built here and not turned off (`LOCALBATCH_CPU_ATTENTION=torch`). What they
+    take is the registry's to say (`registry.paged_c`, `registry.rope_c`)."""
+    return (settings or KernelSettings.from_env()).c_attention and _library() is not None
 
 
 def int64_slots(slot_mapping: torch.Tensor) -> torch.Tensor:
@@ -91,7 +79,7 @@ def rope_store_kv(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, n
     """The qkv projection's rows `[tokens, (heads + 2 * kv_heads) * head_dim]` in one C pass: q and k
     heads RMS-normed by `norm_w` (`[heads + kv_heads, head_dim]`, if given) and rotated by the
     step's cos / signed-sin `tables` (`[tokens, 1, head_dim]` fp32 each), k and v stored in their
-    slots of `kv`. Returns q `[tokens, heads, head_dim]` (`takes` said yes for the model)."""
+    slots of `kv`. Returns q `[tokens, heads, head_dim]` (the registry chose the C attention for the model)."""
     qkv = qkv.contiguous()
     cos, sin = (t.contiguous() for t in tables)
     slots = int64_slots(slot_mapping)
@@ -108,7 +96,7 @@ def rope_store_kv(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, n
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
              v_scale: torch.Tensor | None = None) -> None:
-    """`store_kv_ref` for an fp32, fp16 or int8 cache (`handles` said yes): the same bits."""
+    """`store_kv_ref` for an fp32, fp16 or int8 cache (the registry chose the C attention): the same bits."""
     k, v = k.float().contiguous(), v.float().contiguous()
     slots = int64_slots(slot_mapping)
     _library().store_kv(k.data_ptr(), v.data_ptr(), slots.data_ptr(), k.shape[0], k_cache.shape[2], k_cache.shape[3],
@@ -120,7 +108,7 @@ def unified_attention(
     scale: float, sliding_window: int | None = None, softcap: float | None = None,
     k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`unified_attention_ref` for an fp32, fp16 or int8 cache (`handles` said yes); writes and
+    """`unified_attention_ref` for an fp32, fp16 or int8 cache (the registry chose the C attention); writes and
     returns `out`."""
     num_tokens, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]

@@ -27,16 +27,14 @@ def _library() -> ctypes.CDLL | None:
 GLU_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}  # the C kernel's `act` codes
 
 
-def takes(device: torch.device, dtype: torch.dtype, widths: list[int], act: str) -> bool:
-    """Whether a model's row ops can run here, asked once per model: fp32 CPU compute, every row
-    width (hidden size, MLP width, head size under a q/k norm) one the vector loops cover, an
-    activation the kernel has, and the library built."""
-    return (device.type == "cpu" and dtype == torch.float32 and all(w % 8 == 0 for w in widths)
-            and act in GLU_ACTIVATIONS and _library() is not None)
+def library() -> ctypes.CDLL | None:
+    """The C library with these kernels, None where it does not build here. Where a model's row ops
+    run is the registry's to say (`registry`, op `row_ops`)."""
+    return _library()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """`x / sqrt(mean(x^2) + eps) * weight` over the last dim (`takes` said yes for the model)."""
+    """`x / sqrt(mean(x^2) + eps) * weight` over the last dim (the registry chose the C row ops for the model)."""
     x = x.contiguous()
     out = torch.empty_like(x)
     _call(x, None, None, weight, out, eps)
@@ -45,7 +43,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(x + residual, rms_norm(x + residual))` in one pass (`takes` said yes for the model;
+    """`(x + residual, rms_norm(x + residual))` in one pass (the registry chose the C row ops for the model;
     residual of x's shape and dtype)."""
     x = x.contiguous()
     total, out = torch.empty_like(x), torch.empty_like(x)
@@ -63,7 +61,7 @@ def _call(x: torch.Tensor, residual: torch.Tensor | None, total: torch.Tensor | 
 
 
 def glu(x: torch.Tensor, act: str) -> torch.Tensor:
-    """`act(gate) * up` for `gate, up = x.chunk(2, -1)`, `[M, F]` (`takes` said yes for the model)."""
+    """`act(gate) * up` for `gate, up = x.chunk(2, -1)`, `[M, F]` (the registry chose the C row ops for the model)."""
     x = x.contiguous()
     f = x.shape[1] // 2
     out = torch.empty((x.shape[0], f), dtype=torch.float32)

@@ -34,22 +34,27 @@ import abc
 import ctypes
 import functools
 import mmap
-import os
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from app.kernels import cpu_build
+from app.kernels.settings import QUANT_KERNELS_ENV, KernelSettings
 
 GROUP = 32
 CHUNK_ROWS = 4096  # rows packed at a time: fp32 temporaries stay small even for a 262k-row head
-ENABLE_ENV = "LOCALBATCH_CPU_QUANT_KERNELS"  # "0": fp32 compute takes fbgemm's fp16 weights instead
+ENABLE_ENV = QUANT_KERNELS_ENV  # "0": fp32 compute takes fbgemm's fp16 weights instead (read in `settings`)
 
 
-def enabled() -> bool:
+def enabled(settings: KernelSettings | None = None) -> bool:
     """Not turned off (`LOCALBATCH_CPU_QUANT_KERNELS=0`), and built here."""
-    return os.environ.get(ENABLE_ENV, "1") != "0" and _library() is not None
+    return (settings or KernelSettings.from_env()).quant_kernels and _library() is not None
+
+
+def library() -> ctypes.CDLL | None:
+    """The C library with the GEMM, None where it does not build here."""
+    return _library()
 
 
 @functools.lru_cache(maxsize=1)
@@ -61,7 +66,6 @@ def _library() -> ctypes.CDLL | None:
 
 
 ISA_NAMES = {0: "AVX2", 1: "AVX-512 VNNI"}
-ISA_ENV = "LOCALBATCH_CPU_ISA"  # "avx2": the AVX2 tiles even where the CPU has AVX-512 VNNI
 
 
 def isa() -> str | None:

@@ -13,7 +13,9 @@ import torch
 from app import kernels
 from app.engine.runtime.decoder import DecoderLayer, RotaryEmbedding
 from app.engine.runtime.kernel_plan import Attention, KernelPlan, RowOps
-from app.kernels import KVCacheLayer, cpu_attention
+from app.kernels import KVCacheLayer, cpu_attention, registry
+from app.kernels.registry import AttentionRequest
+from app.kernels.settings import KernelSettings
 from tests.kernels.test_kernels import (
     ATTN_CASES, AttnCase, SENTINEL, STORE_CASES, attention_error, attention_metadata, make_attention_inputs, store_error,
 )
@@ -57,7 +59,7 @@ FP32_CASES.update({
 
 def c_attention(*args, k_scale=None, v_scale=None) -> torch.Tensor:
     q, k_cache = args[0], args[1]
-    assert cpu_attention.handles(q, k_cache, k_scale)
+    assert kernels.attention_backend(q, k_cache, k_scale) == "c"
     return cpu_attention.unified_attention(*args, k_scale=k_scale, v_scale=v_scale)
 
 
@@ -193,7 +195,7 @@ def test_store_matches_reference(cache_dtype: str) -> None:
     spec = dict(STORE_CASES["kv_heads3-head_dim48"], cache_dtype=cache_dtype, zero_row=cache_dtype == "int8")
     dtype = getattr(torch, cache_dtype)
     scale = torch.zeros(1, 16, 3) if dtype == torch.int8 else None
-    assert cpu_attention.handles(torch.zeros(1, 3, 48), torch.zeros(1, 16, 3, 48, dtype=dtype), scale)
+    assert kernels.attention_backend(torch.zeros(1, 3, 48), torch.zeros(1, 16, 3, 48, dtype=dtype), scale) == "c"
     assert store_error(spec, kernels.store_kv) == 0.0
     assert store_error(dict(spec, fused=True), kernels.store_kv) == 0.0
 
@@ -215,7 +217,7 @@ def test_rope_store_matches_the_torch_ops(cache_dtype, style: str, qk_norm: bool
     meta = kernels.AttentionMetadata(torch.tensor([0, tokens], dtype=torch.int32), torch.tensor([tokens], dtype=torch.int32),
                                      torch.zeros(1, 4, dtype=torch.int32), torch.tensor([9, 0, 31, -1, 16]))
     outs = []
-    assert cpu_attention.takes(torch.device("cpu"), torch.float32, cache_dtype, heads, d)
+    assert _model_attention(cache_dtype, heads, d) == "c"
     for plan in (KernelPlan(RowOps.TORCH, Attention.C), KernelPlan(RowOps.TORCH, Attention.TORCH)):
         layer.plan = plan
         scale = {"k_scale": torch.full((2, 16, kv_heads), 7.0), "v_scale": torch.full((2, 16, kv_heads), 7.0)}
@@ -230,8 +232,8 @@ def test_rope_store_matches_the_torch_ops(cache_dtype, style: str, qk_norm: bool
 
 def test_the_torch_backend_can_be_chosen(monkeypatch) -> None:
     monkeypatch.setenv(cpu_attention.BACKEND_ENV, "torch")
-    assert not cpu_attention.handles(torch.zeros(1, 4, 32), torch.zeros(1, 16, 1, 32), None)
-    assert not cpu_attention.takes(torch.device("cpu"), torch.float32, torch.float32, 4, 32)
+    assert kernels.attention_backend(torch.zeros(1, 4, 32), torch.zeros(1, 16, 1, 32), None) == "torch"
+    assert _model_attention(torch.float32, 4, 32) == "torch"
 
 
 @pytest.mark.parametrize("q_dtype,cache_dtype,head_dim", [
@@ -239,5 +241,25 @@ def test_the_torch_backend_can_be_chosen(monkeypatch) -> None:
 ])
 def test_what_the_kernel_does_not_take_goes_to_the_reference(q_dtype, cache_dtype, head_dim) -> None:
     scale = torch.ones(1, 16, 1) if cache_dtype == torch.float8_e4m3fn else None
-    assert not cpu_attention.handles(torch.zeros(1, 4, head_dim, dtype=q_dtype),
-                                     torch.zeros(1, 16, 1, head_dim, dtype=cache_dtype), scale)
+    assert kernels.attention_backend(torch.zeros(1, 4, head_dim, dtype=q_dtype),
+                                     torch.zeros(1, 16, 1, head_dim, dtype=cache_dtype), scale) == "torch"
+
+
+def _model_attention(cache_dtype: torch.dtype, heads: int, head_dim: int) -> str:
+    """The registry's attention for a model's block (paged attention, store and the fused RoPE pass)."""
+    request = AttentionRequest("cpu", torch.float32, cache_dtype, heads, head_dim, rope=True,
+                               settings=KernelSettings.from_env())
+    return registry.choose("attention", request).name
+
+
+@pytest.mark.parametrize("head_dim,call,model", [(48, "c", "c"), (24, "c", "torch"), (12, "torch", "torch"),
+                                                 (512, "c", "c"), (528, "c", "torch")])
+def test_a_model_needs_both_c_kernels_a_call_needs_the_paged_one(head_dim: int, call: str, model: str) -> None:
+    """Paged attention and the store take whole 8-lane vectors; the fused RoPE pass (a model's block
+    only) takes 16-lane halves up to its 512-value row buffers: one declaration each, composed."""
+    assert kernels.attention_backend(torch.zeros(1, 2, head_dim), torch.zeros(1, 16, 1, head_dim), None) == call
+    assert _model_attention(torch.float32, 2, head_dim) == model
+    reasons = dict((e.name, why) for e, why in registry.verdicts("attention", AttentionRequest(
+        "cpu", torch.float32, torch.float32, 2, head_dim, rope=True)))
+    assert reasons["triton"] == "CUDA only" and reasons["torch"] is None
+    assert (reasons["c"] is None) == (model == "c")

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from app.engine.runtime import decoder
 from app.engine.runtime.kernel_plan import RowOps
-from app.kernels import cpu_ops
+from app.kernels import cpu_ops, registry
+from app.kernels.registry import RowRequest
 
 pytestmark = pytest.mark.skipif(
     cpu_ops._library() is None, reason="no C compiler or no AVX2/FMA/F16C here: the C kernels cannot build"
@@ -63,13 +64,17 @@ def test_glu_matches_float64_and_rows_are_batch_invariant(act: str) -> None:
 CPU = torch.device("cpu")
 
 
+def _row_ops(device: torch.device, dtype: torch.dtype, widths: list[int], act: str) -> str:
+    return registry.choose("row_ops", RowRequest(device.type, dtype, tuple(widths), act)).name
+
+
 def test_a_model_takes_the_row_kernels_only_where_they_cover_every_row() -> None:
-    assert cpu_ops.takes(CPU, torch.float32, [576, 1536, 64], "silu")
-    assert cpu_ops.takes(CPU, torch.float32, [640, 2048], "gelu_tanh")
-    assert not cpu_ops.takes(CPU, torch.bfloat16, [576, 1536], "silu")
-    assert not cpu_ops.takes(CPU, torch.float32, [576, 1536], "relu")
-    assert not cpu_ops.takes(CPU, torch.float32, [576, 12], "silu")  # not a multiple of 8
-    assert not cpu_ops.takes(torch.device("meta"), torch.float32, [576, 1536], "silu")
+    assert _row_ops(CPU, torch.float32, [576, 1536, 64], "silu") == "c"
+    assert _row_ops(CPU, torch.float32, [640, 2048], "gelu_tanh") == "c"
+    assert _row_ops(CPU, torch.bfloat16, [576, 1536], "silu") == "torch"
+    assert _row_ops(CPU, torch.float32, [576, 1536], "relu") == "torch"
+    assert _row_ops(CPU, torch.float32, [576, 12], "silu") == "torch"  # not a multiple of 8
+    assert _row_ops(torch.device("meta"), torch.float32, [576, 1536], "silu") == "torch"
 
 
 def test_argmax_is_torchs_first_maximum_nan_and_all() -> None:

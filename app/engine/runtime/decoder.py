@@ -16,18 +16,13 @@ import torch.nn.functional as F
 
 from app.engine.gguf.model_config import ModelConfig
 from app.engine.gguf.quants import GridForm
-from app.engine.runtime.kernel_plan import Attention, KernelPlan, RowOps, plan_kernels
+from app.engine.runtime.kernel_plan import INT4_HEAD_MIN_VOCAB, LAYER_MATRICES, Attention, KernelPlan, RowOps, plan_kernels
 from app.engine.runtime.linear import Linear, nbytes, storage_key
-from app.engine.runtime.weight_forms import GroupWeight, Matrix, as_matrix, dense_of, file_groups, fused, grid_packed
+from app.engine.runtime.weight_forms import GroupWeight, Matrix, TensorMatrix, as_matrix, embedding_forms, fused
 from app.kernels import AttentionMetadata, KVCacheLayer, cpu_attention, cpu_forward, cpu_ops, cpu_qgemm
 from app.kernels.cpu_qgemm import C_FORMS
 
 RopeTables = tuple[torch.Tensor, torch.Tensor]  # cos, signed sin at the step's positions
-
-# From this vocabulary size on, the bf16 CPU path's output projection is requantized to int4: it is
-# then most of the bytes a decode step reads, and a small head gains little and loses more accuracy
-# (figures: docs/benchmarks.md, "Figures behind constants").
-INT4_HEAD_MIN_VOCAB = 131072
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, ops: RowOps = RowOps.TORCH) -> torch.Tensor:
@@ -98,8 +93,9 @@ class DecoderLayer:
                  plan: KernelPlan, grids: dict[str, GridForm] | None = None) -> None:
         p = f"blk.{idx}."
 
-        def linear(*names: str, bias: torch.Tensor | None = None) -> Linear:
-            return Linear(fused([w[p + n] for n in names], grids, [p + n for n in names]), bias)
+        def linear(kind: str, bias: torch.Tensor | None = None) -> Linear:
+            names = [p + n for n in LAYER_MATRICES[kind]]
+            return Linear(fused([w[n] for n in names], grids, names), bias, settings=plan.settings)
 
         self.cfg = cfg
         self.plan = plan
@@ -108,18 +104,18 @@ class DecoderLayer:
         self.rope = rope
         self.attn_norm = w[p + "attn_norm.weight"]
         qkv_bias = torch.cat([w[p + "attn_q.bias"], w[p + "attn_k.bias"], w[p + "attn_v.bias"]]) if cfg.attn_bias else None
-        self.qkv = linear("attn_q.weight", "attn_k.weight", "attn_v.weight", bias=qkv_bias)
+        self.qkv = linear("qkv", bias=qkv_bias)
         # q and k are normalised and rotated as one [tokens, q_heads + kv_heads, head_dim] tensor:
         # half the small ops of doing them apart, the same numbers (both are per-head operations).
         self.qk_norm = None
         if cfg.qk_norm:
             q_norm, k_norm = w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"]
             self.qk_norm = torch.cat([q_norm.expand(cfg.num_heads, -1), k_norm.expand(cfg.num_kv_heads, -1)])
-        self.o_proj = linear("attn_output.weight")
+        self.o_proj = linear("o_proj")
         self.post_attn_norm = w.get(p + "post_attention_norm.weight")
         self.ffn_norm = w[p + "ffn_norm.weight"]
-        self.gate_up = linear("ffn_gate.weight", "ffn_up.weight")
-        self.down = linear("ffn_down.weight")
+        self.gate_up = linear("gate_up")
+        self.down = linear("down")
         self.post_ffw_norm = w.get(p + "post_ffw_norm.weight")
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
@@ -198,11 +194,13 @@ class DecoderLM:
         lm_head = weights[head_name]
         self.final_norm = weights["output_norm.weight"]
         self.dtype = embed.dtype
+        self.kv_dtype = kv_dtype or self.dtype
+        plan = plan_kernels(cfg, self.dtype, device, self.kv_dtype)  # the settings are read here, once
         # The output projection is the biggest matrix (262k x 640 for Gemma 3): its packed copy (int8,
         # int4 for a large vocabulary with bf16 compute; 8-bit groups with fp32 compute) cuts the
         # bytes a small batch reads; above its measured crossover the dense weight serves.
         self.head = Linear(as_matrix(lm_head, (grids or {}).get(head_name), fit_grid=grids is None),
-                           requantize_int4=cfg.vocab_size >= INT4_HEAD_MIN_VOCAB)
+                           requantize_int4=cfg.vocab_size >= INT4_HEAD_MIN_VOCAB, settings=plan.settings)
         self.embed, self.embed_rows = self._embedding(embed, lm_head is embed, grids)
         rope_global = RotaryEmbedding(
             cfg.head_dim, cfg.max_position, cfg.rope_theta, cfg.rope_style, cfg.rope_scaling_factor, device
@@ -211,8 +209,6 @@ class DecoderLM:
         if cfg.rope_theta_local is not None:
             rope_local = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta_local, cfg.rope_style, 1.0, device)
         self.ropes = list({rope_global: None, rope_local: None})
-        self.kv_dtype = kv_dtype or self.dtype
-        plan = plan_kernels(cfg, self.dtype, device, self.kv_dtype)
         self.layers = [
             DecoderLayer(cfg, i, weights, rope_local if cfg.is_sliding(i) else rope_global, plan, grids)
             for i in range(cfg.num_layers)
@@ -225,26 +221,15 @@ class DecoderLM:
 
     def _embedding(self, embed: torch.Tensor | Matrix, tied: bool, grids: dict[str, GridForm] | None
                    ) -> tuple[torch.Tensor | None, GroupWeight | None]:
-        """The token table as a tensor, or as C kernels' groups the batch's rows are read from.
-
-        With fp32 compute only the batch's rows are read from the table once the head keeps its own
-        copy: a tied table is read from the head's 4/5/6/8-bit groups (exact for Q8_0, Q4 and Q5
-        sources; Gemma 3's 262k x 640: no second copy instead of 671 MB), an untied 4/5/6-bit one
-        from its own groups, any other kept in fp16."""
-        head = self.head
-        if embed.dtype != torch.float32 or head.weight is not None:
-            return (head.weight if tied and head.weight is not None else dense_of(embed)), None
-        if tied and isinstance(head.packed, C_FORMS) and head.dense is None:
-            return None, head.packed
-        if isinstance(embed, torch.Tensor):
-            grid = (grids or {}).get("token_embd.weight")
-            groups = None if grid is None else grid_packed(grid)
-        else:
-            groups = file_groups(embed)
-        if groups is not None:  # an untied 4/5/6-bit table: its groups, not an fp16 copy
-            return None, groups
-        table = dense_of(embed)
-        return (table.half() if _fits_fp16(table) else table), None
+        """The token table as a tensor, or as C kernels' groups the batch's rows are read from (the
+        registry's `embedding` op). With fp32 compute only the batch's rows are read from the table
+        once the head keeps its own copy: a tied table from the head's 4/5/6/8-bit groups (exact for
+        Q8_0, Q4 and Q5 sources; Gemma 3's 262k x 640: no second copy instead of 671 MB), an untied
+        4/5/6-bit one from its own groups, any other kept in fp16 where its values fit."""
+        if isinstance(embed, torch.Tensor):  # a tensor's grid only as the file gave it: none fitted
+            embed = TensorMatrix(embed, (grids or {}).get("token_embd.weight"), fit_grid=False)
+        table, rows, self.embed_plan = embedding_forms(embed, self.head, tied)
+        return table, rows
 
     def weight_bytes_per_step(self, rows: int = 1) -> int:
         """Bytes a forward of `rows` logits rows reads from the weights whatever its batch: every
@@ -305,10 +290,6 @@ class DecoderLM:
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden `[n, hidden_size]` -> fp32 logits `[n, vocab]`."""
         return self.head(hidden).float()
-
-
-def _fits_fp16(t: torch.Tensor) -> bool:
-    return bool(t.abs().max() < torch.finfo(torch.float16).max)
 
 
 def _unique_bytes(items: list) -> int:

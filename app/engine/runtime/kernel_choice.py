@@ -24,10 +24,11 @@ from pathlib import Path
 import torch
 
 from app.kernels.cpu_info import cpu_model
+from app.kernels.settings import LINEAR_KERNEL_ENV, KernelSettings
 
 log = logging.getLogger(__name__)
 
-KERNEL_ENV = "LOCALBATCH_LINEAR_KERNEL"  # "packed" (or "int8") | "dense" | "auto" (default)
+KERNEL_ENV = LINEAR_KERNEL_ENV  # "packed" (or "int8") | "dense" | "auto" (default), read in `settings`
 _ROW_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 _REPEATS = 5  # best of: a busy machine only ever makes a call slower
 _EVICT_BYTES = 64 << 20  # twice a last-level cache: writing it pushes the weight out
@@ -49,20 +50,15 @@ class KernelChoice:
         return f"KernelChoice(packed_max_rows={self.packed_max_rows})"
 
 
-def dense_forced() -> bool:
-    """`LOCALBATCH_LINEAR_KERNEL=dense`: every matrix as loaded, no packed or fp16 copy (exact fp32
-    math where the compute dtype is fp32: what the model tests compare with a reference)."""
-    return os.environ.get(KERNEL_ENV, "auto") == "dense"
-
-
 def choose_packed_rows(packed_fn: Callable[[torch.Tensor], torch.Tensor], dense_fn: Callable[[torch.Tensor], torch.Tensor],
                      shape: tuple[int, int], dtype: torch.dtype, cache_path: Path | None = None,
-                     kind: str | None = None) -> KernelChoice:
+                     kind: str | None = None, forced: str | None = None) -> KernelChoice:
     """The row counts at which `packed_fn` (a form named `kind`, by default its `name`: "int8" or
     "int4") beats `dense_fn` for a `shape` weight on this machine (input `[rows, shape[1]]`), from the cache or measured now
-    (once per machine and shape: the larger the matrix, the longer) and cached."""
-    forced = os.environ.get(KERNEL_ENV, "auto")
-    if forced in ("packed", "int8"):
+    (once per machine and shape: the larger the matrix, the longer) and cached. `forced`: the
+    setting of `LOCALBATCH_LINEAR_KERNEL` ("packed", "dense"; default read from the environment)."""
+    forced = forced or KernelSettings.from_env().linear_kernel
+    if forced == "packed":
         return KernelChoice(PACKED_EVERYWHERE)
     if forced == "dense":
         return KernelChoice(0)

@@ -14,7 +14,7 @@ is a large vocabulary's output projection (`requantize_int4`), where the accurac
 With fp32 compute (a CPU whose bf16 GEMMs are slower than fp32 ones: AVX2 without AVX512-BF16,
 where torch's int4/int8 kernels want bf16 activations too) every matrix keeps its GGUF precision as
 4/5/6/8-bit groups for the C kernels (`cpu_qgemm`) where they build, built from the file's blocks.
-The forms and the one choice among them live in `weight_forms`. Otherwise
+The forms are declared in the registry (`app/kernels/registry.py`); `weight_forms` asks it. Otherwise
 (`LOCALBATCH_CPU_QUANT_KERNELS=0`, no C compiler) it is kept as fbgemm's fp16 copy instead of
 fp32: half the bytes, fp32 activations in and out, finer rounding than bf16, faster than fp32 at
 a few rows and as fast at prefill sizes (figures in docs/tuning.md).
@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from app.engine.gguf.quants import GridForm, Q6Form
 from app.engine.runtime.weight_forms import Fp16Weight, Matrix, PackedWeight, as_matrix, choose_forms
+from app.kernels.settings import KernelSettings
 
 __all__ = ["Linear", "nbytes", "storage_key"]
 
@@ -36,23 +37,26 @@ class Linear:
     `choice.packed_max_rows` rows and the dense kernel above: the weight itself, or with fp32
     compute on a CPU its fbgemm fp16 copy (as fast as fp32 from one row to prefill sizes, half the
     bytes), which then replaces it. With the C kernels (`cpu_qgemm`) the 4/5/6/8-bit groups are the
-    only copy and serve every row count. The forms are chosen once (`weight_forms.choose_forms`)."""
+    only copy and serve every row count. The forms are chosen once, by the registry (`weight_forms.choose_forms`)."""
 
     def __init__(
         self, weight: torch.Tensor | Matrix, bias: torch.Tensor | None = None, *, allow_packed: bool = True,
         requantize_int4: bool = False, grid: GridForm | Q6Form | None = None, fit_grid: bool = True,
+        settings: KernelSettings | None = None,
     ) -> None:
         """`weight`: a tensor, or a matrix still in the file's blocks (`BlockTensor`, `FusedMatrix`).
         `grid`: a tensor's 4/5-bit groups (or Q6_K blocks) as the file holds them, taken as they are
         by the C kernels. Without one, `fit_grid` looks for a 4/5-bit grid in the values (a source
-        read without grids); False: the loader knows there is none (Q6_K, Q8_0), so 8-bit groups."""
+        read without grids); False: the loader knows there is none (Q6_K, Q8_0), so 8-bit groups.
+        `settings`: as the model read them (default: read now)."""
         forms = choose_forms(as_matrix(weight, grid, fit_grid), allow_packed=allow_packed,
-                             requantize_int4=requantize_int4)
+                             requantize_int4=requantize_int4, settings=settings)
         self.weight: torch.Tensor | None = forms.weight
         self.bias = bias
         self.dense: Fp16Weight | None = forms.dense
         self.packed: PackedWeight | None = forms.packed
         self.choice = forms.choice
+        self.plan = forms.plan  # the registry entries chosen, e.g. "q4k", "fp16", "tensor+int8"
 
     def uses_packed(self, rows: int) -> bool:
         return self.packed is not None and self.choice.use_packed(rows)

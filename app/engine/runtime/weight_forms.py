@@ -1,5 +1,8 @@
 """The forms a weight matrix is held in, one class each with the kernel that multiplies it, and the
-one place that picks a matrix's forms (`choose_forms`) when the model is built.
+matrix side of choosing among them: `choose_forms` (a `Linear`'s) and `embedding_forms` (the token
+table's) hand a matrix to the registry (`app/kernels/registry.py`), which declares what each form
+accepts and how it is built, in order; here is what a matrix offers it (`Source`: its file's grid,
+read from the GGUF types alone for file blocks, its rows, its tensor).
 
 | form | kernel | where |
 |---|---|---|
@@ -28,11 +31,15 @@ from typing import Protocol
 
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType
 
-from app.engine.gguf.quants import BlockTensor, GridForm, NibbleForm, Q6Form, Q6Parts
-from app.engine.runtime.kernel_choice import PACKED_EVERYWHERE, KernelChoice, choose_packed_rows, dense_forced
-from app.kernels import cpu_qgemm
+from app.engine.gguf.quants import BlockTensor, GridForm, NibbleForm, Q6Form, Q6Parts, type_name
+from app.engine.runtime.kernel_choice import PACKED_EVERYWHERE, KernelChoice, choose_packed_rows
+from app.kernels import registry
 from app.kernels.cpu_qgemm import CHUNK_ROWS, GROUP, Q4KWeight, Q4Weight, Q5Weight, Q6Weight, Q8Weight, SplitWeight
+from app.kernels.registry import EmbeddingRequest, WeightRequest
+from app.kernels.settings import KernelSettings
+from app.kernels.torch_weights import Fp16Weight, Int4Weight, Int8Weight
 
 
 class WeightForm(Protocol):
@@ -139,243 +146,163 @@ def fused(parts: Sequence[torch.Tensor | Matrix], grids: dict | None = None, nam
     return matrices[0] if len(matrices) == 1 else FusedMatrix(matrices)
 
 
-class Int8Weight:
-    """int8 weights with one bf16 scale per output row (symmetric, absmax / 127)."""
-
-    name = "int8"
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        w = weight.float()
-        scale = (w.abs().amax(1) / 127.0).clamp(min=1e-12)
-        self.q = torch.round(w / scale.unsqueeze(1)).clamp(-127, 127).to(torch.int8).contiguous()
-        self.scale = scale.to(torch.bfloat16)
-        self.out_features = self.q.shape[0]
-
-    @staticmethod
-    def supported(weight: torch.Tensor) -> bool:
-        return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and hasattr(torch, "_weight_int8pack_mm")
-
-    @classmethod
-    def build(cls, weight: torch.Tensor, requantize_int4: bool = False) -> Int8Weight | None:
-        return cls(weight) if cls.supported(weight) else None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 0:
-            return x.new_empty((0, self.q.shape[0]))
-        return torch._weight_int8pack_mm(x.to(torch.bfloat16), self.q, self.scale)
-
-    @property
-    def nbytes(self) -> int:
-        return self.q.numel() + self.scale.numel() * self.scale.element_size()
-
-
-class Int4Weight:
-    """4-bit weights for `torch.ops.aten._weight_int4pack_mm_for_cpu`: groups of `GROUP` along each
-    row, w = (q - 8) * scale + zero with bf16 scale and zero per group. Made by `from_grid` (a
-    4-bit source) or `requantized` (any source)."""
-
-    name = "int4"
-    GROUP = 32
-    # A 4-bit source rebuilt from its bf16 copy misses by bf16 rounding (a small share of a level
-    # step: docs/tuning.md); a 5-bit or finer one misses by up to half a step.
-    _TOLERANCE = 0.2
-
-    def __init__(self, packed: torch.Tensor, scale_zero: torch.Tensor, out_features: int) -> None:
-        self.q = packed
-        self.scale = scale_zero  # [in_features / GROUP, out_features, 2] bf16
-        self.out_features = out_features
-
-    @classmethod
-    def build(cls, weight: torch.Tensor, requantize_int4: bool = False) -> Int4Weight | None:
-        """A bf16 CPU matrix on a 4-bit grid, or any such one with `requantize_int4`."""
-        if not Int8Weight.supported(weight):
-            return None
-        return cls.from_grid(weight) or (cls.requantized(weight) if requantize_int4 else None)
-
-    @classmethod
-    def from_grid(cls, weight: torch.Tensor) -> Int4Weight | None:
-        """The int4 copy of `weight` if every group of 32 already holds at most 16 evenly spaced
-        levels (a dequantized Q4 tensor), else None. Checked chunk by chunk, so a matrix that is
-        not 4-bit costs one chunk."""
-        return cls._pack(weight, check=True)
-
-    @classmethod
-    def requantized(cls, weight: torch.Tensor) -> Int4Weight | None:
-        """`weight` rounded to 16 evenly spaced levels per group of 32 (min to max), whatever its
-        source: new rounding error, so only where its accuracy was measured. None where torch's
-        int4 kernel does not take the shape."""
-        return cls._pack(weight, check=False)
-
-    @classmethod
-    def _pack(cls, weight: torch.Tensor, check: bool) -> Int4Weight | None:
-        n, k = weight.shape
-        if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu") or k % cls.GROUP or n % 16:
-            return None
-        levels, scale_zero = [], []
-        for start in range(0, n, CHUNK_ROWS):  # the grid check's fp32 temporaries stay small
-            found = cls._grid(weight[start : start + CHUNK_ROWS], check)
-            if found is None:
-                return None
-            levels.append(found[0])
-            scale_zero.append(found[1])
-        try:
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.cat(levels), 1)
-        except RuntimeError:
-            return None  # a shape or build this torch's int4 kernel does not take
-        return cls(packed, torch.cat(scale_zero, 1).contiguous(), n)
-
-    @classmethod
-    def _grid(cls, rows: torch.Tensor, check: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(levels int32 `[rows, k]`, scale/zero `[k / GROUP, rows, 2]`), or None if `check` and
-        the rows are off the grid."""
-        w = rows.float().view(rows.shape[0], -1, cls.GROUP)
-        q, step, low = grid_levels(w)
-        scale_zero = torch.cat((step, low + 8 * step), -1).to(torch.bfloat16)  # as the kernel reads them
-        if check:
-            rebuilt = (q - 8) * scale_zero[..., :1].float() + scale_zero[..., 1:].float()
-            if bool(((rebuilt - w).abs() > cls._TOLERANCE * step).any()):
-                return None
-        return q.to(torch.int32).view(rows.shape), scale_zero.transpose(0, 1)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 0:
-            return x.new_empty((0, self.out_features))
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.q, self.GROUP, self.scale)
-
-    @property
-    def nbytes(self) -> int:
-        return self.q.numel() * self.q.element_size() + self.scale.numel() * self.scale.element_size()
-
-
-class Fp16Weight:
-    """fbgemm's fp16 GEMM (`quantized::linear_dynamic_fp16`): the weight packed as fp16, fp32
-    activations in and out. No activation quantization: a row's numbers depend on the rest of the
-    batch only through fp32 summation order, as with the dense fp32 GEMM."""
-
-    name = "fp16"
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        self.out_features, self.in_features = weight.shape
-        self.packed = torch.ops.quantized.linear_prepack_fp16(weight.float().contiguous(), None)
-
-    @staticmethod
-    def supported(weight: torch.Tensor) -> bool:
-        return (weight.device.type == "cpu" and weight.dtype == torch.float32
-                and "fbgemm" in torch.backends.quantized.supported_engines
-                and hasattr(torch.ops.quantized, "linear_dynamic_fp16"))
-
-    @classmethod
-    def build(cls, weight: torch.Tensor) -> Fp16Weight | None:
-        return cls(weight) if cls.supported(weight) else None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 0:
-            return x.new_empty((0, self.out_features))
-        return torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
-
-    @property
-    def nbytes(self) -> int:
-        return self.out_features * self.in_features * 2
-
-
 GroupWeight = Q4Weight | Q5Weight | Q6Weight | Q8Weight | SplitWeight
 PackedWeight = Int8Weight | Int4Weight | Fp16Weight | GroupWeight
 
-# Tried in order for a matrix with bf16 compute on a CPU: the first that takes it is the packed copy
-# for few rows (up to the measured crossover).
-FEW_ROWS_FORMS: tuple[type[Int4Weight] | type[Int8Weight], ...] = (Int4Weight, Int8Weight)
+# The grid each GGUF type's blocks hold, named as the registry's forms; others have none (8-bit groups).
+TYPE_LAYOUTS = {"Q4_K": "q4k", "Q4_0": "q4", "Q4_1": "q4", "Q5_0": "q5", "Q5_1": "q5", "Q5_K": "q5", "Q6_K": "q6"}
+LAYOUT_BITS = {"q4k": 4, "q4": 4, "q5": 5, "q6": 6}
 
 
-def takes_groups(device: torch.device, dtype: torch.dtype) -> bool:
+def layout_of(matrix: Matrix) -> str | None:
+    """The grid `matrix`'s file holds it on, as the registry names forms ("q4k", "q4", "q5", "q6";
+    "mixed": a fused matrix of parts on several), None if it has none. Known from the GGUF types
+    alone for file blocks (a model's plan reads only the headers); a tensor's is its grid, fitted
+    from the values where allowed."""
+    if isinstance(matrix, FusedMatrix):
+        return _fused_layout(matrix.parts)
+    if hasattr(matrix, "ggml_type"):  # file blocks (`BlockTensor`), or a header's `TypedMatrix`
+        return TYPE_LAYOUTS.get(type_name(matrix.ggml_type))
+    return _grid_layout(matrix.grid())
+
+
+def _fused_layout(parts: Sequence[Matrix]) -> str:
+    """Rows of several parts: one 4-bit or Q6_K form where every part is one (Q4_K only where all
+    are), 5-bit groups where all are 4/5-bit and one is 5, else "mixed" (each run its own form)."""
+    layouts = [layout_of(p) if hasattr(p, "ggml_type") else None for p in parts]
+    bits = {LAYOUT_BITS.get(layout) for layout in layouts}
+    if bits == {4}:
+        return "q4k" if set(layouts) == {"q4k"} else "q4"
+    if bits == {6}:
+        return "q6"
+    return "q5" if None not in bits and 6 not in bits else "mixed"
+
+
+def _grid_layout(grid: GridForm | Q6Form | None) -> str | None:
+    if grid is None:
+        return None
+    if isinstance(grid, Q6Form):
+        return "q6"
+    if grid.bits == 4:
+        return "q4k" if grid.scales is not None else "q4"
+    return "q5"
+
+
+class Source:
+    """A matrix as the registry's forms read it (`registry.WeightSource`): its layout and a tensor's
+    fitted grid found once, its dense tensor made once."""
+
+    def __init__(self, matrix: Matrix) -> None:
+        self.matrix = matrix
+        self.shape, self.dtype, self.device = matrix.shape, matrix.dtype, matrix.device
+        self._file = hasattr(matrix, "ggml_type") or isinstance(matrix, FusedMatrix)
+        self._found: tuple[str | None, GridForm | Q6Form | None] | None = None
+        self._dense: torch.Tensor | None = None
+
+    def layout(self) -> str | None:
+        if self._found is None:
+            grid = None if self._file else self.matrix.grid()
+            self._found = (layout_of(self.matrix) if self._file else _grid_layout(grid), grid)
+        return self._found[0]
+
+    def blocks(self) -> GridForm | Q6Form | NibbleForm | Q6Parts | None:
+        """The layout's numbers: 4-bit and Q6_K file blocks as they pack (nibbles), 5-bit ones as
+        their grid, a tensor's grid as found."""
+        layout = self.layout()
+        if not self._file:
+            return self._found[1]
+        return self.matrix.nibbles() if layout in ("q4k", "q4", "q6") else self.matrix.grid()
+
+    def runs(self) -> list[Source]:
+        """A fused matrix's runs of consecutive parts of one grid size, each one source."""
+        parts = getattr(self.matrix, "parts", [self.matrix])
+        runs = [list(run) for _, run in itertools.groupby(parts, key=lambda p: getattr(p, "grid_bits", None))]
+        return [Source(run[0] if len(run) == 1 else FusedMatrix(run)) for run in runs]
+
+    def rows(self, start: int, end: int) -> torch.Tensor:
+        return self.matrix.rows(start, end)
+
+    def dense(self) -> torch.Tensor:
+        if self._dense is None:
+            self._dense = self.matrix.dense()
+        return self._dense
+
+    def fits_fp16(self) -> bool:
+        return bool(self.dense().abs().max() < torch.finfo(torch.float16).max)
+
+
+class TypedMatrix:
+    """A matrix known only from its GGUF header (type, shape): enough for the registry to plan its
+    forms without reading its blocks (`kernel_plan.weight_plan`). `blocks` False: the loader will
+    hand it out dequantized, with no grid (compute the C kernels do not take)."""
+
+    def __init__(self, ggml_type: int, shape: Sequence[int], dtype: torch.dtype = torch.float32,
+                 blocks: bool = True, device: torch.device = torch.device("cpu")) -> None:
+        self.ggml_type = int(ggml_type) if blocks else int(GGMLQuantizationType.F32)
+        self.shape, self.dtype, self.device = torch.Size(int(d) for d in shape), dtype, device
+
+    @property
+    def grid_bits(self) -> int | None:
+        return LAYOUT_BITS.get(TYPE_LAYOUTS.get(type_name(self.ggml_type)))
+
+
+def takes_groups(device: torch.device, dtype: torch.dtype, settings: KernelSettings | None = None) -> bool:
     """Whether matrices on `device` in `dtype` take the C kernels' groups (so the loader hands out
     their blocks): fp32 compute on a CPU, the C kernels asked for and built."""
-    return device.type == "cpu" and dtype == torch.float32 and cpu_qgemm.enabled()
+    return registry.takes_groups(device, dtype, settings)
 
 
-def group_form(matrix: Matrix) -> GroupWeight:
+def group_form(matrix: Matrix, settings: KernelSettings | None = None) -> GroupWeight:
     """The C kernels' copy: the file's own grid (4/5-bit, Q6_K) where there is one, else 8-bit groups
-    requantized a chunk of rows at a time."""
-    return file_groups(matrix) or Q8Weight.from_rows(matrix.shape, matrix.rows)
-
-
-def file_groups(matrix: Matrix) -> Q4KWeight | Q4Weight | Q5Weight | Q6Weight | SplitWeight | None:
-    """The C kernels' copy of a matrix at its file's own bits (4/5-bit groups, Q6_K; a fused one of
-    mixed types split into runs), None if it has none: 4-bit and Q6_K blocks have their levels
-    regrouped as they are packed, never a byte a level."""
-    nibbles = matrix.nibbles()
-    if isinstance(nibbles, NibbleForm) and nibbles.scales is not None:  # Q4_K: its own numbers, exact
-        return Q4KWeight.from_nibbles(nibbles.nibbles, nibbles.d, nibbles.dmin, nibbles.scales, nibbles.mins)
-    if isinstance(nibbles, NibbleForm):
-        return Q4Weight.from_nibbles(nibbles.nibbles, nibbles.step, nibbles.low)
-    if isinstance(nibbles, Q6Parts):
-        return Q6Weight.from_parts(nibbles.nibbles, nibbles.top, nibbles.scales, nibbles.d)
-    grid = matrix.grid()
-    if grid is not None:
-        return grid_packed(grid)
-    return split_groups(matrix) if isinstance(matrix, FusedMatrix) else None
-
-
-def split_groups(matrix: FusedMatrix) -> SplitWeight | None:
-    """A fused matrix whose parts have no one grid (a Q6_K v beside Q4_K q and k): each run of parts
-    of one grid size in its own form (`group_form`), None where that keeps no part at its file's bits."""
-    runs = [list(run) for _, run in itertools.groupby(matrix.parts, key=lambda p: getattr(p, "grid_bits", None))]
-    if not 2 <= len(runs) <= cpu_qgemm.MAX_PARTS:
-        return None
-    forms = [group_form(run[0] if len(run) == 1 else FusedMatrix(run)) for run in runs]
-    return None if all(isinstance(f, Q8Weight) for f in forms) else SplitWeight(forms)
-
-
-def grid_packed(grid: GridForm | Q6Form) -> Q4KWeight | Q4Weight | Q5Weight | Q6Weight:
-    """The C kernels' copy of a matrix read from 4/5-bit or Q6_K GGUF blocks."""
-    if isinstance(grid, Q6Form):
-        return Q6Weight(grid.levels, grid.scales, grid.d)
-    if grid.scales is not None and grid.bits == 4:  # Q4_K: its own numbers, exact
-        return Q4KWeight(grid.levels, grid.d, grid.dmin, grid.scales, grid.mins)
-    return (Q4Weight if grid.bits == 4 else Q5Weight)(grid.levels, grid.step, grid.low)
+    requantized a chunk of rows at a time (the registry's `weight` op, on a CPU that builds them)."""
+    return registry.build("weight", WeightRequest(Source(matrix), settings or KernelSettings()))[1]
 
 
 @dataclass
 class Forms:
     """What a `Linear` holds: the dense `weight` and/or its fbgemm copy `dense` for many rows, a
-    `packed` form for up to `choice.packed_max_rows` rows."""
+    `packed` form for up to `choice.packed_max_rows` rows; `plan`: the registry entries chosen."""
 
     weight: torch.Tensor | None = None
     dense: Fp16Weight | None = None
     packed: PackedWeight | None = None
     choice: KernelChoice = field(default_factory=lambda: KernelChoice(0))
+    plan: str = "tensor"
 
 
-def choose_forms(matrix: Matrix, *, allow_packed: bool = True, requantize_int4: bool = False) -> Forms:
-    """A matrix's forms, chosen once: the C kernels' groups for every row count where they run;
-    else the dense kernel (the tensor, or its fbgemm fp16 copy) with a packed copy for few rows
-    where one wins, at the crossover measured for this shape (`kernel_choice`)."""
-    if not allow_packed or dense_forced():
-        return Forms(weight=matrix.dense())
-    if takes_groups(matrix.device, matrix.dtype) and matrix.shape[1] % GROUP == 0:
-        # The only copy, and every row count goes through the C kernels: a row's numbers are then
-        # the same whatever batch or prefill chunk it is in (no crossover to measure).
-        return Forms(packed=group_form(matrix), choice=KernelChoice(PACKED_EVERYWHERE))
-    weight = matrix.dense()
-    dense = Fp16Weight.build(weight)
-    forms = Forms(weight=None if dense else weight, dense=dense)
-    packed = next((p for p in (form.build(weight, requantize_int4) for form in FEW_ROWS_FORMS) if p is not None), None)
-    if packed is None:
+def choose_forms(matrix: Matrix, *, allow_packed: bool = True, requantize_int4: bool = False,
+                 settings: KernelSettings | None = None) -> Forms:
+    """A matrix's forms, chosen once from the registry: the C kernels' groups for every row count
+    where they run (a row's numbers are then the same whatever batch or prefill chunk it is in: no
+    crossover to measure); else the dense kernel (the tensor, or its fbgemm fp16 copy) with a packed
+    copy for few rows where one wins, at the crossover measured for this shape (`kernel_choice`)."""
+    request = WeightRequest(Source(matrix), settings or KernelSettings.from_env(), allow_packed, requantize_int4)
+    groups = registry.build("weight", request)
+    if groups is not None:
+        return Forms(packed=groups[1], choice=KernelChoice(PACKED_EVERYWHERE), plan=groups[0].name)
+    many, few = registry.build("weight_many_rows", request), registry.build("weight_few_rows", request)
+    weight = request.source.dense()
+    dense = many[1] if many[0].name == "fp16" else None
+    forms = Forms(weight=None if dense else weight, dense=dense, plan=many[0].name)
+    if few is None:
         return forms
+    packed = few[1]
     many_rows = dense or (lambda x: F.linear(x, weight))
-    forms.choice = choose_packed_rows(packed, many_rows, tuple(weight.shape), weight.dtype, kind=packed.name)
+    forms.choice = choose_packed_rows(packed, many_rows, tuple(weight.shape), weight.dtype, kind=packed.name,
+                                      forced=request.settings.linear_kernel)
     if forms.choice.packed_max_rows > 0:  # no copy where it never wins
         forms.packed = packed
+        forms.plan += f"+{few[0].name}"
     if forms.choice.packed_max_rows >= PACKED_EVERYWHERE:
         forms.weight = None  # never read: the packed copy serves every row count
     return forms
 
 
-def grid_levels(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Groups `[..., 32]` on 16 evenly spaced levels from min to max: (levels 0..15 as floats, step,
-    min), w ~ levels * step + min. Both 4-bit packings (torch's int4, the C kernels' q4) use it."""
-    low, high = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
-    step = ((high - low) / 15).clamp(min=1e-12)
-    return torch.round((w - low) / step).clamp(0, 15), step, low
+def embedding_forms(embed: Matrix, head: Forms | object, tied: bool) -> tuple[torch.Tensor | None, GroupWeight | None, str]:
+    """The token table as a tensor, or as groups the batch's rows are read from, and the registry
+    entry that chose it (the `embedding` op)."""
+    entry, (table, rows) = registry.build("embedding", EmbeddingRequest.of(Source(embed), head, tied))
+    return table, rows, entry.name
 
 
 # A group sits on a grid when every value is within 5% of a step of a level: the fp16 step and low
@@ -437,6 +364,11 @@ def fit_grid(weight: torch.Tensor, bits: int) -> GridForm | None:
     return GridForm(torch.cat(levels), torch.cat(steps), torch.cat(lows), bits)
 
 
+def grid_packed(grid: GridForm | Q6Form) -> Q4KWeight | Q4Weight | Q5Weight | Q6Weight:
+    """The C kernels' copy of a matrix's 4/5-bit or Q6_K grid: the registry's form for its layout."""
+    return registry.FILE_GRIDS[_grid_layout(grid)](grid)
+
+
 def grid_weight(weight: torch.Tensor, bits: int) -> Q4Weight | Q5Weight | None:
     """`weight` as the C kernels' 4- or 5-bit groups if it sits on such a grid (`fit_grid`), else None."""
     grid = fit_grid(weight, bits)
@@ -447,6 +379,3 @@ def group_weight(weight: torch.Tensor) -> GroupWeight:
     """The C kernels' copy of a tensor: the fewest bits that hold it (8 requantizes)."""
     return group_form(TensorMatrix(weight))
 
-
-def dense_of(matrix: torch.Tensor | Matrix) -> torch.Tensor:
-    return matrix if isinstance(matrix, torch.Tensor) else matrix.dense()
