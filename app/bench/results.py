@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.kernels.cpu_info import cpu_flags, cpu_model
 
 # The flags the C kernels and llama.cpp choose their code by (AMX: any of its flags).
 CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile")
@@ -29,6 +28,8 @@ _REPO = Path(__file__).resolve().parents[2]
 def cpu_model_and_flags() -> tuple[str, list[str]]:
     """The CPU's model name and which of CPU_FLAGS it lists (Linux /proc/cpuinfo; elsewhere the
     platform's processor string and no flags)."""
+    from app.kernels.cpu_info import cpu_flags, cpu_model  # app.kernels imports torch: not for --help
+
     flags = cpu_flags()
     return cpu_model() or platform.processor() or platform.machine(), [f for f in CPU_FLAGS if f in flags]
 
