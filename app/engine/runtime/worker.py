@@ -80,6 +80,7 @@ class Worker:
         if config.long_prefill_token_threshold is None:
             config.long_prefill_token_threshold = config.max_num_batched_tokens // 4
         self.runner: ModelRunner | None = None  # once the pool is sized
+        self.model_path = None  # the GGUF file loaded (None: random weights)
 
     # ---- loading ------------------------------------------------------------------------------
     def load_model(self, model: str | None, random_weights: str | None, progress: ProgressFn | None) -> None:
@@ -104,6 +105,7 @@ class Worker:
 
             path = default_model_path(progress=progress)
         loaded = self._read(path, progress)
+        self.model_path = loaded.path
         self.model_config: ModelConfig = loaded.config
         self.model_name = catalog_name(loaded.path) or str(loaded.metadata.get("general.name") or loaded.path.stem)
         self.tokenizer: Tokenizer | None = Tokenizer.from_gguf_metadata(loaded.metadata)
