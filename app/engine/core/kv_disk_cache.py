@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from app.engine.types.engine_config import EngineConfig
     from app.kernels import KVCacheLayer
 
-DEFAULT_BYTES = 4 << 30  # the app's and serve's budget when none is given
 _KERNEL_ENV = ("LOCALBATCH_LINEAR_KERNEL", "LOCALBATCH_CPU_QUANT_KERNELS", "LOCALBATCH_CPU_ISA",
                "LOCALBATCH_CPU_ATTENTION")
 
@@ -70,7 +69,7 @@ class KVDiskTier:
 
     @property
     def reason(self) -> str | None:
-        return self._reason or (self.store.reason if self.store is not None else "off")
+        return self._reason or (self.store.reason if self.store is not None else "not set up")
 
     @property
     def enabled(self) -> bool:
@@ -151,11 +150,11 @@ def open_disk_tier(config: EngineConfig, worker: Worker) -> KVDiskTier:
     or prefix caching is off."""
     budget = config.kv_disk_cache_bytes
     if not budget:
-        return KVDiskTier(None, reason="off (--kv-disk-cache-bytes 0)")
+        return KVDiskTier(None, reason="--kv-disk-cache-bytes is 0")
     if not config.enable_prefix_caching:
-        return KVDiskTier(None, reason="off: prefix caching is off")
+        return KVDiskTier(None, reason="prefix caching is off")
     if worker.model_path is None:
-        return KVDiskTier(None, reason="off: random weights have no model file to key blocks by")
+        return KVDiskTier(None, reason="random weights: no model file to key blocks by")
     directory = config.kv_disk_cache_dir or default_dir()
     store = KVDiskStore(directory, budget, namespace(worker, config.block_size))
     runner = worker.runner

@@ -66,7 +66,7 @@ class KVDiskStore:
         self._queued_bytes = 0
         self._unscanned = 0  # bytes written since the directory was last read (writer thread)
         self._counts = dict.fromkeys(DiskStoreCounters.__dataclass_fields__, 0)
-        self._queue: queue.Queue[tuple[str, bytes, memoryview] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[bytes, memoryview] | None] = queue.Queue()
         self._tmp_ids = itertools.count()
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -120,11 +120,9 @@ class KVDiskStore:
 
     def put(self, digest: bytes, payload: memoryview) -> None:
         """Queue a block for writing (its payload is not touched by the caller again)."""
-        key = self._key(digest)
-        header = HEADER.pack(MAGIC, VERSION, self.namespace, key, payload.nbytes, zlib.crc32(payload))
         with self._lock:
             self._queued_bytes += payload.nbytes
-        self._queue.put((self._name(key), header, payload))
+        self._queue.put((self._key(digest), payload))
 
     def flush(self) -> None:
         """Wait until every queued block is written (or dropped)."""
@@ -140,19 +138,21 @@ class KVDiskStore:
 
     def _write_loop(self) -> None:
         while (item := self._queue.get()) is not None:
-            name, header, payload = item
+            key, payload = item
             try:
                 if self.enabled:
-                    self._write(name, header, payload)
+                    self._write(key, payload)
             except Exception:  # noqa: BLE001 - a failed write costs that block, never the engine
-                log.exception("KV disk tier: writing %s failed", name)
+                log.exception("KV disk tier: writing a block failed")
             finally:
                 with self._lock:
                     self._queued_bytes -= payload.nbytes
                 self._queue.task_done()
         self._queue.task_done()
 
-    def _write(self, name: str, header: bytes, payload: memoryview) -> None:
+    def _write(self, key: bytes, payload: memoryview) -> None:
+        name = self._name(key)
+        header = HEADER.pack(MAGIC, VERSION, self.namespace, key, payload.nbytes, zlib.crc32(payload))
         tmp = self.dir / f"{TMP_PREFIX}{os.getpid()}-{next(self._tmp_ids)}-{name}"
         size = len(header) + payload.nbytes
         try:

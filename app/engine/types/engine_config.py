@@ -10,6 +10,8 @@ from app.engine.types.speculative_config import SpeculativeConfig
 # vLLM's names; "auto" stores K/V in the compute dtype. int8 and fp8_e4m3 keep a per-token,
 # per-KV-head scale beside the data (app/kernels/kv_quant.py); fp8_e4m3 is CUDA only.
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8_e4m3")
+# The KV disk tier's budget in the app and `serve` when none is given (the Python API's default is off).
+DEFAULT_KV_DISK_CACHE_BYTES = 4 << 30
 
 
 @dataclass
@@ -42,7 +44,8 @@ class EngineConfig:
     num_threads: int | None = None
     # The KV disk tier under the prefix cache (core/kv_disk_cache.py): full blocks kept in files
     # under this directory (None: the user cache dir's kv-blocks), at most this many bytes, least
-    # recently used out first. 0 (the Python API's default): off; the app and serve use 4 GiB.
+    # recently used out first. 0 (the Python API's default): off; the app and serve default to
+    # DEFAULT_KV_DISK_CACHE_BYTES.
     kv_disk_cache_dir: str | None = None
     kv_disk_cache_bytes: int = 0
     # Speculative decoding (vLLM's spelling): prompt lookup or a draft model; None: off.

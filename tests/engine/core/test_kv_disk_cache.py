@@ -12,7 +12,7 @@ import pytest
 
 from app.engine.core.kv_disk_store import HEADER, KVDiskStore
 from app.engine.types.sampling_params import SamplingParams
-from tests.engine.core.test_engine import GREEDY, make_engine, prompts, run_alone
+from tests.engine.core.test_engine import GREEDY, PREEMPTING_POOL, make_engine, prompts, run_alone
 
 PAYLOAD = 1000
 
@@ -250,3 +250,32 @@ def test_an_evicted_prefix_comes_back_from_disk_in_the_same_engine(tiny, tmp_pat
         engine.block_manager.disk.flush()
     assert out == off
     assert engine.stats().kv_disk.num_blocks_read > 0
+
+
+def test_speculative_decoding_over_restored_blocks(tiny, tmp_path):
+    spec = {"method": "ngram", "num_speculative_tokens": 3}
+    reqs = [p * 2 for p in long_prompts()]  # repeats: prompt lookup finds drafts
+    off = run_alone(make_engine(tiny, speculative_config=spec), reqs)
+    first = make_engine(tiny, speculative_config=spec, kv_disk_cache_dir=str(tmp_path), kv_disk_cache_bytes=1 << 26)
+    assert run_alone(first, reqs) == off
+    first.block_manager.disk.close()
+    second = make_engine(tiny, speculative_config=spec, kv_disk_cache_dir=str(tmp_path), kv_disk_cache_bytes=1 << 26)
+    assert run_alone(second, reqs) == off
+    assert second.stats().kv_disk.num_blocks_read > 0
+
+
+def test_preempted_sequences_under_the_tier(tiny, tmp_path):
+    """A pool the requests overflow once they decode: preempted ones are readmitted over the tier's
+    blocks (from memory or disk, as the pool allows) with the same tokens."""
+    reqs = prompts(8)
+    plain = make_engine(tiny)
+    off = run_alone(plain, reqs)
+    pool = PREEMPTING_POOL if plain.kv_spec.num_groups > 1 else 30
+    engine = make_engine(tiny, kv_cache_blocks=pool, kv_disk_cache_dir=str(tmp_path), kv_disk_cache_bytes=1 << 26)
+    seqs = [engine.add_request(p, SamplingParams(max_tokens=12, **GREEDY)) for p in reqs]
+    while engine.has_unfinished():
+        engine.step()
+        engine.block_manager.disk.flush()  # written before the preemption that needs them
+    assert [s.output_token_ids for s in seqs] == off
+    stats = engine.stats()
+    assert stats.num_preemptions > 0 and stats.kv_disk.num_blocks_written > 0
