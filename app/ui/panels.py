@@ -153,7 +153,7 @@ def render_kv(stats: EngineStats, owners: dict[str, Owner], width: int, source: 
     for line in kv_sizes(stats):
         text.append("\n" + line)
     text.append(f"\nprefix cache hits {stats.prefix_cache_hit_rate:.0%}")
-    if stats.kv_disk is not None:
+    if stats.kv_disk is not None and stats.kv_disk.budget_bytes:  # configured (on, or off since a failure)
         text.append("\n" + disk_tier_line(stats.kv_disk), style="" if stats.kv_disk.enabled else "dim")
     _append_waiting(text, stats)
     return text

@@ -333,9 +333,10 @@ class BlockManager:
             return
         for b in kept_free:
             self.free.move_to_end(b)  # most recently used: the reads below take other blocks
-        for i in sorted(wanted):
+        order = sorted(wanted)
+        for i, payload in zip(order, disk.read([digests[i] for i in order])):  # read in parallel, in order
             ids = {g: self._take_free_block() for g in wanted[i]}
-            ok = disk.load(digests[i], ids)
+            ok = payload is not None and disk.write(payload, ids)
             h, tokens = blocks[i]
             for g, b in ids.items():
                 if ok and h not in self.cached[g]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -86,15 +87,17 @@ class KVDiskTier:
         payload = read_block(self.kv_caches, self.layer_groups, block_ids)
         self.store.put(digest, memoryview(payload.numpy()))
 
-    def load(self, digest: bytes, block_ids: dict[int, int]) -> bool:
-        """Read a token block into pool block `block_ids[g]` of each group g there. False: not on
-        disk, or its file failed a check (and is gone); the pool blocks are then untouched."""
-        if not self.enabled:
+    def read(self, digests: list[bytes]) -> Iterator[bytearray | None]:
+        """The payloads of these blocks, in order, read in parallel (None: not on disk, or its file
+        failed a check and is gone)."""
+        return self.store.get_many(digests) if self.enabled else iter([None] * len(digests))
+
+    def write(self, payload: bytearray, block_ids: dict[int, int]) -> bool:
+        """Put a payload `read` returned into pool block `block_ids[g]` of each group g there.
+        False (the pool untouched): it is not a block of this pool's size."""
+        if len(payload) != self.block_nbytes:
             return False
-        data = self.store.get(digest)
-        if data is None or len(data) != self.block_nbytes:
-            return False
-        write_block(self.kv_caches, self.layer_groups, block_ids, torch.frombuffer(data, dtype=torch.uint8))
+        write_block(self.kv_caches, self.layer_groups, block_ids, torch.frombuffer(payload, dtype=torch.uint8))
         return True
 
     def flush(self) -> None:

@@ -22,6 +22,8 @@ import struct
 import threading
 import time
 import zlib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +39,7 @@ EVICT_TO = 0.9  # over budget, evict down to this fraction of it: rescans stay r
 # Other processes' writes are seen by re-reading the directory after this fraction of the budget was
 # written here: the budget holds up to that much per writer between looks.
 RESCAN_EVERY = 1 / 16
+READERS = 4  # threads reading a restored prefix's files
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class KVDiskStore:
         self._counts = dict.fromkeys(DiskStoreCounters.__dataclass_fields__, 0)
         self._queue: queue.Queue[tuple[bytes, memoryview] | None] = queue.Queue()
         self._tmp_ids = itertools.count()
+        self._readers: ThreadPoolExecutor | None = None
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._scan(remove_stale=True)
@@ -220,6 +224,14 @@ class KVDiskStore:
             self._counts["blocks_read"] += 1
             self._counts["bytes_read"] += size
         return payload
+
+    def get_many(self, digests: list[bytes]) -> Iterator[bytearray | None]:
+        """`get` of each, in order, on reader threads (file reads and CRCs release the GIL)."""
+        if len(digests) <= 1:
+            return map(self.get, digests)
+        if self._readers is None:
+            self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="kv-disk-reader")
+        return self._readers.map(self.get, digests)
 
     def _check(self, data: bytearray, key: bytes) -> bytearray | None:
         if len(data) < HEADER.size:

@@ -279,3 +279,49 @@ def test_preempted_sequences_under_the_tier(tiny, tmp_path):
     assert [s.output_token_ids for s in seqs] == off
     stats = engine.stats()
     assert stats.num_preemptions > 0 and stats.kv_disk.num_blocks_written > 0
+
+
+# ---- what shows it ------------------------------------------------------------------------------
+def test_metrics_and_the_kv_panel_show_the_tier():
+    from app.engine.types.outputs import DiskTierStats, EngineStats
+    from app.server.prometheus import ServerMetrics
+    from app.ui.panels import disk_tier_line, render_kv
+
+    disk = DiskTierStats(enabled=True, budget_bytes=4 << 30, bytes_on_disk=117 << 20, num_blocks_read=220,
+                         num_tokens_restored=3520, bytes_read=115 << 20, bytes_written=117 << 20)
+    stats = EngineStats(num_blocks_total=100, kv_disk=disk)
+    text = ServerMetrics().render(stats, "m")
+    assert 'localbatch:kv_disk_cache_hits_total{model_name="m"} 220' in text
+    assert 'localbatch:kv_disk_cache_restored_tokens_total{model_name="m"} 3520' in text
+    assert f'localbatch:kv_disk_cache_read_bytes_total{{model_name="m"}} {115 << 20}' in text
+    assert "3,520 tok restored" in disk_tier_line(disk)
+    assert "disk tier" in render_kv(stats, {}, 40).plain
+    full = DiskTierStats(enabled=False, reason="the disk is full (/x)", budget_bytes=1)
+    assert disk_tier_line(full) == "disk tier off: the disk is full (/x)"
+    unset = EngineStats(num_blocks_total=100, kv_disk=DiskTierStats(enabled=False, reason="0"))
+    assert "disk tier" not in render_kv(unset, {}, 40).plain  # not configured: no line
+
+
+@pytest.mark.slow
+def test_real_model_restart_gives_the_same_tokens(embedded_model_path, tmp_path):
+    """Gemma 3 270M (sliding-window groups) with a prompt past its 512-token window, int8 KV."""
+    from app.engine.core.llm_engine import LLMEngine
+
+    text = "def f(x):\n    return x * 2\n" * 60
+    prompt = [{"role": "user", "content": text + "\nWhat does f do?"}]
+    settings = dict(device="cpu", dtype="float32", kv_cache_dtype="int8", kv_cache_blocks=512)
+    assert not any(tmp_path.iterdir())
+
+    def run(engine):
+        seq = engine.add_request(prompt, SamplingParams(max_tokens=8, **GREEDY))
+        while engine.has_unfinished():
+            engine.step()
+        return seq
+
+    tier = dict(settings, kv_disk_cache_dir=str(tmp_path), kv_disk_cache_bytes=1 << 30)
+    first = LLMEngine(str(embedded_model_path), **tier)  # an empty directory: every token computed
+    off = run(first).output_token_ids
+    first.block_manager.disk.close()
+    seq = run(LLMEngine(str(embedded_model_path), **tier))
+    assert seq.output_token_ids == off
+    assert seq.num_prompt_tokens > 600 and seq.num_disk_cached_tokens >= seq.num_prompt_tokens - 16
