@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from app.bench.commands import add_bench_parser, run_bench
-from app.engine.types.engine_config import KV_CACHE_DTYPES, EngineConfig
+from app.engine.types.engine_config import DEFAULT_KV_DISK_CACHE_BYTES, KV_CACHE_DTYPES, EngineConfig
 from app.engine.types.errors import LocalbatchError
 from app.engine.types.speculative_config import SpeculativeConfig
 
@@ -29,6 +29,11 @@ ENGINE_FLAGS: dict[str, tuple[type, str]] = {
     "max_waiting": (int, "bound of the waiting queue (default 256)"),
     "gpu_memory_utilization": (float, "fraction of GPU memory to use (default 0.9)"),
     "max_model_len": (int, "context length cap (default: the model's)"),
+    "kv_disk_cache_dir": (str, "directory of the KV disk tier: prefix-cache blocks kept across restarts "
+                               "(default: the user cache dir's kv-blocks)"),
+    "kv_disk_cache_bytes": (int, (f"byte budget of the KV disk tier, least recently used out first (default "
+                                  f"{DEFAULT_KV_DISK_CACHE_BYTES >> 30} GiB for the app and serve, off for bench "
+                                  "and generate; 0: off)")),
     "num_threads": (int, ("CPU threads for the kernels, fixed (default: all cores; the app and serve switch "
                           "to one while another process keeps a core busy, when that is faster)")),
 }
@@ -77,6 +82,11 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         if spec.model is not None:
             check_model(spec.model)
     return {"model": args.model, "device": args.device or "auto", "dtype": args.dtype, **kw}
+
+
+def with_disk_tier(kw: dict[str, Any]) -> dict[str, Any]:
+    """The app's and serve's settings: the KV disk tier on unless its budget is given."""
+    return {"kv_disk_cache_bytes": DEFAULT_KV_DISK_CACHE_BYTES, **kw}
 
 
 def stderr_progress(stage: str, fraction: float | None) -> None:
@@ -142,7 +152,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cors = cors_policy(args.allowed_origins, args.allowed_methods, args.allowed_headers)
 
     async def run() -> None:
-        engine = AsyncEngine(progress=stderr_progress, adaptive_threads=True, **engine_kwargs(args))
+        engine = AsyncEngine(progress=stderr_progress, adaptive_threads=True, **with_disk_tier(engine_kwargs(args)))
         _clear_progress()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
         try:
@@ -165,7 +175,7 @@ def cmd_tui(args: argparse.Namespace) -> int:
         from app.engine.gguf.catalog import check_model
 
         check_model(args.model)
-    extra = {k: v for k, v in engine_kwargs(args).items() if k not in ("model", "device")}
+    extra = {k: v for k, v in with_disk_tier(engine_kwargs(args)).items() if k not in ("model", "device")}
 
     def factory(progress, model, device):  # runs in the app's worker thread
         from app.engine.api.async_engine import AsyncEngine
@@ -258,6 +268,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         ("CUDA", torch.cuda.get_device_name(0) if triton_available() else "not available"),
         ("--device auto", f"{setup.device.type} · {str(setup.dtype).removeprefix('torch.')} · {setup.backend}"),
         ("models", ", ".join(name for name in CATALOG if installed_path(name)) or "none pulled"),
+        ("KV disk tier", _disk_tier_summary()),
     ]
     rows += doctor_plan(setup.device, setup.dtype, resolve_kv_cache_dtype("auto", setup.dtype, setup.device),
                         {name: installed_path(name) for name in CATALOG if installed_path(name)})
@@ -274,6 +285,17 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
     run_stdio(args.root or os.getcwd())
     return 0
+
+
+def _disk_tier_summary() -> str:
+    """The default directory of the KV disk tier and what it holds."""
+    from app.engine.core.kv_disk_cache import default_dir
+    from app.engine.core.kv_disk_store import SUFFIX
+
+    d = default_dir()
+    sizes = [e.stat().st_size for e in os.scandir(d) if e.name.endswith(SUFFIX)] if d.is_dir() else []
+    return (f"{d}: {len(sizes):,} blocks, {_human_size(sum(sizes))} (budget {DEFAULT_KV_DISK_CACHE_BYTES >> 30} GiB "
+            "in the app and serve; --kv-disk-cache-bytes, 0: off)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -148,6 +148,26 @@ def _engine_lines(stats: EngineStats, labels: dict[str, str]) -> list[str]:
             ("localbatch:spec_decode_num_accepted_tokens_total", "counter", "Drafted tokens the target kept.",
              spec.num_accepted_tokens),
         ]
+    if stats.kv_disk is not None:
+        disk = stats.kv_disk
+        series += [
+            ("localbatch:kv_disk_cache_enabled", "gauge", "1 while the KV disk tier is on.", int(disk.enabled)),
+            ("localbatch:kv_disk_cache_bytes", "gauge", "Bytes of KV block files in the disk tier's directory.",
+             disk.bytes_on_disk),
+            ("localbatch:kv_disk_cache_budget_bytes", "gauge", "The disk tier's byte budget.", disk.budget_bytes),
+            ("localbatch:kv_disk_cache_hits_total", "counter", "KV blocks read back from disk into the pool.",
+             disk.num_blocks_read),
+            ("localbatch:kv_disk_cache_restored_tokens_total", "counter",
+             "Prompt tokens admitted from disk-read KV blocks instead of recomputed.", disk.num_tokens_restored),
+            ("localbatch:kv_disk_cache_read_bytes_total", "counter", "Bytes of KV block files read.",
+             disk.bytes_read),
+            ("localbatch:kv_disk_cache_written_bytes_total", "counter", "Bytes of KV block files written.",
+             disk.bytes_written),
+            ("localbatch:kv_disk_cache_dropped_blocks_total", "counter",
+             "KV blocks not written because the write queue was full.", disk.num_blocks_dropped),
+            ("localbatch:kv_disk_cache_rejected_files_total", "counter",
+             "KV block files removed unused: truncated, corrupt or another model's.", disk.num_files_rejected),
+        ]
     lines: list[str] = []
     for name, kind, help_text, value in series:
         lines += _header(name, kind, help_text)

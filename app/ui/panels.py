@@ -14,7 +14,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Digits, Label, Sparkline, Static
 
-from app.engine.types.outputs import EngineStats
+from app.engine.types.outputs import DiskTierStats, EngineStats
 from app.ui.format import fmt_bytes, fmt_int, fmt_rate, fmt_seconds
 
 API_COLOR = "grey70"
@@ -153,8 +153,18 @@ def render_kv(stats: EngineStats, owners: dict[str, Owner], width: int, source: 
     for line in kv_sizes(stats):
         text.append("\n" + line)
     text.append(f"\nprefix cache hits {stats.prefix_cache_hit_rate:.0%}")
+    if stats.kv_disk is not None and stats.kv_disk.budget_bytes:  # configured (on, or off since a failure)
+        text.append("\n" + disk_tier_line(stats.kv_disk), style="" if stats.kv_disk.enabled else "dim")
     _append_waiting(text, stats)
     return text
+
+
+def disk_tier_line(disk: DiskTierStats) -> str:
+    """The KV disk tier in one line: its size and what it gave back, or why it is off."""
+    if not disk.enabled:
+        return f"disk tier off: {disk.reason}"
+    return (f"disk tier {fmt_bytes(disk.bytes_on_disk)} / {fmt_bytes(disk.budget_bytes)}, "
+            f"{fmt_int(disk.num_tokens_restored)} tok restored")
 
 
 def kv_sizes(stats: EngineStats) -> list[str]:

@@ -14,16 +14,27 @@ Sliding-window groups give back the blocks that fell behind every future query's
 sequence advances (`free_skipped_blocks`); their table entries become `NULL_BLOCK`. A cached prefix
 of k blocks is usable when the full-attention groups hold all k and each sliding group holds the
 blocks the window of the first uncomputed position still reads.
+
+Under the cache, an optional disk tier (`kv_disk_cache.KVDiskTier`) keeps full blocks in files keyed
+by `block_digest`: each newly cached block is also offered to it, and before a waiting prompt is
+looked up, `restore_prefix` reads the blocks past its memory hits that are on disk into free blocks,
+registered as cached free blocks, so the lookup finds them as it finds any other.
 """
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from app.engine.core.sequence import Sequence
 from app.engine.runtime.kv_cache_spec import NULL_BLOCK, KVCacheGroup, KVCacheSpec, live_blocks
+
+if TYPE_CHECKING:
+    from app.engine.core.kv_disk_cache import KVDiskTier
 
 
 class Block:
@@ -39,6 +50,12 @@ class Block:
 
 def block_hash(parent: int | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent, token_ids))
+
+
+def block_digest(parent: bytes | None, token_ids: list[int]) -> bytes:
+    """The disk tier's key of a full block: sha256 of its parent's digest and its token ids, the
+    same in every process (unlike `hash`)."""
+    return hashlib.sha256((parent or b"") + struct.pack(f"<{len(token_ids)}I", *token_ids)).digest()
 
 
 @dataclass
@@ -76,6 +93,7 @@ class BlockManager:
         self._num_cached_free = 0  # free blocks that still hold a reusable prefix
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
+        self.disk: KVDiskTier | None = None  # the disk tier under the cache; the engine sets it
 
     # ---- accounting -------------------------------------------------------------------------
     @property
@@ -110,7 +128,16 @@ class BlockManager:
             return CachedPrefix([], [[] for _ in self.groups])
         blocks = self._prompt_blocks(seq)
         hits = [self._hits(g, blocks) for g in range(len(self.groups))]
-        k = min((len(h) for g, h in zip(self.groups, hits) if g.sliding_window is None), default=len(blocks))
+        k = self._usable_blocks(hits, len(blocks))
+        tables = [
+            [h[i] if i >= self.spec.first_needed_block(group, k * self.block_size) else NULL_BLOCK for i in range(k)]
+            for group, h in zip(self.groups, hits)
+        ]
+        return CachedPrefix([h for h, _ in blocks[:k]], tables)
+
+    def _usable_blocks(self, hits: list[list[int | None]], num_blocks: int) -> int:
+        """How many leading blocks every group serves, given each group's hits."""
+        k = min((len(h) for g, h in zip(self.groups, hits) if g.sliding_window is None), default=num_blocks)
         # A sliding group needs only the blocks its window reads from position k * block_size on:
         # run[i] = cached blocks in a row ending at block i.
         runs = [_runs(h) for h in hits]
@@ -120,11 +147,7 @@ class BlockManager:
             if group.sliding_window is not None
         ):
             k -= 1
-        tables = [
-            [h[i] if i >= self.spec.first_needed_block(group, k * self.block_size) else NULL_BLOCK for i in range(k)]
-            for group, h in zip(self.groups, hits)
-        ]
-        return CachedPrefix([h for h, _ in blocks[:k]], tables)
+        return k
 
     def _prompt_blocks(self, seq: Sequence) -> list[tuple[int, tuple[int, ...]]]:
         """(prefix hash, token ids) of each full block of `seq` but the one holding its last token."""
@@ -162,6 +185,11 @@ class BlockManager:
         of its tokens they hold: the scheduler counts them computed."""
         self.num_queried_tokens += seq.num_prompt_tokens
         self.num_hit_tokens += min(cached.num_blocks * self.block_size, seq.num_prompt_tokens)
+        from_disk = sum(1 for i in seq.disk_blocks if i < cached.num_blocks) * self.block_size
+        seq.num_disk_cached_tokens = min(from_disk, seq.num_prompt_tokens)
+        seq.disk_blocks = set()
+        if self.disk is not None:
+            self.disk.num_tokens_restored += seq.num_disk_cached_tokens
         for block_id in cached.block_ids():
             block = self.blocks[block_id]
             if block.ref_count == 0:
@@ -245,6 +273,7 @@ class BlockManager:
         if not self.enable_prefix_caching or not seq.block_tables:
             return
         num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_tables[0]))
+        disk = self.disk if self.disk is not None and self.disk.enabled else None
         for i in range(len(seq.block_hashes), num_full):
             parent = seq.block_hashes[-1] if seq.block_hashes else None
             tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
@@ -257,6 +286,67 @@ class BlockManager:
                 if block.hash is None and h not in self.cached[g]:
                     block.hash, block.token_ids, block.group = h, tokens, g
                     self.cached[g][h] = block.block_id
+            if disk is not None and all(table[i] != NULL_BLOCK for table in seq.block_tables):
+                disk.save(self._digests(seq, i + 1)[i], [table[i] for table in seq.block_tables])
+
+    # ---- the disk tier ----------------------------------------------------------------------
+    def _digests(self, seq: Sequence, n: int) -> list[bytes]:
+        """`seq`'s block digests, extended to its first `n` blocks."""
+        d, bs = seq.block_digests, self.block_size
+        while len(d) < n:
+            i = len(d)
+            d.append(block_digest(d[-1] if d else None, seq.token_ids[i * bs : (i + 1) * bs]))
+        return d
+
+    def restore_prefix(self, seq: Sequence) -> None:
+        """Read into free blocks, from the disk tier, the blocks that extend `seq`'s cached prefix
+        (those on disk in a row past the memory hits, and the sliding groups' window there), as
+        cached free blocks. Only when they fit beside the memory hits, which are kept from eviction
+        meanwhile; a file that fails its checks ends the run there."""
+        disk = self.disk
+        if disk is None or not disk.enabled or not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
+            return
+        blocks = self._prompt_blocks(seq)
+        hits = [self._hits(g, blocks) for g in range(len(self.groups))]
+        k = self._usable_blocks(hits, len(blocks))
+        if k == len(blocks):
+            return
+        digests = self._digests(seq, len(blocks))
+        end = k
+        while end < len(blocks) and disk.contains(digests[end]):
+            end += 1
+        if end == k:
+            return
+        wanted: dict[int, list[int]] = {}  # block index -> groups to read it into
+        kept: list[int] = []  # memory hits the longer prefix uses
+        for g, group in enumerate(self.groups):
+            for i in range(self.spec.first_needed_block(group, end * self.block_size), end):
+                b = hits[g][i] if i < len(hits[g]) else None
+                if b is None:
+                    wanted.setdefault(i, []).append(g)
+                else:
+                    kept.append(b)
+        if any(i < k and not disk.contains(digests[i]) for i in wanted):
+            return
+        kept_free = [b for b in kept if self.blocks[b].ref_count == 0]
+        if sum(map(len, wanted.values())) + len(kept_free) + len(self.groups) > self.num_free_blocks:
+            return
+        for b in kept_free:
+            self.free.move_to_end(b)  # most recently used: the reads below take other blocks
+        order = sorted(wanted)
+        for i, payload in zip(order, disk.read([digests[i] for i in order])):  # read in parallel, in order
+            ids = {g: self._take_free_block() for g in wanted[i]}
+            ok = payload is not None and disk.write(payload, ids)
+            h, tokens = blocks[i]
+            for g, b in ids.items():
+                if ok and h not in self.cached[g]:
+                    block = self.blocks[b]
+                    block.hash, block.token_ids, block.group = h, tokens, g
+                    self.cached[g][h] = b
+                self._release(b)
+            if not ok:
+                break
+            seq.disk_blocks.add(i)
 
 
 def _runs(hits: list[int | None]) -> list[int]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from app.engine.core.block_manager import BlockManager
 from app.engine.core.input_processor import InputProcessor
+from app.engine.core.kv_disk_cache import open_disk_tier
 from app.engine.core.metrics import EngineMetrics
 from app.engine.core.output_processor import OutputProcessor
 from app.engine.core.scheduler import Scheduler, SchedulerConfig
@@ -63,6 +64,7 @@ class LLMEngine:
                                                    plan.long_prefill_token_threshold),
                                    self.block_manager, self.speculator, self.prefill_budget.cap, self.outputs)
         self.worker.initialize_kv_cache(num_blocks)
+        self.block_manager.disk = open_disk_tier(cfg, self.worker)  # the prefix cache's disk tier
         self.metrics = EngineMetrics.of(self.worker)
         self._unfinished_since: float | None = None  # when the last step ended with requests left
         pool_tokens = plan.kv_spec.max_tokens(num_blocks, plan.max_num_batched_tokens)  # a chunk's window blocks too

@@ -158,6 +158,7 @@ class EngineMetrics:
             num_tokens_fit=tokens_fit(bm, sched.running),
             requests=tuple(request_stats(s, bm) for s in seqs),
             speculative=spec,
+            kv_disk=bm.disk.stats() if bm.disk is not None else None,
         )
 
 
@@ -189,4 +190,5 @@ def request_stats(seq: Sequence, bm: BlockManager | None = None) -> RequestStats
         tokens_per_s=timing.tokens_per_s,
         num_shared_blocks=sum(bm.blocks[b].ref_count > 1 for b in bm.held_blocks(seq)) if bm is not None else 0,
         num_computed_tokens=seq.num_computed_tokens,
+        num_disk_cached_tokens=seq.num_disk_cached_tokens,
     )

@@ -107,4 +107,5 @@ class OutputProcessor:
             num_output_tokens=seq.num_output_tokens,
             error=seq.error,
             num_cached_tokens=seq.num_cached_tokens,
+            num_disk_cached_tokens=seq.num_disk_cached_tokens,
         )

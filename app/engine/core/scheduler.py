@@ -183,6 +183,7 @@ class Scheduler:
                 break
             if budget == 0:
                 break
+            self.bm.restore_prefix(seq)  # blocks of its prefix kept on disk, read back into the pool
             cached = self.bm.find_cached_prefix(seq)
             uncached = seq.num_tokens - cached.num_blocks * self.bm.block_size
             if not long and self._is_long(uncached):

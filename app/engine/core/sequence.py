@@ -43,6 +43,12 @@ class Sequence:
         # sequence holds no blocks.
         self.block_tables: list[list[int]] = []
         self.block_hashes: list[int] = []  # prefix hash of each full block, in order
+        # The KV disk tier: the stable key of each full block's token chain (tokens only grow, so
+        # they stay valid), which blocks were read from disk for it, and of the prompt tokens the
+        # prefix cache served at (last) admission, how many came from disk.
+        self.block_digests: list[bytes] = []
+        self.disk_blocks: set[int] = set()
+        self.num_disk_cached_tokens = 0
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.prompt_logprobs: list[TopLogprobs | None] = []

@@ -84,3 +84,35 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * dtype.itemsize
     return torch.frombuffer(mmap.mmap(-1, max(nbytes, 1)), dtype=dtype, count=math.prod(shape)).view(shape)
+
+
+# ---- one token block's bytes, for the KV disk tier ------------------------------------------------
+def _block_tensors(layer: KVCacheLayer) -> list[torch.Tensor]:
+    return [t for t in (layer.k, layer.v, layer.k_scale, layer.v_scale) if t is not None]
+
+
+def block_nbytes(kv_caches: list[KVCacheLayer]) -> int:
+    """The bytes of one token block over every layer (K, V and, quantized, their scales)."""
+    return sum(t[0].numel() * t.element_size() for layer in kv_caches for t in _block_tensors(layer))
+
+
+def read_block(kv_caches: list[KVCacheLayer], layer_groups: list[int], block_ids: list[int]) -> torch.Tensor:
+    """A host copy of one token block, every layer in order: layer l's K, V (and scales) from pool
+    block `block_ids[layer_groups[l]]`. A copy, so the pool block may be reused at once."""
+    parts = [t[block_ids[g]].reshape(-1).view(torch.uint8)
+             for layer, g in zip(kv_caches, layer_groups, strict=True) for t in _block_tensors(layer)]
+    return torch.cat(parts).cpu()
+
+
+def write_block(kv_caches: list[KVCacheLayer], layer_groups: list[int], block_ids: dict[int, int],
+                payload: torch.Tensor) -> None:
+    """The inverse of `read_block` for the groups in `block_ids` (group -> pool block)."""
+    offset = 0
+    for layer, g in zip(kv_caches, layer_groups, strict=True):
+        for t in _block_tensors(layer):
+            n = t[0].numel() * t.element_size()
+            if g in block_ids:
+                t[block_ids[g]].reshape(-1).view(torch.uint8).copy_(payload[offset : offset + n])
+            offset += n
+    if offset != payload.numel():
+        raise ValueError(f"a KV block of {payload.numel()} bytes for a pool whose blocks hold {offset}")

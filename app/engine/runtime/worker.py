@@ -99,6 +99,7 @@ class Worker:
         self.model: DecoderLM | None = None  # once loaded
         self.plan: WorkerPlan | None = None  # once loaded
         self.runner: ModelRunner | None = None  # once the pool is sized
+        self.model_path = None  # the GGUF file loaded (None: random weights)
 
     # ---- loading ------------------------------------------------------------------------------
     def load_model(self, model: str | None, random_weights: str | None, progress: ProgressFn | None) -> WorkerPlan:
@@ -132,6 +133,7 @@ class Worker:
 
             path = default_model_path(progress=progress)
         loaded = self._read(path, progress)
+        self.model_path = loaded.path
         self.model = self._decoder(loaded)
         name = catalog_name(loaded.path) or str(loaded.metadata.get("general.name") or loaded.path.stem)
         return loaded.config, name, Tokenizer.from_gguf_metadata(loaded.metadata)

@@ -10,6 +10,8 @@ from app.engine.types.speculative_config import SpeculativeConfig
 # vLLM's names; "auto" stores K/V in the compute dtype. int8 and fp8_e4m3 keep a per-token,
 # per-KV-head scale beside the data (app/kernels/kv_quant.py); fp8_e4m3 is CUDA only.
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8_e4m3")
+# The KV disk tier's budget in the app and `serve` when none is given (the Python API's default is off).
+DEFAULT_KV_DISK_CACHE_BYTES = 4 << 30
 
 
 @dataclass
@@ -40,6 +42,12 @@ class EngineConfig:
     adaptive_threads: bool = False
     # CPU: a fixed thread count for the kernels (llama.cpp's -t); overrides adaptive_threads.
     num_threads: int | None = None
+    # The KV disk tier under the prefix cache (core/kv_disk_cache.py): full blocks kept in files
+    # under this directory (None: the user cache dir's kv-blocks), at most this many bytes, least
+    # recently used out first. 0 (the Python API's default): off; the app and serve default to
+    # DEFAULT_KV_DISK_CACHE_BYTES.
+    kv_disk_cache_dir: str | None = None
+    kv_disk_cache_bytes: int = 0
     # Speculative decoding (vLLM's spelling): prompt lookup or a draft model; None: off.
     speculative_config: SpeculativeConfig | dict | str | None = None
 
@@ -70,6 +78,9 @@ class EngineConfig:
             raise LocalbatchError(
                 f"invalid kv_cache_dtype={self.kv_cache_dtype!r}: choose {', '.join(KV_CACHE_DTYPES)}"
             )
+        b = self.kv_disk_cache_bytes
+        if not isinstance(b, int) or isinstance(b, bool) or b < 0:
+            raise LocalbatchError(f"invalid kv_disk_cache_bytes={b!r}: must be an integer >= 0 (0: off)")
         self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise LocalbatchError(f"invalid gpu_memory_utilization={self.gpu_memory_utilization!r}: must be in (0, 1]")

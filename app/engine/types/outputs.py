@@ -37,6 +37,7 @@ class StreamDelta:
     num_output_tokens: int = 0  # total so far, including this delta
     error: str | None = None  # set with finish_reason="error"
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache (0 until admitted)
+    num_disk_cached_tokens: int = 0  # of those, read from the KV disk tier
 
     def merged(self, later: StreamDelta) -> StreamDelta:
         """This delta followed by `later` (of the same request) as one."""
@@ -46,7 +47,8 @@ class StreamDelta:
         return StreamDelta(self.request_id, self.text + later.text, self.token_ids + later.token_ids,
                            later.finish_reason, logprobs, later.num_prompt_tokens or self.num_prompt_tokens,
                            later.num_output_tokens, later.error,
-                           later.num_cached_tokens or self.num_cached_tokens)
+                           later.num_cached_tokens or self.num_cached_tokens,
+                           later.num_disk_cached_tokens or self.num_disk_cached_tokens)
 
 
 @dataclass(frozen=True, kw_only=True)  # nine fields: positional calls were unreadable
@@ -62,6 +64,7 @@ class RequestStats:
     tokens_per_s: float | None  # this request's decode rate
     num_shared_blocks: int = 0  # of its blocks, those another live request holds too (a forked chat, n > 1)
     num_computed_tokens: int = 0  # tokens whose KV is in the cache (a prompt being read: how far it is)
+    num_disk_cached_tokens: int = 0  # of num_cached_tokens, read from the KV disk tier
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,26 @@ class SpecStats:
     num_accepted_tokens: int  # of those, kept
     acceptance_rate: float  # recent: kept / drafted
     tokens_per_step: float  # recent: tokens a speculating sequence gains per step (1 + kept)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiskTierStats:
+    """The KV disk tier (prefix-cache blocks kept in files), since start."""
+
+    enabled: bool
+    reason: str = ""  # why it is off ("" while on)
+    directory: str = ""
+    budget_bytes: int = 0
+    bytes_on_disk: int = 0  # this directory's block files, as last seen (other processes write too)
+    num_files: int = 0
+    num_blocks_read: int = 0  # disk hits: blocks read back into the pool
+    num_tokens_restored: int = 0  # prompt tokens admitted from those blocks instead of recomputed
+    bytes_read: int = 0
+    num_blocks_written: int = 0
+    bytes_written: int = 0
+    num_blocks_dropped: int = 0  # not written: the write queue was full
+    num_files_rejected: int = 0  # truncated, corrupt or another model's: removed, never used
+    num_files_evicted: int = 0  # removed for the budget, least recently used first
 
 
 # Why waiting requests wait, as a step's admission found: no free KV blocks, max_num_seqs running,
@@ -122,3 +145,4 @@ class EngineStats:
     num_tokens_fit: int | None = None  # more tokens the free blocks hold at the running mix's cost; None unknown
     requests: tuple[RequestStats, ...] = field(default_factory=tuple)
     speculative: SpecStats | None = None  # None: speculative decoding is not configured
+    kv_disk: DiskTierStats | None = None  # None: unknown (a remote backend)

@@ -1,0 +1,163 @@
+"""The KV disk tier under the prefix cache: full blocks the prefix cache holds are also written to a
+directory, and a prompt whose prefix misses in memory reads them back into the pool instead of
+recomputing them (after a restart, or once other work evicted them; docs/kv-cache.md).
+
+A block is keyed by a stable content hash of its token chain (`block_manager.block_digest`: sha256 of the parent's
+digest and its token ids) inside a namespace of everything that changes its bytes: the model file,
+the compute and KV dtypes, the pool's layout and the kernels that computed it (`namespace`). A file
+holds one token block of every layer, so it serves any grouping of the layers.
+
+Writing copies the block out of the pool on the step thread (a few hundred KiB: microseconds beside
+a step) into a buffer the writer thread owns. Pinning the block until written instead would put a
+second thread's state into the block manager's free list; a copy leaves the pool's owner alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from app import __version__
+from app.engine.core.kv_disk_store import KVDiskStore
+from app.engine.runtime.kv_pool import block_nbytes, read_block, write_block
+from app.engine.types.outputs import DiskTierStats
+from app.kernels.settings import ENV_VARS
+
+if TYPE_CHECKING:
+    from app.engine.runtime.worker import Worker
+    from app.engine.types.engine_config import EngineConfig
+    from app.kernels import KVCacheLayer
+
+
+
+def default_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("localbatch")) / "kv-blocks"
+
+
+def model_identity(path: str | os.PathLike) -> str:
+    """A GGUF file's identity: its size and a hash of its head (header, metadata, first tensors)
+    and tail, so a copy or a move is the same model and a requantized one is not."""
+    p = Path(path)
+    size = p.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(p, "rb") as f:
+        h.update(f.read(4 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        h.update(f.read(1 << 20))
+    return h.hexdigest()
+
+
+class KVDiskTier:
+    """The pool's side of the tier: which bytes a block is, written and read through a
+    `KVDiskStore`. `reason` says why it is off (then it does nothing)."""
+
+    def __init__(self, store: KVDiskStore | None, kv_caches: list[KVCacheLayer] | None = None,
+                 layer_groups: list[int] | None = None, reason: str | None = None) -> None:
+        self.store = store
+        self.kv_caches = kv_caches or []
+        self.layer_groups = layer_groups or []
+        self.block_nbytes = block_nbytes(self.kv_caches) if self.kv_caches else 0
+        self._reason = reason
+        self.num_tokens_restored = 0  # prompt tokens admitted from disk-read blocks
+
+    @property
+    def reason(self) -> str | None:
+        return self._reason or (self.store.reason if self.store is not None else "not set up")
+
+    @property
+    def enabled(self) -> bool:
+        return self.reason is None
+
+    def contains(self, digest: bytes) -> bool:
+        return self.enabled and self.store.contains(digest)
+
+    def save(self, digest: bytes, block_ids: list[int]) -> None:
+        """Queue one token block (pool block `block_ids[g]` of each group g) for writing, unless it
+        is on disk or the queue is full."""
+        if not self.enabled or not self.store.wants(digest, self.block_nbytes):
+            return
+        payload = read_block(self.kv_caches, self.layer_groups, block_ids)
+        self.store.put(digest, memoryview(payload.numpy()))
+
+    def read(self, digests: list[bytes]) -> Iterator[bytearray | None]:
+        """The payloads of these blocks, in order, read in parallel (None: not on disk, or its file
+        failed a check and is gone)."""
+        return self.store.get_many(digests) if self.enabled else iter([None] * len(digests))
+
+    def write(self, payload: bytearray, block_ids: dict[int, int]) -> bool:
+        """Put a payload `read` returned into pool block `block_ids[g]` of each group g there.
+        False (the pool untouched): it is not a block of this pool's size."""
+        if len(payload) != self.block_nbytes:
+            return False
+        write_block(self.kv_caches, self.layer_groups, block_ids, torch.frombuffer(payload, dtype=torch.uint8))
+        return True
+
+    def flush(self) -> None:
+        if self.store is not None:
+            self.store.flush()
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+    def clear(self) -> int:
+        return self.store.clear() if self.store is not None and self.store.dir.is_dir() else 0
+
+    def stats(self) -> DiskTierStats:
+        s = self.store
+        c = s.counters() if s is not None else None
+        return DiskTierStats(
+            enabled=self.enabled,
+            reason=self.reason or "",
+            directory=str(s.dir) if s is not None else "",
+            budget_bytes=s.budget if s is not None else 0,
+            bytes_on_disk=s.bytes_on_disk if s is not None else 0,
+            num_files=s.num_files if s is not None else 0,
+            num_blocks_read=c.blocks_read if c else 0,
+            num_tokens_restored=self.num_tokens_restored,
+            bytes_read=c.bytes_read if c else 0,
+            num_blocks_written=c.blocks_written if c else 0,
+            bytes_written=c.bytes_written if c else 0,
+            num_blocks_dropped=c.blocks_dropped if c else 0,
+            num_files_rejected=c.files_rejected if c else 0,
+            num_files_evicted=c.files_evicted if c else 0,
+        )
+
+
+def namespace(worker: Worker, block_size: int) -> bytes:
+    """Everything besides the tokens that changes a block's bytes."""
+    from app.kernels import cpu_qgemm
+
+    cfg = worker.plan.model_config
+    device = worker.setup.device
+    parts = [
+        f"localbatch {__version__}", f"model {model_identity(worker.model_path)}",
+        f"compute {worker.setup.dtype}", f"kv {worker.kv_dtype}", f"block {block_size}",
+        f"layers {cfg.num_layers} kv_heads {cfg.num_kv_heads} head_dim {cfg.head_dim}",
+        f"device {device.type} {torch.cuda.get_device_name(device) if device.type == 'cuda' else cpu_qgemm.isa()}",
+        f"kernels {worker.backend}", *(f"{k}={os.environ.get(k, '')}" for k in ENV_VARS),
+    ]
+    return "\n".join(parts).encode()
+
+
+def open_disk_tier(config: EngineConfig, worker: Worker) -> KVDiskTier:
+    """The engine's tier: off (with the reason) when its budget is 0, the model has random weights
+    or prefix caching is off."""
+    budget = config.kv_disk_cache_bytes
+    if not budget:
+        return KVDiskTier(None, reason="--kv-disk-cache-bytes is 0")
+    if not config.enable_prefix_caching:
+        return KVDiskTier(None, reason="prefix caching is off")
+    if worker.model_path is None:
+        return KVDiskTier(None, reason="random weights: no model file to key blocks by")
+    directory = config.kv_disk_cache_dir or default_dir()
+    store = KVDiskStore(directory, budget, namespace(worker, config.block_size))
+    runner = worker.runner
+    return KVDiskTier(store, runner.kv_caches, runner.layer_groups)
