@@ -242,7 +242,7 @@ def test_an_evicted_prefix_comes_back_from_disk_in_the_same_engine(tiny, tmp_pat
     reqs = long_prompts()
     plain = make_engine(tiny)
     off = run_alone(plain, reqs + reqs[:1])
-    pool = 20 * plain.kv_spec.num_groups  # one sequence's blocks (72 tokens of 4) and a few
+    pool = 20 * plain.plan.kv_spec.num_groups  # one sequence's blocks (72 tokens of 4) and a few
     engine = make_engine(tiny, kv_cache_blocks=pool, kv_disk_cache_dir=str(tmp_path), kv_disk_cache_bytes=1 << 26)
     out = []
     for p in reqs + reqs[:1]:
@@ -270,7 +270,7 @@ def test_preempted_sequences_under_the_tier(tiny, tmp_path):
     reqs = prompts(8)
     plain = make_engine(tiny)
     off = run_alone(plain, reqs)
-    pool = PREEMPTING_POOL if plain.kv_spec.num_groups > 1 else 30
+    pool = PREEMPTING_POOL if plain.plan.kv_spec.num_groups > 1 else 30
     engine = make_engine(tiny, kv_cache_blocks=pool, kv_disk_cache_dir=str(tmp_path), kv_disk_cache_bytes=1 << 26)
     seqs = [engine.add_request(p, SamplingParams(max_tokens=12, **GREEDY)) for p in reqs]
     while engine.has_unfinished():
