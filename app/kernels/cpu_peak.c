@@ -34,51 +34,43 @@ static int64_t int8_avx2(int64_t iters) {
     return out[0] == 42 ? 0 : iters * CHAINS * 64;
 }
 
+/* Written out (intrinsics on an array of accumulators had gcc store all twelve every round): each
+ * round is the twelve instructions alone, the accumulators in twelve registers of their own. */
+#define CHAIN_ASM(op)                                                                                    \
+    __asm__ volatile(op " %[b], %[a], %[c0]\n\t" op " %[b], %[a], %[c1]\n\t" op " %[b], %[a], %[c2]\n\t"       \
+                     op " %[b], %[a], %[c3]\n\t" op " %[b], %[a], %[c4]\n\t" op " %[b], %[a], %[c5]\n\t"       \
+                     op " %[b], %[a], %[c6]\n\t" op " %[b], %[a], %[c7]\n\t" op " %[b], %[a], %[c8]\n\t"       \
+                     op " %[b], %[a], %[c9]\n\t" op " %[b], %[a], %[c10]\n\t" op " %[b], %[a], %[c11]"           \
+                     : [c0] "+v"(c0), [c1] "+v"(c1), [c2] "+v"(c2), [c3] "+v"(c3), [c4] "+v"(c4), [c5] "+v"(c5),  \
+                       [c6] "+v"(c6), [c7] "+v"(c7), [c8] "+v"(c8), [c9] "+v"(c9), [c10] "+v"(c10),             \
+                       [c11] "+v"(c11)                                                                    \
+                     : [a] "v"(a), [b] "v"(b))
+#define SUM12(add) add(add(add(add(c0, c1), add(c2, c3)), add(add(c4, c5), add(c6, c7))), add(add(c8, c9), add(c10, c11)))
+
 static int64_t fp32_avx2(int64_t iters) {
-    __m256 acc[CHAINS], a = _mm256_set1_ps(1.0f), b = _mm256_set1_ps(1e-7f);
-    OPAQUE(a);
-    OPAQUE(b);
-    for (int c = 0; c < CHAINS; c++) acc[c] = _mm256_set1_ps((float)c);
-    for (int64_t i = 0; i < iters; i++)
-        for (int c = 0; c < CHAINS; c++) acc[c] = _mm256_fmadd_ps(a, b, acc[c]);
+    __m256 a = _mm256_set1_ps(1.0f), b = _mm256_set1_ps(1e-7f), c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11;
+    c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = c8 = c9 = c10 = c11 = _mm256_setzero_ps();
+    for (int64_t i = 0; i < iters; i++) CHAIN_ASM("vfmadd231ps");
     float out[8];
-    __m256 s = acc[0];
-    for (int c = 1; c < CHAINS; c++) s = _mm256_add_ps(s, acc[c]);
-    _mm256_storeu_ps(out, s);
+    _mm256_storeu_ps(out, SUM12(_mm256_add_ps));
     return out[0] == 42.5f ? 0 : iters * CHAINS * 8;
 }
 
 /* Only the two functions below hold AVX-512 instructions; they run only where qgemm_isa says so. */
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni")
-/* gcc copies vpdpbusd's accumulators between registers every round; written out, the loop is the
- * twelve instructions alone. */
-#define CHAIN_ASM(op)                                                                                    \
-    __asm__ volatile(op " %[b], %[a], %[c0]\n\t" op " %[b], %[a], %[c1]\n\t" op " %[b], %[a], %[c2]\n\t"       \
-                     op " %[b], %[a], %[c3]\n\t" op " %[b], %[a], %[c4]\n\t" op " %[b], %[a], %[c5]\n\t"       \
-                     op " %[b], %[a], %[c6]\n\t" op " %[b], %[a], %[c7]\n\t" op " %[b], %[a], %[c8]\n\t"       \
-                     op " %[b], %[a], %[c9]\n\t" op " %[b], %[a], %[c10]\n\t" op " %[b], %[a], %[c11]"           \
-                     : [c0] "+v"(acc[0]), [c1] "+v"(acc[1]), [c2] "+v"(acc[2]), [c3] "+v"(acc[3]),              \
-                       [c4] "+v"(acc[4]), [c5] "+v"(acc[5]), [c6] "+v"(acc[6]), [c7] "+v"(acc[7]),              \
-                       [c8] "+v"(acc[8]), [c9] "+v"(acc[9]), [c10] "+v"(acc[10]), [c11] "+v"(acc[11])           \
-                     : [a] "v"(a), [b] "v"(b))
-
 __attribute__((noinline)) static int64_t int8_peak_vnni(int64_t iters) {
-    __m512i acc[CHAINS], a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2);
-    for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_set1_epi32(c);
+    __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-2), c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11;
+    c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = c8 = c9 = c10 = c11 = _mm512_setzero_si512();
     for (int64_t i = 0; i < iters; i++) CHAIN_ASM("vpdpbusd");
-    __m512i s = acc[0];
-    for (int c = 1; c < CHAINS; c++) s = _mm512_add_epi32(s, acc[c]);
-    return _mm512_reduce_add_epi32(s) == 42 ? 0 : iters * CHAINS * 64;
+    return _mm512_reduce_add_epi32(SUM12(_mm512_add_epi32)) == 42 ? 0 : iters * CHAINS * 64;
 }
 
 __attribute__((noinline)) static int64_t fp32_peak_vnni(int64_t iters) {
-    __m512 acc[CHAINS], a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(1e-7f);
-    for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_set1_ps((float)c);
+    __m512 a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(1e-7f), c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11;
+    c0 = c1 = c2 = c3 = c4 = c5 = c6 = c7 = c8 = c9 = c10 = c11 = _mm512_setzero_ps();
     for (int64_t i = 0; i < iters; i++) CHAIN_ASM("vfmadd231ps");
-    __m512 s = acc[0];
-    for (int c = 1; c < CHAINS; c++) s = _mm512_add_ps(s, acc[c]);
-    return _mm512_reduce_add_ps(s) == 42.5f ? 0 : iters * CHAINS * 16;
+    return _mm512_reduce_add_ps(SUM12(_mm512_add_ps)) == 42.5f ? 0 : iters * CHAINS * 16;
 }
 #pragma GCC pop_options
 
