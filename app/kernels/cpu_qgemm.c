@@ -169,7 +169,8 @@ static inline __m256i fifth_bits(__m256i h, const int k) {
 
 typedef void (*tile_rows_fn)(const gemm_args *, int64_t, int64_t, int64_t);
 
-#define PAIR_MIN_ROWS 8 /* prefill: below this the tile kernels above, one tile at a time */
+#define PAIR_MIN_ROWS 8    /* prefill: below this the tile kernels above, one tile at a time */
+#define PAIR_BLOCK_ROWS 32 /* the least rows a block of x holds on the pairs' path */
 
 /* Quantize x once, then every tile of each part. Each thread owns a contiguous share of each
  * part's weight tiles; x is walked in blocks of rows whose levels fit in L2 while the thread's
@@ -180,6 +181,8 @@ static inline void run_gemm(const gemm_args *parts, int nparts, const float *x, 
     const int64_t M = a->M, G = a->G;
     int64_t block = ROW_BLOCK_BYTES / a->K / TILE * TILE;
     if (block < TILE) block = TILE;
+    /* the pairs take 16 rows a pass: a wide K's block (down's) gets them, its levels still in L2 */
+    if (pair_rows && block < PAIR_BLOCK_ROWS) block = PAIR_BLOCK_ROWS;
 #pragma omp parallel num_threads(nthreads)
     {
 #pragma omp for schedule(static)

@@ -409,13 +409,18 @@ ALWAYS_INLINE __m512i QG(pair_dot)(const int fmt, const __m512i v[8], const int8
         for (int s = 0; s < 8; s++) dot = _mm512_dpbusd_epi32(dot, v[s], _mm512_set1_epi32(*(const int32_t *)(x + 4 * s)));
         return dot;
     }
+    if (fmt != QG_Q6) { /* one chain: the rows' chains overlap, and no add joins two */
+        __m512i dot = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; s++)
+            dot = _mm512_dpbusd_epi32(dot, v[s], _mm512_set1_epi32(*(const int32_t *)(x + 16 * (s / 4) + 4 * (s % 4))));
+        return dot;
+    }
     __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
     for (int s = 0; s < 4; s++) {
         lo = _mm512_dpbusd_epi32(lo, v[s], _mm512_set1_epi32(*(const int32_t *)(x + 4 * s)));
         hi = _mm512_dpbusd_epi32(hi, v[4 + s], _mm512_set1_epi32(*(const int32_t *)(x + 16 + 4 * s)));
     }
-    if (fmt != QG_Q6)
-        return _mm512_add_epi32(lo, hi);
     const __m512i offset = _mm512_madd_epi16(scp, _mm512_set1_epi32(xb));
     return _mm512_sub_epi32(_mm512_add_epi32(_mm512_mullo_epi32(lo, sclo), _mm512_mullo_epi32(hi, schi)),
                             _mm512_slli_epi32(offset, 5));
@@ -437,9 +442,9 @@ ALWAYS_INLINE void QG(pair_scales)(const int fmt, const uint16_t *dt, const uint
         *mv = mt ? QG(pair_ph)(mt + g * TILE, dnext) : _mm512_setzero_ps();
 }
 
-/* Tiles t and t+1 against rows r .. r+7. */
-ALWAYS_INLINE void QG(pair_in)(const gemm_args *a, int64_t t, int64_t r, const int fmt) {
-    enum { R = QG_PAIR_ROWS };
+/* Tiles t and t+1 against rows r .. r+R-1 (R: 8 or 16; at 16 the unpacking is paid once for twice
+ * the rows, the accumulators and the unpacked group still in registers). */
+ALWAYS_INLINE void QG(pair_in)(const gemm_args *a, int64_t t, int64_t r, const int R, const int fmt) {
     const int64_t G = a->G, K = a->K;
     const int64_t wbytes = fmt == QG_Q8 ? TILE * 32 : fmt == QG_Q6 ? TILE * 24 : TILE * 16;
     const int64_t wnext = G * wbytes;
@@ -450,10 +455,13 @@ ALWAYS_INLINE void QG(pair_in)(const gemm_args *a, int64_t t, int64_t r, const i
     const int stored_m = fmt == QG_Q4 || fmt == QG_Q5 || fmt == QG_Q4K;
     const uint16_t *dt = a->d + t * dnext, *mt = stored_m ? a->m + t * dnext : NULL;
     const int8_t *sc = blocked ? a->sc + t * G * 16 : NULL;
+    /* rows come in blocks of 8 (x_at): row i of the 16 is block i / 8's row i % 8 */
     const int8_t *xg = a->xq + x_at(r, K);
     const float *xd = a->xd + tab_at(r, G), *xs = a->xs + tab_at(r, G);
     const int32_t *xb = a->xb + tab_at(r, G);
+    const int64_t xblock = K * TILE, tblock = G * TILE;
     __m512 acc[R], mac[R];
+#pragma GCC unroll 16
     for (int i = 0; i < R; i++) acc[i] = mac[i] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
         __m512i v[8], scp = _mm512_setzero_si512(), sclo = scp, schi = scp;
@@ -466,35 +474,41 @@ ALWAYS_INLINE void QG(pair_in)(const gemm_args *a, int64_t t, int64_t r, const i
         }
         __m512 dv, mv;
         QG(pair_scales)(fmt, dt, mt, dnext, sc, G * 16, g, &dv, &mv);
+#pragma GCC unroll 16
         for (int i = 0; i < R; i++) {
-            const __m512i dot = QG(pair_dot)(fmt, v, xg + g * 32 * TILE + 32 * i, xb[g * TILE + i], scp, sclo, schi);
-            acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(xd[g * TILE + i])), _mm512_cvtepi32_ps(dot), acc[i]);
+            const int64_t xo = i / TILE * xblock + g * 32 * TILE + 32 * (i % TILE), to = i / TILE * tblock + g * TILE + i % TILE;
+            const __m512i dot = QG(pair_dot)(fmt, v, xg + xo, xb[to], scp, sclo, schi);
+            acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(xd[to])), _mm512_cvtepi32_ps(dot), acc[i]);
         }
     }
     for (int64_t g = 0; has_m && g < G; g++) {
         __m512 dv, mv;
         QG(pair_scales)(fmt, dt, mt, dnext, sc, G * 16, g, &dv, &mv);
-        for (int i = 0; i < R; i++) mac[i] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[g * TILE + i]), mac[i]);
+#pragma GCC unroll 16
+        for (int i = 0; i < R; i++) mac[i] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[i / TILE * tblock + g * TILE + i % TILE]), mac[i]);
     }
-    for (int i = 0; i < R; i++) {
-        float out[2 * TILE];
-        _mm512_storeu_ps(out, has_m ? _mm512_add_ps(acc[i], mac[i]) : acc[i]);
-        for (int j = 0; j < 2 * TILE && t * TILE + j < a->N; j++) a->y[(r + i) * a->ldy + t * TILE + j] = out[j];
-    }
+    const int64_t cols = a->N - t * TILE < 2 * TILE ? a->N - t * TILE : 2 * TILE;
+    for (int i = 0; i < R; i++)
+        _mm512_mask_storeu_ps(a->y + (r + i) * a->ldy + t * TILE, (__mmask16)((1u << cols) - 1),
+                              has_m ? _mm512_add_ps(acc[i], mac[i]) : acc[i]);
 }
 
-/* Tiles t and t+1 against rows r .. end-1: whole blocks of 8 rows in pairs, the rest tile by tile. */
+/* Tiles t and t+1 against rows r .. end-1: blocks of 16 rows, then of 8, in pairs; the rest tile
+ * by tile. */
+ALWAYS_INLINE void QG(pair_fmt)(const gemm_args *a, int64_t t, int64_t *r, int64_t end, const int fmt) {
+    for (; *r + 2 * QG_PAIR_ROWS <= end; *r += 2 * QG_PAIR_ROWS) QG(pair_in)(a, t, *r, 2 * QG_PAIR_ROWS, fmt);
+    for (; *r + QG_PAIR_ROWS <= end; *r += QG_PAIR_ROWS) QG(pair_in)(a, t, *r, QG_PAIR_ROWS, fmt);
+}
+
 static void QG(pair_rows)(const gemm_args *a, int64_t t, int64_t r, int64_t end) {
-    for (; r + QG_PAIR_ROWS <= end; r += QG_PAIR_ROWS) {
-        switch (a->fmt) {
-        case QG_Q6: QG(pair_in)(a, t, r, QG_Q6); break;
-        case QG_Q5: QG(pair_in)(a, t, r, QG_Q5); break;
-        case QG_Q4: QG(pair_in)(a, t, r, QG_Q4); break;
-        case QG_Q4K: QG(pair_in)(a, t, r, QG_Q4K); break;
-        case QG_Q4_0: QG(pair_in)(a, t, r, QG_Q4_0); break;
-        case QG_Q5_0: QG(pair_in)(a, t, r, QG_Q5_0); break;
-        default: QG(pair_in)(a, t, r, QG_Q8);
-        }
+    switch (a->fmt) {
+    case QG_Q6: QG(pair_fmt)(a, t, &r, end, QG_Q6); break;
+    case QG_Q5: QG(pair_fmt)(a, t, &r, end, QG_Q5); break;
+    case QG_Q4: QG(pair_fmt)(a, t, &r, end, QG_Q4); break;
+    case QG_Q4K: QG(pair_fmt)(a, t, &r, end, QG_Q4K); break;
+    case QG_Q4_0: QG(pair_fmt)(a, t, &r, end, QG_Q4_0); break;
+    case QG_Q5_0: QG(pair_fmt)(a, t, &r, end, QG_Q5_0); break;
+    default: QG(pair_fmt)(a, t, &r, end, QG_Q8);
     }
     if (r < end) {
         QG(tile_rows)(a, t, r, end);
