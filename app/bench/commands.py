@@ -7,6 +7,7 @@
     localbatch bench compare ...        against llama.cpp on the same GGUF, back to back
     localbatch bench complete ...       code completion (/infill) follow-ups after small edits
     localbatch bench research NAME ...  one of the research benchmarks under benchmarks/ (a checkout)
+    localbatch bench kernels ...        each quant type's prompt GEMM against this CPU's int8 peak
     localbatch bench report RECORD...   the records' tables as Markdown, with commit, machine and date
     localbatch bench setup-llama-cpp    build the pinned llama.cpp `compare` and `complete` run against
 
@@ -160,6 +161,13 @@ def _add_report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("records", nargs="+", type=Path, metavar="RECORD", help="JSON records written with --json")
 
 
+def _add_kernels_args(p: argparse.ArgumentParser) -> None:
+    from app.bench.kernels import add_args
+
+    add_args(p)
+    add_json_arg(p)
+
+
 def _add_setup_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dir", type=Path, default=None,
                    help="where to build (default: llama.cpp/<release> in the user cache dir)")
@@ -171,6 +179,8 @@ _TOOL_ADDERS: dict[str, tuple[str, AddArgs]] = {
                  "JSON record", _add_research_args),
     "report": ("Markdown tables from --json records, each under its commit, machine (CPU, flags) and date",
                _add_report_args),
+    "kernels": ("each quant type's prompt GEMM (the C kernels) at the catalog models' shapes, in GMAC/s and as a "
+                "share of this CPU's int8 peak, which it measures too", _add_kernels_args),
     "setup-llama-cpp": ("download llama.cpp's pinned release from GitHub (a network action, like `pull`) and build "
                         "it for this CPU into the cache, for `bench compare` and `bench complete`", _add_setup_args),
 }
@@ -325,6 +335,19 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kernels(args: argparse.Namespace) -> int:
+    import sys
+
+    from app.bench.kernels import run
+    from app.bench.results import record, settings, write
+
+    log = (lambda line: print(line, file=sys.stderr)) if args.json == "-" else print
+    results = run(args, log)
+    if args.json:
+        write(args.json, record("kernels", settings(args), results, "cpu"))
+    return 0
+
+
 def _setup_llama_cpp(args: argparse.Namespace) -> int:
     from app.bench.llama_cpp import default_dir, setup
     from app.kernels.cpu_info import cpu_flags
@@ -335,6 +358,6 @@ def _setup_llama_cpp(args: argparse.Namespace) -> int:
 
 
 _TOOLS: dict[str, Callable[[argparse.Namespace], int]] = {"research": _research, "report": _report,
-                                                         "setup-llama-cpp": _setup_llama_cpp}
+                                                         "kernels": _kernels, "setup-llama-cpp": _setup_llama_cpp}
 _RUNNERS = {"throughput": _throughput, "latency": _latency, "serve": _serve, "tui": _tui, "compare": _compare,
             "complete": _complete}

@@ -169,14 +169,20 @@ static inline __m256i fifth_bits(__m256i h, const int k) {
 
 typedef void (*tile_rows_fn)(const gemm_args *, int64_t, int64_t, int64_t);
 
+#define PAIR_MIN_ROWS 8    /* prefill: below this the tile kernels above, one tile at a time */
+#define PAIR_BLOCK_ROWS 32 /* the least rows a block of x holds on the pairs' path */
+
 /* Quantize x once, then every tile of each part. Each thread owns a contiguous share of each
  * part's weight tiles; x is walked in blocks of rows whose levels fit in L2 while the thread's
  * weights pass over each block, each tile staying in L1 for the block's rows. */
-static inline void run_gemm(const gemm_args *parts, int nparts, const float *x, int nthreads, tile_rows_fn tile_rows) {
+static inline void run_gemm(const gemm_args *parts, int nparts, const float *x, int nthreads, tile_rows_fn tile_rows,
+                            tile_rows_fn pair_rows) {
     const gemm_args *a = parts;
     const int64_t M = a->M, G = a->G;
     int64_t block = ROW_BLOCK_BYTES / a->K / TILE * TILE;
     if (block < TILE) block = TILE;
+    /* the pairs take 16 rows a pass: a wide K's block (down's) gets them, its levels still in L2 */
+    if (pair_rows && block < PAIR_BLOCK_ROWS) block = PAIR_BLOCK_ROWS;
 #pragma omp parallel num_threads(nthreads)
     {
 #pragma omp for schedule(static)
@@ -189,7 +195,10 @@ static inline void run_gemm(const gemm_args *parts, int nparts, const float *x, 
             const int64_t tiles = (parts[p].N + TILE - 1) / TILE, t0 = tiles * th / nt, t1 = tiles * (th + 1) / nt;
             for (int64_t b = 0; b < M; b += block) {
                 int64_t end = b + block < M ? b + block : M;
-                for (int64_t t = t0; t < t1; t++) tile_rows(&parts[p], t, b, end);
+                int64_t t = t0;
+                if (pair_rows && M >= PAIR_MIN_ROWS)
+                    for (; t + 1 < t1; t += 2) pair_rows(&parts[p], t, b, end);
+                for (; t < t1; t++) tile_rows(&parts[p], t, b, end);
             }
         }
     }
@@ -263,6 +272,7 @@ int qgemm(const qweight *w, const float *x, int64_t M, float *y, int nthreads) {
         parts[i] = (gemm_args){M, w->K, G, w->N, w->qs, w->d, w->m, w->qh, (int8_t *)buf, (float *)(buf + levels),
                                (float *)(buf + levels + table), (int32_t *)(buf + levels + 2 * table), w->sc, y + col,
                                N, (int)w->fmt};
-    run_gemm(parts, nparts, x, nthreads, qgemm_isa() == ISA_VNNI ? tile_rows_vnni : tile_rows_avx2);
+    const int vnni = qgemm_isa() == ISA_VNNI;
+    run_gemm(parts, nparts, x, nthreads, vnni ? tile_rows_vnni : tile_rows_avx2, vnni ? pair_rows_vnni : NULL);
     return 0;
 }

@@ -332,3 +332,187 @@ static void QG(tile_rows)(const gemm_args *a, int64_t t, int64_t r, int64_t end)
     case 1: QG(tile)(a, t, r, 1); break;
     }
 }
+
+#if QG_VNNI
+/* Prefill on AVX-512 VNNI: two tiles side by side in one zmm register (lanes 0-7 tile t's rows,
+ * 8-15 tile t+1's) against 8 activation rows, vpdpbusd on 16 weight rows at once. Each lane runs
+ * the float operations a tile's lane runs above, in the same order (the integer dots are exact),
+ * so the outputs are the same bits; only the instruction count per product halves. */
+#define QG_PAIR_ROWS 8
+
+/* Vector s of a group for tiles t (at p) and t+1 (at p + next). */
+ALWAYS_INLINE __m512i QG(pair_load)(const void *p, const int64_t next) {
+    const char *c = (const char *)p;
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)c)),
+                              _mm256_loadu_si256((const __m256i *)(c + next)), 1);
+}
+
+ALWAYS_INLINE __m512 QG(pair_ph)(const uint16_t *p, const int64_t next) {
+    const __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
+                                              _mm_loadu_si128((const __m128i *)(p + next)), 1);
+    return _mm512_cvtph_ps(h);
+}
+
+ALWAYS_INLINE __m512i QG(fifth_bits2)(__m512i h, const int k) {
+    if (k < 4)
+        h = _mm512_slli_epi16(h, 4 - k);
+    else if (k > 4)
+        h = _mm512_srli_epi16(h, k - 4);
+    return _mm512_and_si512(h, _mm512_set1_epi8(0x10));
+}
+
+/* A group of both tiles unpacked to unsigned bytes: q4 / q5 / q6 levels as above, q8's levels
+ * + 128 (vpdpbusd wants one operand unsigned; the dot then starts at -128 * the activations' sum). */
+ALWAYS_INLINE void QG(pair_unpack)(const int fmt, const char *w, const int64_t wnext, const uint8_t *qh,
+                                   const int64_t hnext, __m512i v[8]) {
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    if (fmt == QG_Q8) {
+        prefetch_ahead(w, TILE * 32);
+        prefetch_ahead(w + wnext, TILE * 32);
+        for (int s = 0; s < 8; s++)
+            v[s] = _mm512_xor_si512(QG(pair_load)(w + s * 32, wnext), _mm512_set1_epi8((char)0x80));
+        return;
+    }
+    if (fmt == QG_Q6) {
+        const __m512i top = _mm512_set1_epi8(0x30);
+        prefetch_ahead(w, TILE * 24);
+        prefetch_ahead(w + wnext, TILE * 24);
+        for (int s = 0; s < 4; s++) {
+            const __m512i b = QG(pair_load)(w + s * 32, wnext), h = QG(pair_load)(w + 128 + (s / 2) * 32, wnext);
+            const __m512i hl = s % 2 == 0 ? _mm512_slli_epi16(h, 4) : h;
+            const __m512i hh = s % 2 == 0 ? _mm512_slli_epi16(h, 2) : _mm512_srli_epi16(h, 2);
+            v[s] = _mm512_or_si512(_mm512_and_si512(b, mask), _mm512_and_si512(hl, top));
+            v[4 + s] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(b, 4), mask), _mm512_and_si512(hh, top));
+        }
+        return;
+    }
+    const int q5 = fmt == QG_Q5 || fmt == QG_Q5_0;
+    prefetch_ahead(w, TILE * 16);
+    prefetch_ahead(w + wnext, TILE * 16);
+    const __m512i h = q5 ? QG(pair_load)(qh, hnext) : _mm512_setzero_si512();
+    for (int s = 0; s < 4; s++) {
+        const __m512i b = QG(pair_load)(w + s * 32, wnext);
+        v[s] = _mm512_and_si512(b, mask), v[4 + s] = _mm512_and_si512(_mm512_srli_epi16(b, 4), mask);
+        if (q5) {
+            v[s] = _mm512_or_si512(v[s], QG(fifth_bits2)(h, 2 * s));
+            v[4 + s] = _mm512_or_si512(v[4 + s], QG(fifth_bits2)(h, 2 * s + 1));
+        }
+    }
+}
+
+/* One activation row's exact integer dot with both tiles' unpacked group (`xb`: its halves' level
+ * sums, `sc`: q6's sub-scales as unpack leaves them: lane (sc_lo, sc_hi) int16, and as int32). */
+ALWAYS_INLINE __m512i QG(pair_dot)(const int fmt, const __m512i v[8], const int8_t *x, const int32_t xb,
+                                   const __m512i scp, const __m512i sclo, const __m512i schi) {
+    if (fmt == QG_Q8) {
+        __m512i dot = _mm512_set1_epi32(-128 * ((int32_t)(int16_t)xb + (xb >> 16)));
+        for (int s = 0; s < 8; s++) dot = _mm512_dpbusd_epi32(dot, v[s], _mm512_set1_epi32(*(const int32_t *)(x + 4 * s)));
+        return dot;
+    }
+    if (fmt != QG_Q6) { /* one chain: the rows' chains overlap, and no add joins two */
+        __m512i dot = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; s++)
+            dot = _mm512_dpbusd_epi32(dot, v[s], _mm512_set1_epi32(*(const int32_t *)(x + 16 * (s / 4) + 4 * (s % 4))));
+        return dot;
+    }
+    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+    for (int s = 0; s < 4; s++) {
+        lo = _mm512_dpbusd_epi32(lo, v[s], _mm512_set1_epi32(*(const int32_t *)(x + 4 * s)));
+        hi = _mm512_dpbusd_epi32(hi, v[4 + s], _mm512_set1_epi32(*(const int32_t *)(x + 16 + 4 * s)));
+    }
+    const __m512i offset = _mm512_madd_epi16(scp, _mm512_set1_epi32(xb));
+    return _mm512_sub_epi32(_mm512_add_epi32(_mm512_mullo_epi32(lo, sclo), _mm512_mullo_epi32(hi, schi)),
+                            _mm512_slli_epi32(offset, 5));
+}
+
+/* A group's d (and m) for both tiles, as group_scales makes them for each. */
+ALWAYS_INLINE void QG(pair_scales)(const int fmt, const uint16_t *dt, const uint16_t *mt, const int64_t dnext,
+                                   const int8_t *sct, const int64_t snext, const int64_t g, __m512 *dv, __m512 *mv) {
+    if (fmt == QG_Q4K) {
+        const __m128i a = _mm_loadu_si128((const __m128i *)(sct + g * 16)), b = _mm_loadu_si128((const __m128i *)(sct + snext + g * 16));
+        *dv = _mm512_mul_ps(QG(pair_ph)(dt + (g >> 3) * TILE, dnext), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(a, b))));
+        *mv = _mm512_mul_ps(QG(pair_ph)(mt + (g >> 3) * TILE, dnext), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi64(a, b))));
+        return;
+    }
+    *dv = QG(pair_ph)(dt + (fmt == QG_Q6 ? g >> 3 : g) * TILE, dnext);
+    if (fmt == QG_Q4_0 || fmt == QG_Q5_0)
+        *mv = _mm512_mul_ps(*dv, _mm512_set1_ps(fmt == QG_Q4_0 ? -8.0f : -16.0f));
+    else
+        *mv = mt ? QG(pair_ph)(mt + g * TILE, dnext) : _mm512_setzero_ps();
+}
+
+/* Tiles t and t+1 against rows r .. r+R-1 (R: 8 or 16; at 16 the unpacking is paid once for twice
+ * the rows, the accumulators and the unpacked group still in registers). */
+ALWAYS_INLINE void QG(pair_in)(const gemm_args *a, int64_t t, int64_t r, const int R, const int fmt) {
+    const int64_t G = a->G, K = a->K;
+    const int64_t wbytes = fmt == QG_Q8 ? TILE * 32 : fmt == QG_Q6 ? TILE * 24 : TILE * 16;
+    const int64_t wnext = G * wbytes;
+    const char *w = (const char *)a->qs + t * wnext;
+    const uint8_t *qh = fmt == QG_Q5 || fmt == QG_Q5_0 ? a->qh + t * G * 32 : NULL;
+    const int blocked = fmt == QG_Q6 || fmt == QG_Q4K, has_m = fmt != QG_Q8 && fmt != QG_Q6;
+    const int64_t GS = blocked ? G >> 3 : G, dnext = GS * TILE;
+    const int stored_m = fmt == QG_Q4 || fmt == QG_Q5 || fmt == QG_Q4K;
+    const uint16_t *dt = a->d + t * dnext, *mt = stored_m ? a->m + t * dnext : NULL;
+    const int8_t *sc = blocked ? a->sc + t * G * 16 : NULL;
+    /* rows come in blocks of 8 (x_at): row i of the 16 is block i / 8's row i % 8 */
+    const int8_t *xg = a->xq + x_at(r, K);
+    const float *xd = a->xd + tab_at(r, G), *xs = a->xs + tab_at(r, G);
+    const int32_t *xb = a->xb + tab_at(r, G);
+    const int64_t xblock = K * TILE, tblock = G * TILE;
+    __m512 acc[R], mac[R];
+#pragma GCC unroll 16
+    for (int i = 0; i < R; i++) acc[i] = mac[i] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        __m512i v[8], scp = _mm512_setzero_si512(), sclo = scp, schi = scp;
+        QG(pair_unpack)(fmt, w + g * wbytes, wnext, qh ? qh + g * 32 : NULL, G * 32, v);
+        if (fmt == QG_Q6) {
+            const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(sc + g * 16))),
+                                                         _mm_loadu_si128((const __m128i *)(sc + G * 16 + g * 16)), 1);
+            scp = _mm512_cvtepi8_epi16(both);
+            sclo = _mm512_srai_epi32(_mm512_slli_epi32(scp, 16), 16), schi = _mm512_srai_epi32(scp, 16);
+        }
+        __m512 dv, mv;
+        QG(pair_scales)(fmt, dt, mt, dnext, sc, G * 16, g, &dv, &mv);
+#pragma GCC unroll 16
+        for (int i = 0; i < R; i++) {
+            const int64_t xo = i / TILE * xblock + g * 32 * TILE + 32 * (i % TILE), to = i / TILE * tblock + g * TILE + i % TILE;
+            const __m512i dot = QG(pair_dot)(fmt, v, xg + xo, xb[to], scp, sclo, schi);
+            acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(xd[to])), _mm512_cvtepi32_ps(dot), acc[i]);
+        }
+    }
+    for (int64_t g = 0; has_m && g < G; g++) {
+        __m512 dv, mv;
+        QG(pair_scales)(fmt, dt, mt, dnext, sc, G * 16, g, &dv, &mv);
+#pragma GCC unroll 16
+        for (int i = 0; i < R; i++) mac[i] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[i / TILE * tblock + g * TILE + i % TILE]), mac[i]);
+    }
+    const int64_t cols = a->N - t * TILE < 2 * TILE ? a->N - t * TILE : 2 * TILE;
+    for (int i = 0; i < R; i++)
+        _mm512_mask_storeu_ps(a->y + (r + i) * a->ldy + t * TILE, (__mmask16)((1u << cols) - 1),
+                              has_m ? _mm512_add_ps(acc[i], mac[i]) : acc[i]);
+}
+
+/* Tiles t and t+1 against rows r .. end-1: blocks of 16 rows, then of 8, in pairs; the rest tile
+ * by tile. */
+ALWAYS_INLINE void QG(pair_fmt)(const gemm_args *a, int64_t t, int64_t *r, int64_t end, const int fmt) {
+    for (; *r + 2 * QG_PAIR_ROWS <= end; *r += 2 * QG_PAIR_ROWS) QG(pair_in)(a, t, *r, 2 * QG_PAIR_ROWS, fmt);
+    for (; *r + QG_PAIR_ROWS <= end; *r += QG_PAIR_ROWS) QG(pair_in)(a, t, *r, QG_PAIR_ROWS, fmt);
+}
+
+static void QG(pair_rows)(const gemm_args *a, int64_t t, int64_t r, int64_t end) {
+    switch (a->fmt) {
+    case QG_Q6: QG(pair_fmt)(a, t, &r, end, QG_Q6); break;
+    case QG_Q5: QG(pair_fmt)(a, t, &r, end, QG_Q5); break;
+    case QG_Q4: QG(pair_fmt)(a, t, &r, end, QG_Q4); break;
+    case QG_Q4K: QG(pair_fmt)(a, t, &r, end, QG_Q4K); break;
+    case QG_Q4_0: QG(pair_fmt)(a, t, &r, end, QG_Q4_0); break;
+    case QG_Q5_0: QG(pair_fmt)(a, t, &r, end, QG_Q5_0); break;
+    default: QG(pair_fmt)(a, t, &r, end, QG_Q8);
+    }
+    if (r < end) {
+        QG(tile_rows)(a, t, r, end);
+        QG(tile_rows)(a, t + 1, r, end);
+    }
+}
+#endif

@@ -254,6 +254,29 @@ def test_each_instruction_set_gives_the_reference_and_the_same_bits(make, isa, e
         assert torch.equal(got, want), rows
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("make", [_q4, _q4_0, _q4k, _q5, _q5_0, _q6, _q8],
+                         ids=["q4", "q4_0", "q4k", "q5", "q5_0", "q6", "q8"])
+def test_the_vnni_prefill_pairs_give_the_avx2_bits(make, threads, each_isa):
+    """Prefill on AVX-512 VNNI takes two tiles at once against blocks of 16 and 8 rows (40 rows:
+    both, and a rest); 116 rows of weights: a pair that ends in a cut tile (with 2 threads)."""
+    w = make(116, 96)
+    x = torch.randn(40, w.in_features) * 2
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        cpu_qgemm.set_isa("AVX2")
+        avx2 = [w(x[:rows]) for rows in (8, 17, 40)]
+        each_isa(_VNNI)
+        ref = (fake_quantize(x).double() @ w.dequantize_ref().double().T).float()
+        for rows, want in zip((8, 17, 40), avx2):
+            got = w(x[:rows])
+            assert torch.equal(got, want), rows
+            assert (got - ref[:rows]).abs().max() <= 1e-6 * ref.abs().max()
+    finally:
+        torch.set_num_threads(saved)
+
+
 @pytest.mark.parametrize("isa", ["AVX2", _VNNI])
 def test_a_split_weight_is_its_parts_side_by_side(isa, each_isa):
     """Parts in three formats (a Q6_K part of 40 rows: a tile cut at the boundary) in one call: the
@@ -287,8 +310,8 @@ def test_the_isa_is_named_and_an_absent_one_is_refused(each_isa):
 
 def test_only_the_vnni_tiles_hold_avx512_instructions():
     """A CPU without AVX-512 must never meet one: the library's AVX-512 code (vpdpbusd, zmm or
-    ymm16+ registers, mask registers) lives in `tile_rows_vnni` alone, which runs only where the
-    CPU confirmed it."""
+    ymm16+ registers, mask registers) lives in `tile_rows_vnni` and the peak loops of
+    `bench kernels` alone, which run only where the CPU confirmed it."""
     import re
     import shutil
     import subprocess
@@ -306,5 +329,5 @@ def test_only_the_vnni_tiles_hold_avx512_instructions():
             fn = head.group(1)
         elif avx512.search(line):
             holders.add(fn)
-    assert holders <= {"tile_rows_vnni"}, holders
+    assert holders <= {"tile_rows_vnni", "pair_rows_vnni", "int8_peak_vnni", "fp32_peak_vnni"}, holders
     assert "tile_rows_vnni" in holders
