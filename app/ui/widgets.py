@@ -22,7 +22,7 @@ from app.ui.reply_stream import TAIL_LINES, StreamingBody, chat_markdown_parser
 from app.ui.user_config import ChatSettings
 
 _NEWLINE_KEYS = ("shift+enter", "ctrl+j")
-_ROLE_LINES = {"user": "You", "assistant": "Assistant", "tool": "Tool result"}
+_ROLE_LINES = {"user": "You", "assistant": "Assistant", "tool": "Tool result", "note": "Note"}
 
 
 class PromptInput(TextArea):

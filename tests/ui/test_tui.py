@@ -66,6 +66,7 @@ def make_app(tmp_path: Path, engine: Any = None, config: str = "", **options: An
     config_path = tmp_path / "config.toml"
     config_path.write_text(config)
     options.setdefault("poll_interval", 0)
+    options.setdefault("tools", False)  # no MCP server subprocesses unless a test asks for them
     app = LocalbatchApp(lambda progress, model, device: engine,
                         TuiOptions(data_dir=tmp_path / "data", config_path=config_path, **options))
     return app, engine
