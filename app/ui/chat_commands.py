@@ -272,7 +272,7 @@ def settings(screen: ChatScreen) -> None:
 def toggle_json(screen: ChatScreen) -> None:
     pane = screen.active_pane()
     if pane is not None:
-        state = "on: replies are JSON" if pane.session.toggle_json_mode() else "off"
+        state = "on: replies are JSON" if pane.session.toggle("json_mode") else "off"
         screen.notify(f"JSON mode {state} in {pane.session.chat.title}")
 
 
@@ -280,7 +280,7 @@ def toggle_tools(screen: ChatScreen) -> None:
     pane = screen.active_pane()
     if pane is None:
         return
-    on = pane.session.toggle_tools()
+    on = pane.session.toggle("tools")
     manager = screen.app.tools
     if not on:
         screen.notify(f"Tools off in {pane.session.chat.title}")

@@ -13,10 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.engine.api.engine_client import EngineClient, Prompt
+from app.engine.api.engine_client import EngineClient
 from app.engine.api.tool_use import Text, ToolCallParser
 from app.engine.types.outputs import StreamDelta
-from app.engine.types.sampling_params import SamplingParams
 from app.engine.types.timing import ReplyClock
 from app.ui.format import first_line
 from app.ui.store import STREAMING, ChatStore, MessageRecord
@@ -84,7 +83,7 @@ class Reply:
     async def stream(self, engine: EngineClient, request: Callable[[], tuple[Any, ...]],
                      sink: ReplySink, max_delay_s: float = 0.0) -> ReplyEnd:
         """Ask `engine` for the reply to `request()` (prompt, params, and a `ToolCallParser` when
-        tools are offered) and pass its deltas to `sink`, committing the text once a second, until
+        tools are offered, and keyword arguments for `engine.stream` for a remote engine's tools) and pass its deltas to `sink`, committing the text once a second, until
         the reply ends, fails (a bad request included) or is stopped (a cancel of the task too: it
         ends here). With a parser the sink gets the reply's text less its calls, and the calls end
         up in `ReplyEnd.tool_calls`."""
@@ -97,7 +96,8 @@ class Reply:
                 return ReplyEnd("abort")
             prompt, params, *rest = request()
             parser = rest[0] if rest else None
-            deltas = engine.stream(prompt, params, self.request_id, max_delay_s=max_delay_s)
+            extra = rest[1] if len(rest) > 1 else {}  # a remote engine's `tools`
+            deltas = engine.stream(prompt, params, self.request_id, max_delay_s=max_delay_s, **extra)
             async for delta in deltas:
                 if self.stop_requested:
                     return _with_calls(ReplyEnd("abort"), parser, sink)

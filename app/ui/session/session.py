@@ -30,9 +30,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
 
-from app.engine.api.engine_client import EngineClient, Prompt
+from app.engine.api.engine_client import EngineClient
 from app.engine.api.tool_use import ToolCallParser, tool_request
-from app.engine.types.sampling_params import SamplingParams
 from app.ui.attach import split_message
 from app.ui.session.context_fit import ContextBudget, ContextPlan
 from app.ui.session.draft import Draft
@@ -121,26 +120,22 @@ class ChatSession:
     def history(self) -> list[dict[str, Any]]:
         return chat_history(self.chat.system_prompt, self._messages)
 
-    def request(self) -> tuple[Prompt, SamplingParams]:
-        """What the next reply is generated from, as the last fit planned it."""
+    def request(self) -> tuple[Any, ...]:
+        """What the next reply is generated from, as the last fit planned it: with tools offered
+        (`tool_runner`'s, unless this chat's settings turn them off or the model has no chat
+        template), through `tool_request` (the template's tool prompt, calls constrained to the
+        tools' schemas), with the parser of its reply; for a remote engine, the chat messages and
+        the tools for the server's OpenAI `tools` field (the server renders and constrains them)."""
         plan = self.context.plan
-        return build_request(self.history(), self.chat.settings, self._engine.chat_template, left_out=plan.left_out,
-                             max_tokens=plan.max_tokens)
-
-    def offered_tools(self) -> list[dict[str, Any]]:
-        """The tools the next reply is offered: none with tools off in this chat's settings, for a
-        model without a chat template, or while no server has tools ready."""
-        if self.tool_runner is None or not self.chat.settings.tools or not self._engine.chat_template:
-            return []
-        return self.tool_runner.offered()
-
-    def turn_request(self) -> tuple[Prompt, SamplingParams, ToolCallParser | None]:
-        """`request()`, with the offered tools through `tool_request` (the template's tool prompt,
-        calls constrained to the tools' schemas) and the parser of its reply."""
-        prompt, params = self.request()
-        tools = self.offered_tools()
+        prompt, params = build_request(self.history(), self.chat.settings, self._engine.chat_template,
+                                       left_out=plan.left_out, max_tokens=plan.max_tokens)
+        runner = self.tool_runner
+        tools = runner.offered() if runner and self.chat.settings.tools and self._engine.chat_template else []
         if not tools:
             return prompt, params, None
+        if self._engine.is_remote:
+            return prompt, params, ToolCallParser(loose_names=frozenset(t["function"]["name"] for t in tools)), \
+                {"tools": tools}
         turn = tool_request(self._engine, prompt, tools, params)
         return turn.prompt, turn.params, turn.parser()
 
@@ -221,7 +216,7 @@ class ChatSession:
 
     async def _turn(self, reply: Reply, view: ReplyView, max_delay_s: float) -> ReplyEnd:
         sink = await view.opened(reply)
-        end = await reply.stream(self._engine, self.turn_request, sink, max_delay_s)
+        end = await reply.stream(self._engine, self.request, sink, max_delay_s)
         await view.closing(reply, end)
         text = sink.text
         message = None
@@ -309,17 +304,11 @@ class ChatSession:
         self._store.update_chat(self.chat)
         self.on_change(SETTINGS)
 
-    def toggle_tools(self) -> bool:
-        """Offer tools in this chat or not; returns the new state."""
-        settings = replace(self.chat.settings, tools=not self.chat.settings.tools)
+    def toggle(self, setting: str) -> bool:
+        """Flip a switch of the chat's settings (`json_mode`, `tools`); returns its new state."""
+        settings = replace(self.chat.settings, **{setting: not getattr(self.chat.settings, setting)})
         self.update_settings(self.chat.system_prompt, settings)
-        return settings.tools
-
-    def toggle_json_mode(self) -> bool:
-        """Flip JSON mode; returns the new state."""
-        settings = replace(self.chat.settings, json_mode=not self.chat.settings.json_mode)
-        self.update_settings(self.chat.system_prompt, settings)
-        return settings.json_mode
+        return getattr(settings, setting)
 
 
 def _last_turn_end(messages: list[MessageRecord]) -> int:
