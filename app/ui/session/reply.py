@@ -83,10 +83,11 @@ class Reply:
     async def stream(self, engine: EngineClient, request: Callable[[], tuple[Any, ...]],
                      sink: ReplySink, max_delay_s: float = 0.0) -> ReplyEnd:
         """Ask `engine` for the reply to `request()` (prompt, params, and a `ToolCallParser` when
-        tools are offered, and keyword arguments for `engine.stream` for a remote engine's tools) and pass its deltas to `sink`, committing the text once a second, until
-        the reply ends, fails (a bad request included) or is stopped (a cancel of the task too: it
-        ends here). With a parser the sink gets the reply's text less its calls, and the calls end
-        up in `ReplyEnd.tool_calls`."""
+        tools are offered, then keyword arguments of `engine.stream`: a remote engine's tools) and
+        pass its deltas to `sink`, committing the text once a second, until the reply ends, fails
+        (a bad request included) or is stopped (a cancel of the task too: it ends here). With a
+        parser the sink gets the reply's text less its calls, and the calls end up in
+        `ReplyEnd.tool_calls`."""
         metrics = self.metrics
         self.streaming = True
         deltas = None
