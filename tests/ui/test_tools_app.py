@@ -173,8 +173,12 @@ async def test_a_server_that_never_starts_crashes_or_hangs(tmp_path: Path) -> No
 
 
 async def test_esc_during_a_call_cancels_it_and_tools_switch_off_per_tab(tmp_path: Path) -> None:
+    """The server comes from an mcp.json (`--mcp-config`)."""
     engine = ToolTemplateEngine(model_name="fake", max_model_len=8192, script=model)
-    app, _ = make_app(tmp_path, engine, config(auto_approve='["hang"]'), tools=True)
+    mcp_json = tmp_path / "mcp.json"
+    mcp_json.write_text(json.dumps({"mcpServers": {"fx": {"command": sys.executable, "args": [str(SERVER), "ok"],
+                                                          "autoApprove": ["hang"]}}}))
+    app, _ = make_app(tmp_path, engine, "[tools]\nbuiltin = false\n", tools=True, mcp_config=mcp_json)
     async with app.run_test(size=SIZE) as pilot:
         screen = await chat_screen(pilot)
         pane = screen.active_pane()
@@ -192,3 +196,24 @@ async def test_esc_during_a_call_cancels_it_and_tools_switch_off_per_tab(tmp_pat
         assert engine.submitted[-1].params.structural_tag is None
         assert stored(app, pane)[-1][0] == "assistant" and not pane.query(ApprovalCard)
         await app.action_quit()
+
+
+async def test_a_bad_config_entry_is_one_line_and_the_app_works(tmp_path: Path) -> None:
+    engine = ToolTemplateEngine(model_name="fake", max_model_len=8192, script=model)
+    app, _ = make_app(tmp_path, engine, '[mcp_servers.x]\ncommand = 3\n', tools=True)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await chat_screen(pilot)
+        assert app.tools is None and app.tools_off_reason.startswith("Tools are off: mcp_servers.x.command in ")
+        assert "\n" not in app.tools_off_reason
+        await type_and_send(pilot, "hello")
+        await idle(pilot, screen)
+        assert stored(app, screen.active_pane())[-1][0] == "assistant"
+        await pilot.press("f10")
+        await until(pilot, lambda: isinstance(app.screen, ToolsScreen))
+        assert "Tools are off: mcp_servers.x.command" in str(app.screen.query_one(OptionList).get_option_at_index(0).prompt)
+
+
+def test_the_command_line_takes_an_mcp_json() -> None:
+    from app.cli import build_parser
+
+    assert build_parser().parse_args(["--mcp-config", "servers.json"]).mcp_config == "servers.json"
