@@ -92,6 +92,11 @@ async def test_approve_refuse_always_auto_approve_limit_and_restart(tmp_path: Pa
         assert app.focused is pane.prompt
         first, second = engine.submitted[-2].prompt, engine.submitted[-1].prompt
         assert second[:len(first)] == first  # the continuation starts with the same tokens: its prefix is cached
+        # The tools' definitions count in the context meter, as they do in the prompt.
+        # (The count passes a call's arguments as the stored JSON text, the prompt as an object: a
+        # few characters apart with this template.)
+        tools_tokens = pane.session.context.tools_tokens
+        assert tools_tokens > 50 and abs(pane.session.chat_tokens(recount=True) - len(second) - 20) < 10
 
         # esc refuses: the model is told.
         await type_and_send(pilot, "call echo")

@@ -129,8 +129,7 @@ class ChatSession:
         plan = self.context.plan
         prompt, params = build_request(self.history(), self.chat.settings, self._engine.chat_template,
                                        left_out=plan.left_out, max_tokens=plan.max_tokens)
-        runner = self.tool_runner
-        tools = runner.offered() if runner and self.chat.settings.tools and self._engine.chat_template else []
+        tools = offered_tools(self.tool_runner, self.chat.settings, self._engine)
         if not tools:
             return prompt, params, None
         if self._engine.is_remote:
@@ -140,6 +139,7 @@ class ChatSession:
         return turn.prompt, turn.params, turn.parser()
 
     def chat_tokens(self, recount: bool = False) -> int:
+        self.context.offer(offered_tools(self.tool_runner, self.chat.settings, self._engine))
         history = self.history() if self._messages or self.chat.system_prompt else []
         return self.context.chat_tokens(history, recount)
 
@@ -170,6 +170,7 @@ class ChatSession:
         """The message `text` makes (the draft's files first) and its request's fit; raises a
         `LocalbatchError` (a file cannot be read, the context says no) and nothing changes."""
         content = self.draft.message(text, strict=True)
+        self.context.offer(offered_tools(self.tool_runner, self.chat.settings, self._engine))
         return content, self.context.fit([*self.history(), {"role": "user", "content": content}], self.chat.settings)
 
     def add_user_message(self, text: str, content: str, plan: ContextPlan) -> MessageRecord:
@@ -256,6 +257,7 @@ class ChatSession:
         """The fit of the last turn generated again (its replies left out); raises a
         `LocalbatchError` when the context says no, and nothing changes."""
         kept = self._messages[:_last_turn_end(self._messages)]
+        self.context.offer(offered_tools(self.tool_runner, self.chat.settings, self._engine))
         return self.context.fit(chat_history(self.chat.system_prompt, kept), self.chat.settings)
 
     def drop_last_replies(self) -> list[MessageRecord]:
@@ -309,6 +311,14 @@ class ChatSession:
         settings = replace(self.chat.settings, **{setting: not getattr(self.chat.settings, setting)})
         self.update_settings(self.chat.system_prompt, settings)
         return getattr(settings, setting)
+
+
+def offered_tools(runner: ToolRunner | None, settings: ChatSettings, engine: EngineClient) -> list[dict[str, Any]]:
+    """The tools a chat's next reply is offered: none with tools off in its settings, for a model
+    without a chat template, or while no server has tools ready."""
+    if runner is None or not settings.tools or not engine.chat_template:
+        return []
+    return runner.offered()
 
 
 def _last_turn_end(messages: list[MessageRecord]) -> int:
