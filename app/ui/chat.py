@@ -8,6 +8,7 @@ and the screen's frame clock paints the shown tab's reply at most `FRAME_HZ` tim
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable
 
 from rich.text import Text
@@ -19,11 +20,13 @@ from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
 from app.engine.types.errors import LocalbatchError
 from app.tools.approval import Decision
+from app.tools.manager import PromptInfo
 from app.tools.turn import CallCard
 from app.ui.attach import display_text, options_hint, split_message
 from app.ui.format import first_line
 from app.ui.message_list import MessageList, meta_line, shown
 from app.ui.reply_stream import DELTA_MAX_DELAY_S, ReplyWriter
+from app.ui.session.prompts import find_prompt, prompt_message
 from app.ui.session.reply import Reply, ReplyEnd, ReplySink
 from app.ui.session.session import ATTACHMENTS, SETTINGS, ChatSession
 from app.ui.store import ChatRecord, MessageRecord
@@ -63,7 +66,7 @@ class ChatPane(TabPane):
         # shown tab's first focusable), and restyling its ~130 widgets on focus and again on blur
         # was most of the switch. The wheel scrolls it; keys: shift+pageup / shift+pagedown.
         self.message_list = MessageList(lambda: session.messages, classes="messages", can_focus=False)
-        self.prompt = PromptInput(recall=session.recall_prompts, classes="prompt")
+        self.prompt = PromptInput(recall=session.recall_prompts, prompts=lambda: mcp_prompts(self), classes="prompt")
         self.live: LiveReply | None = None  # the reply being generated
         self._worker: Worker | None = None
         self._meter_timer = None
@@ -153,8 +156,30 @@ class ChatPane(TabPane):
     # the input and the meter under it
 
     def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
+        """Send the input; one that starts with an MCP prompt's `/name` is that prompt's text,
+        fetched from its server first (the input stays until it comes)."""
         event.stop()
-        self.send_input()
+        try:
+            found = find_prompt(self.prompt.text.strip(), mcp_prompts(self))
+        except ValueError as e:
+            self.app.notify(str(e), title="Not sent", severity="warning")
+            return
+        if found is None:
+            self.send_input()
+            return
+        prompt, arguments = found
+
+        async def expand() -> None:
+            try:
+                messages = await asyncio.wrap_future(self.app.tools.get_prompt(prompt.server, prompt.name, arguments))
+            except LocalbatchError as e:
+                self.app.notify(str(e), title="Not sent", severity="error")
+                return
+            if self.send(prompt_message(messages)):
+                self.prompt.clear()
+
+        self.run_worker(expand(), group="mcp-prompt")
+
 
     def on_text_area_changed(self, event: PromptInput.Changed) -> None:
         if isinstance(event.text_area, PromptInput):
@@ -363,6 +388,12 @@ class LiveReply:
         self._pane.live = None
         self._pane.message_list.mount(MessageView("note", text))
         self._pane.app.notify(text, title="Tools", severity="warning", timeout=8)
+
+
+def mcp_prompts(pane: ChatPane) -> list[PromptInfo]:
+    """The prompts of the app's ready MCP servers (`/name` in the input)."""
+    manager = getattr(pane.app, "tools", None) if pane.is_attached else None
+    return manager.prompts() if manager is not None else []
 
 
 def settings_title(chat: ChatRecord, key: str) -> Text:

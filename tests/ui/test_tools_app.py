@@ -200,6 +200,17 @@ async def test_esc_during_a_call_cancels_it_and_tools_switch_off_per_tab(tmp_pat
         await idle(pilot, screen)
         assert engine.submitted[-1].params.structural_tag is None
         assert stored(app, pane)[-1][0] == "assistant" and not pane.query(ApprovalCard)
+
+        # A server's MCP prompt: tab completes /name, and its text is what is sent.
+        pane.prompt.insert("/rev")
+        await pilot.press("tab")
+        assert pane.prompt.text == "/review "
+        pane.prompt.insert("calc.py")
+        await pilot.press("enter")
+        await until(pilot, lambda: stored(app, pane)[-1] == ("user", "Please review calc.py for bugs.")
+                    or stored(app, pane)[-2] == ("user", "Please review calc.py for bugs."), timeout=10)
+        await idle(pilot, screen)
+        assert pane.prompt.text == ""
         await app.action_quit()
 
 
@@ -222,3 +233,20 @@ def test_the_command_line_takes_an_mcp_json() -> None:
     from app.cli import build_parser
 
     assert build_parser().parse_args(["--mcp-config", "servers.json"]).mcp_config == "servers.json"
+
+
+def test_prompt_commands_take_key_values_or_the_rest_of_the_line() -> None:
+    import pytest
+
+    from app.tools.manager import PromptInfo
+    from app.ui.session.prompts import complete_prompt, find_prompt
+
+    prompts = [PromptInfo("fx", "review", "", (("path", True),)), PromptInfo("fx", "explain", "", ())]
+    assert find_prompt("/review a b.py", prompts) == (prompts[0], {"path": "a b.py"})
+    assert find_prompt("/review path=x.py", prompts) == (prompts[0], {"path": "x.py"})
+    assert find_prompt("/explain", prompts) == (prompts[1], {})
+    assert find_prompt("/other x", prompts) is None and find_prompt("review", prompts) is None
+    with pytest.raises(ValueError, match="/review needs path: /review path=…"):
+        find_prompt("/review", prompts)
+    assert complete_prompt("e", prompts) == ("explain", ["explain"]) and complete_prompt("", prompts)[1] == [
+        "explain", "review"]
