@@ -252,9 +252,14 @@ class LocalbatchApp(App):
             self.notify(str(e), title="Tools are off", severity="error", timeout=20)
             return
         loop = asyncio.get_running_loop()
-        # One hand-off to the UI thread per change of a server (never per token); it does not
-        # wait for the UI, so closing the manager from any thread cannot deadlock on it.
-        self.tools = ToolManager(config, Path.cwd(), on_change=lambda: loop.call_soon_threadsafe(self._tools_changed))
+
+        def changed() -> None:
+            # One hand-off to the UI thread per change of a server (never per token); it does not
+            # wait for the UI, so closing the manager from any thread cannot deadlock on it.
+            with contextlib.suppress(RuntimeError):  # the app's loop is closed: nobody to tell
+                loop.call_soon_threadsafe(self._tools_changed)
+
+        self.tools = ToolManager(config, Path.cwd(), on_change=changed)
         self.tools.start()
 
     def _tools_changed(self) -> None:
