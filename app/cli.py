@@ -185,6 +185,7 @@ def cmd_tui(args: argparse.Namespace) -> int:
     run_tui(factory, TuiOptions(
         model=args.model, device=args.device, data_dir=args.data_dir, config_path=args.config,
         serve=args.serve, host=args.host, port=args.port, api_key=args.api_key, backend_url=args.backend_url,
+        mcp_config=args.mcp_config,
     ))
     return 0
 
@@ -310,6 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend-url", default=None, help="use a remote OpenAI-compatible server instead of a local model")
     p.add_argument("--data-dir", default=None, help="where chats are stored (default: the user data dir)")
     p.add_argument("--config", default=None, help="config TOML (default: the user config dir)")
+    p.add_argument("--mcp-config", default=None, metavar="FILE",
+                   help='MCP servers from a Claude Desktop / Cursor mcp.json ({"mcpServers": {...}}), besides the config\'s')
     p.set_defaults(func=cmd_tui)
     sub = p.add_subparsers(dest="command")
 

@@ -122,12 +122,18 @@ class RemoteEngine:
     # EngineClient
 
     async def stream(
-        self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *, max_delay_s: float = 0.0
+        self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *, max_delay_s: float = 0.0,
+        tools: list[dict[str, Any]] | None = None,
     ) -> AsyncIterator[StreamDelta]:
+        """`tools` (OpenAI entries, with chat messages) go in the request's `tools` field; the
+        calls the server streams back come as `<tool_call>{"name": ..., "arguments": ...}</tool_call>`
+        text, as a local model writes them (`ToolCallParser` reads both)."""
         # max_delay_s: the server's SSE events arrive as it sends them; holding them here would
         # not spare a wake-up.
         request_id = request_id or f"remote-{uuid.uuid4().hex[:12]}"
         path, body = self._request_body(prompt, params)
+        if tools:
+            body["tools"] = tools
         live = _Live(started=time.monotonic())
         self._live[request_id] = live
         self._ensure_metrics_task()
@@ -140,6 +146,7 @@ class RemoteEngine:
 
     async def _stream(self, path: str, body: dict[str, Any], request_id: str, live: _Live) -> AsyncIterator[StreamDelta]:
         finish: str | None = None
+        calls = _CallText()
         try:
             async with self._http().stream("POST", f"{self.base_url}{path}", json=body) as resp:
                 if resp.status_code != 200:
@@ -152,6 +159,7 @@ class RemoteEngine:
                         yield self._final(request_id, live, "error", _error_message(chunk))
                         return
                     text, reason = _chunk_text(chunk)
+                    text += calls.feed(chunk, reason is not None)
                     self._observe_usage(chunk, live)
                     finish = reason or finish
                     if text:
@@ -427,6 +435,29 @@ def _chunk_text(chunk: dict[str, Any]) -> tuple[str, str | None]:
     delta = choice.get("delta")
     text = (delta or {}).get("content") if delta is not None else choice.get("text")
     return text or "", choice.get("finish_reason")
+
+
+class _CallText:
+    """Streamed `delta.tool_calls` as Hermes-style call text: `<tool_call>{"name": N, "arguments": `,
+    the argument fragments as they come, `}</tool_call>` when the next call or the end comes."""
+
+    def __init__(self) -> None:
+        self.open = False
+
+    def feed(self, chunk: dict[str, Any], last: bool) -> str:
+        choices = chunk.get("choices") or [{}]
+        out = []
+        for call in (choices[0].get("delta") or {}).get("tool_calls") or []:
+            function = call.get("function") or {}
+            if function.get("name"):
+                out.append(("}</tool_call>" if self.open else "")
+                           + f'<tool_call>{{"name": {json.dumps(function["name"])}, "arguments": ')
+                self.open = True
+            out.append(function.get("arguments") or "")
+        if last and self.open:
+            out.append("}</tool_call>")
+            self.open = False
+        return "".join(out)
 
 
 def _error_message(body: Any) -> str:

@@ -64,9 +64,10 @@ class ToolLoop:
             return []
         if not self.steps.take():
             return None
-        return [await self._one(call, ask) for call in calls]
+        return [await self.run_one(call, ask) for call in calls]
 
-    async def _one(self, call: ParsedCall, ask: Ask) -> dict[str, Any]:
+    async def run_one(self, call: ParsedCall, ask: Ask) -> dict[str, Any]:
+        """One call of a round `steps.take()` admitted: asked, run or refused; its `tool` message."""
         tool = self.tools.find(call.name)
         if tool is None:
             return error_result(f"there is no tool named {call.name!r}").message(call.id, call.name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -19,6 +20,8 @@ from app.engine.api.engine_client import EngineClient
 from app.engine.types.errors import LocalbatchError
 from app.engine.types.outputs import SpecStats
 from app.engine.types.progress import ProgressFn
+from app.tools.config import read_tools_config
+from app.tools.manager import ServerState, ToolManager
 from app.ui.endpoint import EmbeddedEndpoint, ServeFn
 from app.ui.commands import COMMANDS, effective_keys, palette_help
 from app.ui.loading import (
@@ -30,6 +33,7 @@ from app.ui.loading import (
 from app.ui.pulling import PullState, start_pull
 from app.ui.screen import ChatScreen
 from app.ui.store import ChatStore
+from app.ui.tools_view import ToolsScreen
 from app.ui.user_config import (
     Config,
     ConfigError,
@@ -59,6 +63,8 @@ class TuiOptions:
     # htop: faster refreshes cost the UI thread, and so the engine, CPU (docs/tuning.md).
     poll_interval: float = 1.0
     serve_fn: ServeFn | None = None  # replaces app.server.serve (tests)
+    mcp_config: Path | None = None  # a Claude Desktop / Cursor mcp.json (`--mcp-config`)
+    tools: bool = True  # start the MCP servers (tests of other things turn them off)
 
 
 class LocalbatchApp(App):
@@ -92,10 +98,14 @@ class LocalbatchApp(App):
         self._serve_after_load = False  # the endpoint was serving when the model was switched
         self.pulling: PullState | None = None  # the latest model pull started from the picker
         self._store_warned = False
+        self.tools: ToolManager | None = None  # the MCP servers, started at mount
+        self.tools_off_reason = ""  # why there is none (a bad config entry)
+        self._failed_seen: set[str] = set()  # servers whose failure was already said
 
     # start-up
 
     def on_mount(self) -> None:
+        self._start_tools()
         if self.options.backend_url:
             hint = "Check the address given with --backend-url (it ends in /v1) and --api-key."
             self.push_screen(LoadingScreen(self._connect, self.options.backend_url, hint, self._engine_loaded))
@@ -227,6 +237,60 @@ class LocalbatchApp(App):
     def export_dir(self) -> Path:
         return self.config.export_dir or self.data_dir / "exports"
 
+    # MCP tools
+
+    def _start_tools(self) -> None:
+        """Start the MCP servers in the background (the manager's own thread): neither the UI
+        nor the engine waits for them. A bad entry in the config says so and tools stay off."""
+        if not self.options.tools:
+            self.tools_off_reason = "Tools are off"
+            return
+        try:
+            config = read_tools_config(self.config.path, self.options.mcp_config)
+        except LocalbatchError as e:
+            self.tools_off_reason = f"Tools are off: {e}"
+            self.notify(str(e), title="Tools are off", severity="error", timeout=20)
+            return
+        loop = asyncio.get_running_loop()
+
+        def changed() -> None:
+            # One hand-off to the UI thread per change of a server (never per token); it does not
+            # wait for the UI, so closing the manager from any thread cannot deadlock on it.
+            with contextlib.suppress(RuntimeError):  # the app's loop is closed: nobody to tell
+                loop.call_soon_threadsafe(self._tools_changed)
+
+        self.tools = ToolManager(config, Path.cwd(), on_change=changed)
+        self.tools.start()
+
+    def _tools_changed(self) -> None:
+        manager = self.tools
+        if manager is None or not self.is_running:
+            return
+        for status in manager.servers():
+            failed = status.enabled and status.state is ServerState.FAILED
+            if failed and status.name not in self._failed_seen:
+                self.notify(status.line(), title="MCP server failed", severity="warning", timeout=12)
+            (self._failed_seen.add if failed else self._failed_seen.discard)(status.name)
+        for screen in self.screen_stack:
+            if isinstance(screen, ToolsScreen):
+                screen.refresh_rows()
+
+    async def close_tools(self, wait_s: float = 1.5) -> None:
+        """Stop the servers off the UI thread; the exit waits `wait_s` at most (a server that does
+        not stop then is left to end with its stdin closed when the app exits)."""
+        manager, self.tools = self.tools, None
+        if manager is None:
+            return
+        manager.on_change = None
+        done = threading.Event()
+
+        def close() -> None:
+            manager.close()
+            done.set()
+
+        threading.Thread(target=close, name="mcp-close", daemon=True).start()
+        await asyncio.to_thread(done.wait, wait_s)
+
     # command palette
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
@@ -263,7 +327,7 @@ class LocalbatchApp(App):
         chat = next((s for s in self.screen_stack if isinstance(s, ChatScreen)), None)
         if chat is not None:  # also under an open dialog
             await chat.stop_all_and_wait()
-        await self.close_engine()
+        await asyncio.gather(self.close_tools(), self.close_engine())
         self.exit()
 
     async def close_engine(self) -> None:
@@ -286,6 +350,8 @@ def run_tui(engine_factory: EngineFactory | None = None, options: TuiOptions | N
         app.run()
     finally:
         app.store.close()
+        if app.tools is not None:  # an exit that skipped quit: the servers' stdin closes as the app exits
+            app.tools.on_change = None
         _close_left_over(app.engine)
 
 

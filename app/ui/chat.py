@@ -8,6 +8,7 @@ and the screen's frame clock paints the shown tab's reply at most `FRAME_HZ` tim
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable
 
 from rich.text import Text
@@ -18,13 +19,18 @@ from textual.widgets import TabPane
 from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
 from app.engine.types.errors import LocalbatchError
+from app.tools.approval import Decision
+from app.tools.manager import PromptInfo
+from app.tools.turn import CallCard
 from app.ui.attach import display_text, options_hint, split_message
 from app.ui.format import first_line
-from app.ui.message_list import MessageList, meta_line
+from app.ui.message_list import MessageList, meta_line, shown
 from app.ui.reply_stream import DELTA_MAX_DELAY_S, ReplyWriter
+from app.ui.session.prompts import find_prompt, prompt_message
 from app.ui.session.reply import Reply, ReplyEnd, ReplySink
 from app.ui.session.session import ATTACHMENTS, SETTINGS, ChatSession
 from app.ui.store import ChatRecord, MessageRecord
+from app.ui.tools_view import ApprovalCard
 from app.ui.widgets import (
     AttachmentsLine,
     ContextMeter,
@@ -60,7 +66,7 @@ class ChatPane(TabPane):
         # shown tab's first focusable), and restyling its ~130 widgets on focus and again on blur
         # was most of the switch. The wheel scrolls it; keys: shift+pageup / shift+pagedown.
         self.message_list = MessageList(lambda: session.messages, classes="messages", can_focus=False)
-        self.prompt = PromptInput(recall=session.recall_prompts, classes="prompt")
+        self.prompt = PromptInput(recall=session.recall_prompts, prompts=lambda: mcp_prompts(self), classes="prompt")
         self.live: LiveReply | None = None  # the reply being generated
         self._worker: Worker | None = None
         self._meter_timer = None
@@ -150,8 +156,30 @@ class ChatPane(TabPane):
     # the input and the meter under it
 
     def on_prompt_input_submitted(self, event: PromptInput.Submitted) -> None:
+        """Send the input; one that starts with an MCP prompt's `/name` is that prompt's text,
+        fetched from its server first (the input stays until it comes)."""
         event.stop()
-        self.send_input()
+        try:
+            found = find_prompt(self.prompt.text.strip(), mcp_prompts(self))
+        except ValueError as e:
+            self.app.notify(str(e), title="Not sent", severity="warning")
+            return
+        if found is None:
+            self.send_input()
+            return
+        prompt, arguments = found
+
+        async def expand() -> None:
+            try:
+                messages = await asyncio.wrap_future(self.app.tools.get_prompt(prompt.server, prompt.name, arguments))
+            except LocalbatchError as e:
+                self.app.notify(str(e), title="Not sent", severity="error")
+                return
+            if self.send(prompt_message(messages)):
+                self.prompt.clear()
+
+        self.run_worker(expand(), group="mcp-prompt")
+
 
     def on_text_area_changed(self, event: PromptInput.Changed) -> None:
         if isinstance(event.text_area, PromptInput):
@@ -249,13 +277,16 @@ class ChatPane(TabPane):
         self.message_list.drop_failed_views()  # the new reply replaces an earlier attempt's error
         reply = self.session.begin_reply()
         self.live = LiveReply(self, view, mounted)
+        if self.session.tool_runner is not None:
+            self.session.tool_runner.ask = self.live.ask
         work = self.session.respond(reply, self.live, DELTA_MAX_DELAY_S)
         self._worker = self.run_worker(work, group="generate", exit_on_error=False)
 
     def stop(self) -> bool:
+        """Stop the reply; during a round of tool calls, cancel the call running (the model is told)."""
         if not self.session.stop():
             return False
-        if self.session.reply.streaming and self._worker is not None:
+        if (self.session.running_tools or self.session.reply.streaming) and self._worker is not None:
             self._worker.cancel()
         return True
 
@@ -284,6 +315,9 @@ class LiveReply:
         self._reading = ""  # the prompt's progress line shown under the reply, until its first token
 
     async def opened(self, reply: Reply) -> ReplySink:
+        if self._reply is not None:  # the reply after a round of tool calls: a view of its own
+            self._view, self._mounted = self._pane.message_list.mount_reply([])
+            self._pane.live = self
         await self._mounted
         self._reply = reply
         self._writer = ReplyWriter(self._view.markdown, self._view.stream)
@@ -323,8 +357,43 @@ class LiveReply:
                                     message.model) + hit + left_out)
         else:
             view.remove()
-        self._pane.live = None
+        if end.tool_calls and message is not None:
+            view.markdown.update(shown(message))  # the calls, one line each, as a stored reply shows them
+            self._pane.message_list.release_reply_space()
+        else:
+            self._pane.live = None
         self._pane.refresh_meter(recount=True)
+
+    # a round of tool calls (the session's `ToolRunner` asks; the view shows)
+
+    async def ask(self, card: CallCard) -> Decision:
+        """Show the approval card under the reply and wait for the user's answer; the input gets
+        the focus back after."""
+        pane = self._pane
+        widget = ApprovalCard(card)
+        await pane.message_list.mount(widget)
+        pane.message_list.scroll_end(animate=False)
+        widget.focus()
+        try:
+            return await widget.answer
+        finally:
+            await widget.remove()
+            pane.focus_input()
+
+    def tool_result(self, message: MessageRecord) -> None:
+        self._pane.message_list.mount(MessageView("tool", shown(message)))
+
+    def note(self, text: str) -> None:
+        """The loop ended early: said under the last reply, and in a notice."""
+        self._pane.live = None
+        self._pane.message_list.mount(MessageView("note", text))
+        self._pane.app.notify(text, title="Tools", severity="warning", timeout=8)
+
+
+def mcp_prompts(pane: ChatPane) -> list[PromptInfo]:
+    """The prompts of the app's ready MCP servers (`/name` in the input)."""
+    manager = getattr(pane.app, "tools", None) if pane.is_attached else None
+    return manager.prompts() if manager is not None else []
 
 
 def settings_title(chat: ChatRecord, key: str) -> Text:

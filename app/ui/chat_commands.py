@@ -20,6 +20,7 @@ from app.ui.dialogs import ConfirmDialog, CopyPicker, MessagePicker, ModelPicker
 from app.ui.export import export_chat
 from app.ui.loading import EngineInfo
 from app.ui.store import ChatRecord, ChatStore
+from app.ui.tools_view import ToolsScreen
 
 
 class ChatScreen(Protocol):
@@ -271,8 +272,29 @@ def settings(screen: ChatScreen) -> None:
 def toggle_json(screen: ChatScreen) -> None:
     pane = screen.active_pane()
     if pane is not None:
-        state = "on: replies are JSON" if pane.session.toggle_json_mode() else "off"
+        state = "on: replies are JSON" if pane.session.toggle("json_mode") else "off"
         screen.notify(f"JSON mode {state} in {pane.session.chat.title}")
+
+
+def toggle_tools(screen: ChatScreen) -> None:
+    pane = screen.active_pane()
+    if pane is None:
+        return
+    on = pane.session.toggle("tools")
+    manager = screen.app.tools
+    if not on:
+        screen.notify(f"Tools off in {pane.session.chat.title}")
+    elif manager is None:
+        screen.notify(f"Tools on in {pane.session.chat.title}, but none are available: {screen.app.tools_off_reason}",
+                      severity="warning")
+    else:
+        count = len(manager.offered_tools())
+        screen.notify(f"Tools on in {pane.session.chat.title}: {count} offered")
+
+
+def tools_view(screen: ChatScreen) -> None:
+    """The MCP servers and their tools (state in the app's `ToolManager`)."""
+    screen.app.push_screen(ToolsScreen(screen.app.tools, screen.app.tools_off_reason))
 
 
 def export(screen: ChatScreen) -> None:

@@ -54,6 +54,10 @@ COMMANDS: tuple[Command, ...] = (
             "in the input", show=False, priority=True),
     Command("switch_model", "f5", "Model", "Switch the model: stops replies, keeps every chat"),
     Command("toggle_endpoint", "f9", "Endpoint", "Start or stop the embedded OpenAI-compatible HTTP endpoint", show=False),
+    Command("tools_view", "f10", "MCP servers and tools", "The MCP servers, their state and tools: turn a tool or a "
+            "server off or on, restart a server", show=False),
+    Command("toggle_tools", "f11", "Tools on/off", "Offer the MCP tools to the model in this tab, or not (kept with "
+            "the chat's settings)", show=False),
     # The palette only.
     Command("send", "", "Send", "Send the input to the current tab (enter)"),
     Command("toggle_json", "", "JSON mode", "Constrain this tab's replies to JSON; a schema goes in its settings"),

@@ -32,6 +32,7 @@ from app.ui.endpoint import EmbeddedEndpoint
 from app.ui.loading import EngineInfo
 from app.ui.reply_stream import FRAME_HZ
 from app.ui.session.session import ChatSession
+from app.ui.session.tools import ChatTools
 from app.ui.sidebar import Sidebar
 from app.ui.store import ChatRecord, ChatStore, StoreError
 from app.ui.textual_private import QUIET_RELABEL, supported
@@ -92,7 +93,11 @@ class ChatScreen(Screen):
     def _pane(self, chat: ChatRecord) -> ChatPane:
         color = TAB_COLORS[(chat.id - 1) % len(TAB_COLORS)]
         settings_key = self.app.keys["settings"].split(",")[0]
-        return ChatPane(ChatSession(chat, self.store.messages(chat.id), self.engine, self.store), color, settings_key)
+        session = ChatSession(chat, self.store.messages(chat.id), self.engine, self.store)
+        manager = self.app.tools
+        if manager is not None:
+            session.tool_runner = ChatTools(manager, manager.config.step_limit)
+        return ChatPane(session, color, settings_key)
 
     def on_mount(self) -> None:
         self.title = "localbatch"

@@ -22,6 +22,9 @@ Example `config.toml` (every key optional):
     [server]          # the embedded endpoint (`--serve`)
     host = "127.0.0.1"
     port = 8000
+
+    [tools]           # and [mcp_servers.NAME]: MCP tools, read by app.tools.config (docs/tools.md)
+    step_limit = 8
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import platformdirs
 from app.engine.types.context_window import OVERFLOW_DROP_OLDEST, OVERFLOW_POLICIES, OVERFLOW_STOP
 from app.engine.types.errors import LocalbatchError, RequestError
 from app.engine.types.sampling_params import SamplingParams
+from app.tools.config import TOML_TABLES as TOOLS_TABLES
 
 APP_NAME = "localbatch"
 
@@ -62,6 +66,8 @@ class ChatSettings:
     # A message that would overflow the context: drop the oldest turns (the system prompt stays;
     # the reply says how many were left out) or stop and say so.
     context_overflow: str = OVERFLOW_DROP_OLDEST
+    # Offer the enabled MCP tools to the model in this chat (when any server has some ready).
+    tools: bool = True
 
     def to_params(self) -> SamplingParams:
         """Raises `RequestError` naming the invalid field."""
@@ -91,7 +97,8 @@ class ChatSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens, "seed": self.seed,
-                "json_mode": self.json_mode, "json_schema": self.json_schema, "context_overflow": self.context_overflow}
+                "json_mode": self.json_mode, "json_schema": self.json_schema, "context_overflow": self.context_overflow,
+                "tools": self.tools}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], defaults: ChatSettings | None = None) -> ChatSettings:
@@ -104,8 +111,9 @@ class ChatSettings:
         seed = "random" if self.seed is None else str(self.seed)
         json_mode = (" · JSON schema" if self.json_schema.strip() else " · JSON") if self.json_mode else ""
         overflow = " · stop when full" if self.context_overflow == OVERFLOW_STOP else ""
+        tools = "" if self.tools else " · tools off"
         return (f"temperature {self.temperature:g} · top-p {self.top_p:g} · max {self.max_tokens} · seed {seed}"
-                f"{json_mode}{overflow}")
+                f"{json_mode}{overflow}{tools}")
 
 
 @dataclass(frozen=True)
@@ -134,7 +142,8 @@ _TOP_LEVEL = MappingProxyType({"model": str, "device": str, "theme": str, "syste
                                "context_overflow": str})
 _SAMPLING = MappingProxyType({"temperature": (int, float), "top_p": (int, float), "max_tokens": int, "seed": int})
 _SERVER = MappingProxyType({"host": str, "port": int})
-_TABLES = frozenset({"sampling", "keymap", "server"})
+# [tools] and [mcp_servers.NAME] belong to app.tools.config (`read_tools_config` reads them).
+_TABLES = frozenset({"sampling", "keymap", "server", *TOOLS_TABLES})
 
 
 def load_config(path: Path | None = None, *, explicit: bool = False) -> Config:

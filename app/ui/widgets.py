@@ -15,14 +15,16 @@ from textual.widgets import Footer, Input, Label, Markdown, Static, Switch, Text
 
 from app.engine.types.context_window import OVERFLOW_DROP_OLDEST, OVERFLOW_STOP
 from app.engine.types.errors import RequestError
+from app.tools.manager import PromptInfo
 from app.ui.attach import Attachment, complete
+from app.ui.session.prompts import complete_prompt
 from app.ui.format import fmt_wait
 from app.ui.layout_once import LaidOutOnce
 from app.ui.reply_stream import TAIL_LINES, StreamingBody, chat_markdown_parser
 from app.ui.user_config import ChatSettings
 
 _NEWLINE_KEYS = ("shift+enter", "ctrl+j")
-_ROLE_LINES = {"user": "You", "assistant": "Assistant", "tool": "Tool result"}
+_ROLE_LINES = {"user": "You", "assistant": "Assistant", "tool": "Tool result", "note": "Note"}
 
 
 class PromptInput(TextArea):
@@ -46,7 +48,8 @@ class PromptInput(TextArea):
             super().__init__()
             self.options = options
 
-    def __init__(self, recall: Callable[[], list[str]] | None = None, **kwargs: object) -> None:
+    def __init__(self, recall: Callable[[], list[str]] | None = None,
+                 prompts: Callable[[], list[PromptInfo]] | None = None, **kwargs: object) -> None:
         super().__init__(
             soft_wrap=True,
             show_line_numbers=False,
@@ -57,6 +60,7 @@ class PromptInput(TextArea):
         # second, streaming or idle.
         self.cursor_blink = False
         self._recall = recall  # the prompts sent before, newest first
+        self._prompts = prompts  # the MCP servers' prompts, completed after `/`
         self._recalled: list[str] | None = None  # that list while walking it
         self._recall_at = -1  # the entry shown; -1: the empty input the walk started from
 
@@ -76,7 +80,7 @@ class PromptInput(TextArea):
             event.stop()
             event.prevent_default()
             return
-        if event.key == "tab" and self._complete_path():
+        if event.key == "tab" and (self._complete_path() or self._complete_prompt()):
             event.stop()
             event.prevent_default()
             return
@@ -111,6 +115,20 @@ class PromptInput(TextArea):
             self.insert(completed[len(word) - 1:] + (" " if len(options) == 1 and not completed.endswith("/") else ""))
         if len(options) != 1:
             self.post_message(self.Completions(options))
+        return True
+
+
+    def _complete_prompt(self) -> bool:
+        """Complete a `/name` the input starts with (an MCP prompt); False when there is none."""
+        row, col = self.cursor_location
+        word = self.document.get_line(row)[:col]
+        if row or not word.startswith("/") or " " in word or self._prompts is None:
+            return False
+        completed, options = complete_prompt(word[1:], self._prompts())
+        if completed != word[1:] or len(options) == 1:
+            self.insert(completed[len(word) - 1:] + (" " if len(options) == 1 else ""))
+        if len(options) != 1:
+            self.post_message(self.Completions(["/" + o for o in options]))
         return True
 
 

@@ -41,6 +41,8 @@ class View:
     def __init__(self) -> None:
         self.sinks: list[Sink] = []
         self.ended: list[tuple[MessageRecord | None, ReplyEnd]] = []
+        self.results: list[MessageRecord] = []
+        self.notes: list[str] = []
 
     async def opened(self, reply: Reply) -> Sink:
         self.sinks.append(Sink())
@@ -51,6 +53,12 @@ class View:
 
     def closed(self, reply: Reply, message: MessageRecord | None, end: ReplyEnd) -> None:
         self.ended.append((message, end))
+
+    def tool_result(self, message: MessageRecord) -> None:
+        self.results.append(message)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
 
 
 def session_for(tmp_path: Path, engine: Any = None, settings: ChatSettings | None = None,
@@ -227,8 +235,17 @@ async def test_the_tool_loop_appends_results_and_continues(tmp_path: Path, monke
         return next(ends, end)
 
     class Runner:
+        limit_reached = cancelled = False
+        limit_message = ""
+
         def __init__(self) -> None:
             self.calls: list[list[dict[str, Any]]] = []
+
+        def offered(self) -> list[dict[str, Any]]:
+            return []
+
+        def new_turn(self) -> None:
+            pass
 
         async def run(self, calls: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
             self.calls.append(calls)

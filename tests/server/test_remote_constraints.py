@@ -40,3 +40,24 @@ async def test_json_mode_through_the_remote_client_end_to_end() -> None:
             await remote.aclose()
     assert "".join(d.text for d in deltas) == '{"answer": "alpha"}' and deltas[-1].finish_reason == "stop"
     assert engine.submitted[-1].params.json_object is True
+
+
+async def test_tools_go_through_the_remote_servers_tools_field() -> None:
+    """`--backend-url` with tools: the server gets OpenAI `tools`, and its streamed tool_calls come
+    back as call text the chat's parser reads."""
+    from app.engine.api.tool_use import collect
+    from tests.support.fake_engine import ToolTemplateEngine
+
+    call = '<tool_call>{"name": "files__read_file", "arguments": {"path": "a.py"}}</tool_call>'
+    engine = ToolTemplateEngine(script=lambda prompt: ["Reading.", call])
+    tool = {"type": "function", "function": {"name": "files__read_file", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}
+    with ServerThread(engine) as srv:
+        remote = RemoteEngine(srv.url + "/v1", "fake-model")
+        try:
+            deltas = [d async for d in remote.stream(USER, SamplingParams(max_tokens=200), tools=[tool])]
+        finally:
+            await remote.aclose()
+    content, calls = collect("".join(d.text for d in deltas), frozenset({"files__read_file"}))
+    assert content == "Reading." and [(c.name, c.arguments) for c in calls] == [("files__read_file", '{"path": "a.py"}')]
+    assert engine.submitted[-1].params.structural_tag is not None  # the server constrained the call

@@ -38,7 +38,8 @@ class Models:
 def _app(tmp_path: Path, models: Models, config: str = "") -> LocalbatchApp:
     config_path = tmp_path / "config.toml"
     config_path.write_text(config)
-    return LocalbatchApp(models, TuiOptions(data_dir=tmp_path / "data", config_path=config_path, poll_interval=0))
+    return LocalbatchApp(models, TuiOptions(data_dir=tmp_path / "data", config_path=config_path, poll_interval=0,
+                                                  tools=False))
 
 
 def _entries(monkeypatch: Any) -> None:

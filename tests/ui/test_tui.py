@@ -66,6 +66,7 @@ def make_app(tmp_path: Path, engine: Any = None, config: str = "", **options: An
     config_path = tmp_path / "config.toml"
     config_path.write_text(config)
     options.setdefault("poll_interval", 0)
+    options.setdefault("tools", False)  # no MCP server subprocesses unless a test asks for them
     app = LocalbatchApp(lambda progress, model, device: engine,
                         TuiOptions(data_dir=tmp_path / "data", config_path=config_path, **options))
     return app, engine
@@ -126,7 +127,7 @@ async def test_loading_progress_then_failure_shows_error_and_model_hint(tmp_path
         release.wait(5)
         raise GGUFError("not a GGUF file: /models/x.bin")
 
-    app = LocalbatchApp(factory, TuiOptions(data_dir=tmp_path, config_path=_empty_config(tmp_path), model="/models/x.bin"))
+    app = LocalbatchApp(factory, TuiOptions(data_dir=tmp_path, config_path=_empty_config(tmp_path), model="/models/x.bin", tools=False))
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: isinstance(app.screen, LoadingScreen))
         screen = app.screen
@@ -853,7 +854,7 @@ async def test_what_is_typed_while_the_model_loads_is_kept(tmp_path: Path) -> No
         release.wait(10)
         return engine
 
-    app = LocalbatchApp(factory, TuiOptions(data_dir=tmp_path, config_path=_empty_config(tmp_path)))
+    app = LocalbatchApp(factory, TuiOptions(data_dir=tmp_path, config_path=_empty_config(tmp_path), tools=False))
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: isinstance(app.screen, LoadingScreen))
         loading = app.screen

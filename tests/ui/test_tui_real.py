@@ -23,7 +23,7 @@ async def test_broadcast_on_a_real_engine(tmp_path: Path, tiny_gguf_factory) -> 
         engines.append(AsyncEngine(str(model), device="cpu", dtype="float32", kv_cache_blocks=128, progress=progress))
         return engines[0]
 
-    app = LocalbatchApp(factory, TuiOptions(data_dir=tmp_path / "data", config_path=config, poll_interval=0.05))
+    app = LocalbatchApp(factory, TuiOptions(data_dir=tmp_path / "data", config_path=config, poll_interval=0.05, tools=False))
     batch_sizes: list[int] = []
     try:
         async with app.run_test(size=(120, 40)) as pilot:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.engine.api.engine_client import EngineClient
+from app.engine.api.tool_use import FunctionSpec, chat_prompt
 from app.engine.types.context_window import (
     OVERFLOW_STOP,
     ContextOverflowError,
@@ -47,12 +48,24 @@ def count_tokens(engine: EngineClient, messages: Messages) -> int:
     return len(engine.encode(text))
 
 
+def tools_tokens(engine: EngineClient, tools: Messages) -> int:
+    """The tokens that offering `tools` (OpenAI entries) adds to every prompt: their definitions,
+    as the template (or the fallback's system prompt) writes them."""
+    if not tools:
+        return 0
+    probe = [{"role": "user", "content": "x"}]
+    prompt = chat_prompt(engine, probe, [FunctionSpec.from_openai(t) for t in tools], "auto")
+    with_tools = len(prompt) if prompt and isinstance(prompt[0], int) else count_tokens(engine, prompt)
+    return max(with_tools - count_tokens(engine, probe), 0)
+
+
 def context_limit(engine: EngineClient, kv_pool_tokens: int) -> int:
     """What a request can really get: the context, or the KV pool when that is smaller (0: not known)."""
     return min((n for n in (engine.max_model_len, kv_pool_tokens) if n), default=0)
 
 
-def plan_fit(engine: EngineClient, messages: Messages, settings: ChatSettings, kv_pool_tokens: int) -> ContextPlan:
+def plan_fit(engine: EngineClient, messages: Messages, settings: ChatSettings, kv_pool_tokens: int,
+             extra_tokens: int = 0) -> ContextPlan:
     """Plan a request of `messages` so that its prompt fits the context with room for a reply: max
     tokens, or a quarter of the context when max tokens is more (the reply is then cut to what is
     left). Raises `ContextOverflowError` under the `stop` policy, or when even the last message
@@ -63,11 +76,11 @@ def plan_fit(engine: EngineClient, messages: Messages, settings: ChatSettings, k
     budget = context - min(settings.max_tokens, context // 4)
     left_out = 0
     if settings.context_overflow == OVERFLOW_STOP:
-        used = count_tokens(engine, messages)
+        used = count_tokens(engine, messages) + extra_tokens
         if used > budget:
             raise ContextOverflowError(overflow_message(used, budget, context), used, budget)
     else:
-        kept, used = drop_oldest_turns(messages, lambda m: count_tokens(engine, m), budget)
+        kept, used = drop_oldest_turns(messages, lambda m: count_tokens(engine, m) + extra_tokens, budget)
         left_out = len(turn_starts(messages)) - len(turn_starts(kept))
     max_tokens = context - used if used + settings.max_tokens > context else None
     return ContextPlan(used, left_out, max_tokens)
@@ -85,6 +98,8 @@ class ContextBudget:
         self.prefill_rate = 0.0  # tokens/s
         self._chat_tokens: int | None = None  # the chat's prompt so far; None: not counted yet
         self._warned_full = False
+        self._tools: tuple[str, ...] = ()  # the tools offered, by name, when `tools_tokens` was counted
+        self.tools_tokens = 0  # what their definitions add to every prompt
 
     @property
     def approximate(self) -> bool:
@@ -102,16 +117,24 @@ class ContextBudget:
     def count(self, messages: Messages) -> int:
         return count_tokens(self._engine, messages)
 
+    def offer(self, tools: Messages) -> None:
+        """The tools the next request offers: their definitions count from here on (counted again
+        only when the set changes)."""
+        names = tuple(t["function"]["name"] for t in tools)
+        if names != self._tools:
+            self._tools, self.tools_tokens = names, tools_tokens(self._engine, tools)
+            self._chat_tokens = None
+
     def fit(self, messages: Messages, settings: ChatSettings) -> ContextPlan:
         """Plan the next request of `messages` (see `plan_fit`); it is `plan` from here on."""
         self.plan = ContextPlan()
-        self.plan = plan_fit(self._engine, messages, settings, self.kv_pool_tokens)
+        self.plan = plan_fit(self._engine, messages, settings, self.kv_pool_tokens, self.tools_tokens)
         return self.plan
 
     def chat_tokens(self, history: Messages, recount: bool = False) -> int:
         """The prompt tokens of the chat as it stands (`history`), counted when it changed."""
         if recount or self._chat_tokens is None:
-            self._chat_tokens = self.count(history) if history else 0
+            self._chat_tokens = self.count(history) + self.tools_tokens if history else 0
         return self._chat_tokens
 
     def counted(self, tokens: int | None) -> None:

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.engine.api.engine_client import EngineClient, Prompt
+from app.engine.api.engine_client import EngineClient
+from app.engine.api.tool_use import Text, ToolCallParser
 from app.engine.types.outputs import StreamDelta
-from app.engine.types.sampling_params import SamplingParams
 from app.engine.types.timing import ReplyClock
 from app.ui.format import first_line
 from app.ui.store import STREAMING, ChatStore, MessageRecord
@@ -53,7 +53,7 @@ class ReplyMetrics(ReplyClock):
 @dataclass(frozen=True)
 class ReplyEnd:
     """How a reply ended: its finish reason, an error's one line, and the tool calls it made
-    (OpenAI's shape; none until tool turns are wired in)."""
+    (OpenAI's shape; parsed from the reply when its request offered tools)."""
 
     finish_reason: str
     error: str | None = None
@@ -80,31 +80,40 @@ class Reply:
         self._row: MessageRecord | None = None  # its row once committed
         self._committed_at = time.monotonic()
 
-    async def stream(self, engine: EngineClient, request: Callable[[], tuple[Prompt, SamplingParams]],
+    async def stream(self, engine: EngineClient, request: Callable[[], tuple[Any, ...]],
                      sink: ReplySink, max_delay_s: float = 0.0) -> ReplyEnd:
-        """Ask `engine` for the reply to `request()` and pass its deltas to `sink`, committing the
-        text once a second, until the reply ends, fails (a bad request included) or is stopped (a
-        cancel of the task too: it ends here)."""
+        """Ask `engine` for the reply to `request()` (prompt, params, and a `ToolCallParser` when
+        tools are offered, then keyword arguments of `engine.stream`: a remote engine's tools) and
+        pass its deltas to `sink`, committing the text once a second, until the reply ends, fails
+        (a bad request included) or is stopped (a cancel of the task too: it ends here). With a
+        parser the sink gets the reply's text less its calls, and the calls end up in
+        `ReplyEnd.tool_calls`."""
         metrics = self.metrics
         self.streaming = True
         deltas = None
+        parser: ToolCallParser | None = None
         try:
             if self.stop_requested:
                 return ReplyEnd("abort")
-            prompt, params = request()
-            deltas = engine.stream(prompt, params, self.request_id, max_delay_s=max_delay_s)
+            prompt, params, *rest = request()
+            parser = rest[0] if rest else None
+            extra = rest[1] if len(rest) > 1 else {}  # a remote engine's `tools`
+            deltas = engine.stream(prompt, params, self.request_id, max_delay_s=max_delay_s, **extra)
             async for delta in deltas:
                 if self.stop_requested:
-                    return ReplyEnd("abort")
+                    return _with_calls(ReplyEnd("abort"), parser, sink)
                 now = time.monotonic()
                 metrics.observe(delta, now)
-                sink.write(delta.text)
+                if parser is None:
+                    sink.write(delta.text)
+                elif delta.text:
+                    _write_text(parser.feed(delta.text), sink)
                 if now - self._committed_at >= COMMIT_EVERY_S and sink.text:
                     self.commit(sink.text, STREAMING)
                     self._committed_at = now
                 if delta.finish_reason:
-                    return ReplyEnd(delta.finish_reason, delta.error)
-            return ReplyEnd("stop")
+                    return _with_calls(ReplyEnd(delta.finish_reason, delta.error), parser, sink)
+            return _with_calls(ReplyEnd("stop"), parser, sink)
         except asyncio.CancelledError:
             # A stop cancelled us on purpose: the reply ends here and is still committed.
             asyncio.current_task().uncancel()
@@ -134,3 +143,20 @@ class Reply:
         if self._row is not None:
             self._store.delete_message(self._row.id)
             self._row = None
+
+
+def _write_text(events: list[Any], sink: ReplySink) -> None:
+    for event in events:
+        if isinstance(event, Text):
+            sink.write(event.text)
+
+
+def _with_calls(end: ReplyEnd, parser: ToolCallParser | None, sink: ReplySink) -> ReplyEnd:
+    """`end` with the calls the parser found (what it held back written out first); a reply
+    that failed or was stopped runs none of them."""
+    if parser is None:
+        return end
+    _write_text(parser.finish(), sink)
+    if not parser.calls or end.error or end.finish_reason in ("abort", "error"):
+        return end
+    return ReplyEnd(end.finish_reason, end.error, [call.openai() for call in parser.calls])

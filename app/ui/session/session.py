@@ -8,15 +8,18 @@ task that streams it into the view's `ReplyView`). What `respond` does, in order
 the reply's sink, `Reply.stream` feeds it the engine's deltas, the view closes it (its final
 rendering), the reply is committed to the store and appended, and the view shows how it ended.
 
-Tool turns plug in at one place, `respond`'s loop: a reply that ended with tool calls
-(`ReplyEnd.tool_calls`: set by `Reply.stream` once the reply's calls are parsed there; nothing
-sets them yet) is committed with them; `tool_runner.run` (awaited: its I/O belongs off the UI
-thread) returns their results, each appended as a "tool" message (`add_tool_result`); then the
-next reply begins from the chat as it now stands and the view opens another sink for it (the
-tab's `LiveReply` shows one reply so far: approval cards and the next reply's view go there).
-The history the model reads (`history.chat_history`) already carries assistant tool calls and
-tool results as OpenAI-style messages, and every edit below works on whole turns (a user message
-and everything after it), so a turn's calls and their results stay together through
+Tool turns plug in at one place, `respond`'s loop. While `tool_runner` (a `tools.ChatTools`)
+offers tools and the chat's settings have them on, the request is `tool_request`'s (the tools in
+the template's prompt, the call constraint, a parser): the reply's text reaches the view less
+its calls, and a reply that ends with calls (`ReplyEnd.tool_calls`) is committed with them.
+`tool_runner.run` (awaited: its I/O is off the UI thread) returns their results, each appended
+as a "tool" message (`add_tool_result`) and shown (`ReplyView.tool_result`); then the next reply
+begins from the chat as it now stands, in a sink the view opens for it. The step limit or a
+cancel (esc during a call) ends the loop with a note (`ReplyView.note`). The history the model
+reads (`history.chat_history`) carries assistant tool calls and tool results as OpenAI-style
+messages, so the continuation's prompt starts with the tokens of the one before it (the prefix
+cache serves them); and every edit below works on whole turns (a user message and everything
+after it), so a turn's calls and their results stay together through
 regenerate, take-back, fork and the context's overflow policy."""
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
 
-from app.engine.api.engine_client import EngineClient, Prompt
-from app.engine.types.sampling_params import SamplingParams
+from app.engine.api.engine_client import EngineClient
+from app.engine.api.tool_use import ToolCallParser, tool_request
 from app.ui.attach import split_message
 from app.ui.session.context_fit import ContextBudget, ContextPlan
 from app.ui.session.draft import Draft
@@ -58,9 +61,28 @@ class ReplyView(Protocol):
         """Committed (`message`; None: it had no text): show how it ended."""
         ...
 
+    def tool_result(self, message: MessageRecord) -> None:
+        """A call's result, stored: show it."""
+        ...
+
+    def note(self, text: str) -> None:
+        """Why the tool loop ended early (the step limit, a cancel)."""
+        ...
+
 
 class ToolRunner(Protocol):
-    """Runs a reply's tool calls (OpenAI's shape); returns (tool_call_id, name, content) per call."""
+    """Runs a reply's tool calls (OpenAI's shape); returns (tool_call_id, name, content) per call
+    (none: the step limit stopped the loop, `limit_reached`; `cancelled`: esc ended the round)."""
+
+    limit_reached: bool
+    cancelled: bool
+    limit_message: str
+
+    def offered(self) -> list[dict[str, Any]]:
+        """The tools to offer (OpenAI `tools` entries); none: a plain request."""
+        ...
+
+    def new_turn(self) -> None: ...
 
     async def run(self, calls: list[dict[str, Any]]) -> list[tuple[str, str, str]]: ...
 
@@ -77,13 +99,14 @@ class ChatSession:
         self.draft = Draft(lambda: self.on_change(ATTACHMENTS))
         self.context = ContextBudget(engine)
         self.reply: Reply | None = None  # the latest reply, running or ended
-        self.tool_runner: ToolRunner | None = None  # none until tool turns are wired in
+        self.tool_runner: ToolRunner | None = None  # the chat's tools (`tools.ChatTools`), if the app has any
+        self.running_tools = False  # a round of calls is asked or running (esc cancels it)
 
     # state
 
     @property
     def generating(self) -> bool:
-        return self.reply is not None and self.reply.running
+        return self.running_tools or (self.reply is not None and self.reply.running)
 
     @property
     def request_id(self) -> str | None:
@@ -97,13 +120,26 @@ class ChatSession:
     def history(self) -> list[dict[str, Any]]:
         return chat_history(self.chat.system_prompt, self._messages)
 
-    def request(self) -> tuple[Prompt, SamplingParams]:
-        """What the next reply is generated from, as the last fit planned it."""
+    def request(self) -> tuple[Any, ...]:
+        """What the next reply is generated from, as the last fit planned it: with tools offered
+        (`tool_runner`'s, unless this chat's settings turn them off or the model has no chat
+        template), through `tool_request` (the template's tool prompt, calls constrained to the
+        tools' schemas), with the parser of its reply; for a remote engine, the chat messages and
+        the tools for the server's OpenAI `tools` field (the server renders and constrains them)."""
         plan = self.context.plan
-        return build_request(self.history(), self.chat.settings, self._engine.chat_template, left_out=plan.left_out,
-                             max_tokens=plan.max_tokens)
+        prompt, params = build_request(self.history(), self.chat.settings, self._engine.chat_template,
+                                       left_out=plan.left_out, max_tokens=plan.max_tokens)
+        tools = offered_tools(self.tool_runner, self.chat.settings, self._engine)
+        if not tools:
+            return prompt, params, None
+        if self._engine.is_remote:
+            return prompt, params, ToolCallParser(loose_names=frozenset(t["function"]["name"] for t in tools)), \
+                {"tools": tools}
+        turn = tool_request(self._engine, prompt, tools, params)
+        return turn.prompt, turn.params, turn.parser()
 
     def chat_tokens(self, recount: bool = False) -> int:
+        self.context.offer(offered_tools(self.tool_runner, self.chat.settings, self._engine))
         history = self.history() if self._messages or self.chat.system_prompt else []
         return self.context.chat_tokens(history, recount)
 
@@ -134,6 +170,7 @@ class ChatSession:
         """The message `text` makes (the draft's files first) and its request's fit; raises a
         `LocalbatchError` (a file cannot be read, the context says no) and nothing changes."""
         content = self.draft.message(text, strict=True)
+        self.context.offer(offered_tools(self.tool_runner, self.chat.settings, self._engine))
         return content, self.context.fit([*self.history(), {"role": "user", "content": content}], self.chat.settings)
 
     def add_user_message(self, text: str, content: str, plan: ContextPlan) -> MessageRecord:
@@ -144,6 +181,8 @@ class ChatSession:
         # The count with this message is the one just made, unless turns were left out of it.
         self.context.counted(None if plan.left_out else plan.used)
         self.draft.set_attachments([])
+        if self.tool_runner is not None:
+            self.tool_runner.new_turn()
         if _DEFAULT_TITLE.match(self.chat.title):
             self.rename(_title_from(text))
         return message
@@ -158,12 +197,22 @@ class ChatSession:
     async def respond(self, reply: Reply, view: ReplyView, max_delay_s: float = 0.0) -> None:
         """Stream `reply` into `view` and commit it; then, while replies end in tool calls and a
         `tool_runner` is set, their results and the next reply (see the module docstring)."""
+        runner = self.tool_runner
         while True:
             end = await self._turn(reply, view, max_delay_s)
-            if not end.tool_calls or self.tool_runner is None or reply.stop_requested:
+            if not end.tool_calls or runner is None or reply.stop_requested:
                 return
-            for call_id, name, content in await self.tool_runner.run(end.tool_calls):
-                self.add_tool_result(call_id, name, content)
+            self.running_tools = True
+            try:
+                results = await runner.run(end.tool_calls)
+                for call_id, name, content in results:
+                    view.tool_result(self.add_tool_result(call_id, name, content))
+            finally:
+                self.running_tools = False
+                self.on_change(GENERATING)
+            if runner.limit_reached or runner.cancelled:
+                view.note(runner.limit_message if runner.limit_reached else "Cancelled: the model was told.")
+                return
             reply = self.begin_reply()
 
     async def _turn(self, reply: Reply, view: ReplyView, max_delay_s: float) -> ReplyEnd:
@@ -184,8 +233,11 @@ class ChatSession:
         return end
 
     def stop(self) -> bool:
-        """Abort the running reply (its text so far is still committed); False when none runs."""
+        """Abort the running reply (its text so far is still committed); False when none runs.
+        While calls run the view cancels its task instead (`running_tools`)."""
         reply = self.reply
+        if self.running_tools:
+            return True
         if reply is None or not reply.running:
             return False
         reply.stop_requested = True
@@ -205,6 +257,7 @@ class ChatSession:
         """The fit of the last turn generated again (its replies left out); raises a
         `LocalbatchError` when the context says no, and nothing changes."""
         kept = self._messages[:_last_turn_end(self._messages)]
+        self.context.offer(offered_tools(self.tool_runner, self.chat.settings, self._engine))
         return self.context.fit(chat_history(self.chat.system_prompt, kept), self.chat.settings)
 
     def drop_last_replies(self) -> list[MessageRecord]:
@@ -253,11 +306,19 @@ class ChatSession:
         self._store.update_chat(self.chat)
         self.on_change(SETTINGS)
 
-    def toggle_json_mode(self) -> bool:
-        """Flip JSON mode; returns the new state."""
-        settings = replace(self.chat.settings, json_mode=not self.chat.settings.json_mode)
+    def toggle(self, setting: str) -> bool:
+        """Flip a switch of the chat's settings (`json_mode`, `tools`); returns its new state."""
+        settings = replace(self.chat.settings, **{setting: not getattr(self.chat.settings, setting)})
         self.update_settings(self.chat.system_prompt, settings)
-        return settings.json_mode
+        return getattr(settings, setting)
+
+
+def offered_tools(runner: ToolRunner | None, settings: ChatSettings, engine: EngineClient) -> list[dict[str, Any]]:
+    """The tools a chat's next reply is offered: none with tools off in its settings, for a model
+    without a chat template, or while no server has tools ready."""
+    if runner is None or not settings.tools or not engine.chat_template:
+        return []
+    return runner.offered()
 
 
 def _last_turn_end(messages: list[MessageRecord]) -> int:

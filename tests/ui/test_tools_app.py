@@ -1,0 +1,252 @@
+"""MCP tools in the real app, against real MCP server subprocesses (tests/tools/servers): the tools
+view, the approval card (enter, a, esc), auto_approve, a server that never starts, one that crashes
+mid-call, one that hangs, a huge result, the step limit, and the stored tool turns after a restart.
+The fake engine plays a model that calls a tool named by the user's message, then answers with the
+result it read."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from textual.widgets import OptionList
+
+from app.tools.approval import REFUSED_TEXT
+from app.tools.manager import ServerState
+from app.ui.tools_view import ApprovalCard, ToolsScreen
+from app.ui.widgets import MessageView
+from tests.support.fake_engine import FakeTokenizer, ToolTemplateEngine
+from tests.ui.test_tui import SIZE, chat_screen, idle, make_app, type_and_send, until
+
+SERVER = Path(__file__).resolve().parents[1] / "tools" / "servers" / "fixture_server.py"
+CALLS = {"echo": {"text": "hi"}, "big": {"chars": 50_000}, "crash": {}, "hang": {}, "loop": {"text": "again"}}
+
+
+def model(prompt: Any) -> list[str]:
+    """The user's last message names the tool (`call echo`); once a result came back in this turn,
+    the answer quotes its first line. `loop` calls echo for ever (the step limit ends it)."""
+    text = FakeTokenizer().decode(prompt) if isinstance(prompt, list) and isinstance(prompt[0], int) else str(prompt)
+    turn = text.rsplit("<user>", 1)[-1]
+    wanted = turn.split("\n", 1)[0].removeprefix("call ").strip()
+    if "<tool>" in turn and wanted != "loop":
+        result = turn.rsplit("<tool>", 1)[1].split("\n", 1)[0]
+        return ["Done", f": {result[:60]}"]
+    name = "echo" if wanted == "loop" else wanted
+    call = json.dumps({"name": f"fx__{name}", "arguments": CALLS.get(wanted, {})})
+    return ["Let me look.", "<tool_call>", call, "</tool_call>"]
+
+
+def config(*extra: str, **fx: str) -> str:
+    spec = {"command": json.dumps(sys.executable), "args": json.dumps([str(SERVER), "ok"]), **fx}
+    lines = ["[tools]", "builtin = false", "max_result_chars = 2000", "step_limit = 2", "", "[mcp_servers.fx]"]
+    return "\n".join(lines + [f"{k} = {v}" for k, v in spec.items()] + ["", *extra]) + "\n"
+
+
+async def ready(pilot: Any, app: Any, name: str = "fx") -> None:
+    await until(pilot, lambda: app.tools is not None and app.tools.server(name).state is not ServerState.STARTING,
+                timeout=20)
+    assert app.tools.server(name).state is ServerState.READY, app.tools.server(name).line()
+
+
+def stored(app: Any, pane: Any) -> list[tuple[str, str]]:
+    return [(m.role, m.content) for m in app.store.messages(pane.session.chat.id)]
+
+
+async def answer_card(pilot: Any, pane: Any, key: str) -> ApprovalCard:
+    await until(pilot, lambda: bool(pane.query(ApprovalCard)), timeout=10)
+    card = pane.query_one(ApprovalCard)
+    assert pilot.app.focused is card
+    await pilot.press(key)
+    return card
+
+
+async def test_approve_refuse_always_auto_approve_limit_and_restart(tmp_path: Path) -> None:
+    engine = ToolTemplateEngine(model_name="fake", max_model_len=8192, script=model)
+    broken = '[mcp_servers.bad]\ncommand = "localbatch-no-such-server"\n'
+    app, _ = make_app(tmp_path, engine, config(broken, auto_approve='["big"]'), tools=True)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await chat_screen(pilot)
+        pane = screen.active_pane()
+        await ready(pilot, app)
+        assert app.tools.server("bad").line() == "bad · failed: command not found: localbatch-no-such-server"
+
+        # The tools view lists the servers, their state and their tools.
+        await pilot.press("f10")
+        await until(pilot, lambda: isinstance(app.screen, ToolsScreen))
+        rows = [str(app.screen.query_one(OptionList).get_option_at_index(i).prompt)
+                for i in range(app.screen.query_one(OptionList).option_count)]
+        assert rows[0].startswith("● fx · ready · 6 tools") and any("echo · Repeat the text." in r for r in rows)
+        assert any("big (runs without asking)" in r for r in rows)
+        assert any("✗ bad · failed: command not found" in r for r in rows)
+        await pilot.press("escape")
+        await until(pilot, lambda: app.screen is screen)
+
+        # enter runs the call once; the reply after it reads the result.
+        await type_and_send(pilot, "call echo")
+        card = await answer_card(pilot, pane, "enter")
+        assert card.card.title == "fx · echo" and card.card.arguments == {"text": "hi"}
+        await idle(pilot, screen)
+        assert stored(app, pane)[1:] == [("assistant", "Let me look."), ("tool", "hi"), ("assistant", "Done: hi")]
+        assert app.focused is pane.prompt
+        first, second = engine.submitted[-2].prompt, engine.submitted[-1].prompt
+        assert second[:len(first)] == first  # the continuation starts with the same tokens: its prefix is cached
+        # The tools' definitions count in the context meter, as they do in the prompt.
+        # (The count passes a call's arguments as the stored JSON text, the prompt as an object: a
+        # few characters apart with this template.)
+        tools_tokens = pane.session.context.tools_tokens
+        assert tools_tokens > 50 and abs(pane.session.chat_tokens(recount=True) - len(second) - 20) < 10
+
+        # esc refuses: the model is told.
+        await type_and_send(pilot, "call echo")
+        await answer_card(pilot, pane, "escape")
+        await idle(pilot, screen)
+        assert stored(app, pane)[-2] == ("tool", REFUSED_TEXT) and app.focused is pane.prompt
+
+        # a: always, in this chat; the next call of the tool asks nothing.
+        await type_and_send(pilot, "call echo")
+        await answer_card(pilot, pane, "a")
+        await idle(pilot, screen)
+        await type_and_send(pilot, "call echo")
+        await idle(pilot, screen)
+        assert not pane.query(ApprovalCard) and stored(app, pane)[-2:] == [("tool", "hi"), ("assistant", "Done: hi")]
+
+        # auto_approve: no card; a huge result is cut with a note.
+        await type_and_send(pilot, "call big")
+        await idle(pilot, screen)
+        result = stored(app, pane)[-2][1]
+        assert len(result) < 2300 and "[output cut: " in result
+
+        # The step limit ends a loop of calls, and says so.
+        await type_and_send(pilot, "loop")
+        await idle(pilot, screen)
+        tail = stored(app, pane)
+        loop_start = max(i for i, (r, c) in enumerate(tail) if r == "user")
+        assert [r for r, _ in tail[loop_start:]] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+        notes = [v for v in pane.query(MessageView) if v.role == "note"]
+        assert notes and "step limit" in notes[-1]._content
+        count = len(tail)
+        await app.action_quit()
+
+    # A restart shows the stored calls and results.
+    app, _ = make_app(tmp_path, ToolTemplateEngine(model_name="fake", max_model_len=8192, script=model))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await chat_screen(pilot)
+        pane = screen.active_pane()
+        pane.message_list.show_older(100)
+        await until(pilot, lambda: len(pane.query(MessageView)) == count)
+        views = list(pane.query(MessageView))
+        assert "→ fx__echo({\"text\": \"hi\"})" in views[1]._content and views[2].role == "tool"
+
+
+async def test_a_server_that_never_starts_crashes_or_hangs(tmp_path: Path) -> None:
+    engine = ToolTemplateEngine(model_name="fake", max_model_len=8192, script=model)
+    silent = (f'[mcp_servers.quiet]\ncommand = {json.dumps(sys.executable)}\n'
+              f'args = {json.dumps([str(SERVER), "silent"])}\nstartup_timeout_sec = 1\n')
+    app, _ = make_app(tmp_path, engine, config(silent, auto_approve='["crash", "hang"]', tool_timeout_sec="1"),
+                      tools=True)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await chat_screen(pilot)
+        pane = screen.active_pane()
+        await ready(pilot, app)
+        await until(pilot, lambda: app.tools.server("quiet").state is ServerState.FAILED, timeout=10)
+        assert app.tools.server("quiet").line() == "quiet · failed: did not answer within 1 s"
+
+        await type_and_send(pilot, "call hang")  # times out; the server stays
+        await idle(pilot, screen)
+        assert stored(app, pane)[-2] == ("tool", "Error: fx__hang did not answer within 1 s")
+
+        await type_and_send(pilot, "call crash")  # the server dies during the call
+        await until(pilot, lambda: len(stored(app, pane)) >= 8, timeout=10)
+        await idle(pilot, screen)
+        assert stored(app, pane)[-2] == ("tool", "Error: the MCP server 'fx' exited during the call")
+        assert app.tools.server("fx").state is ServerState.FAILED
+
+        await pilot.press("f10")  # the view shows why, and r restarts it
+        await until(pilot, lambda: isinstance(app.screen, ToolsScreen))
+        rows = app.screen.query_one(OptionList)
+        assert "fx · failed: exited" in str(rows.get_option_at_index(0).prompt)
+        rows.highlighted = 0
+        await pilot.press("r")
+        await ready(pilot, app)
+        await pilot.press("space")  # the server off
+        await until(pilot, lambda: not app.tools.server("fx").enabled)
+        assert "fx · off" in str(rows.get_option_at_index(0).prompt)
+        await pilot.press("escape")
+        await app.action_quit()
+
+
+async def test_esc_during_a_call_cancels_it_and_tools_switch_off_per_tab(tmp_path: Path) -> None:
+    """The server comes from an mcp.json (`--mcp-config`)."""
+    engine = ToolTemplateEngine(model_name="fake", max_model_len=8192, script=model)
+    mcp_json = tmp_path / "mcp.json"
+    mcp_json.write_text(json.dumps({"mcpServers": {"fx": {"command": sys.executable, "args": [str(SERVER), "ok"],
+                                                          "autoApprove": ["hang"]}}}))
+    app, _ = make_app(tmp_path, engine, "[tools]\nbuiltin = false\n", tools=True, mcp_config=mcp_json)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await chat_screen(pilot)
+        pane = screen.active_pane()
+        await ready(pilot, app)
+        await type_and_send(pilot, "call hang")
+        await until(pilot, lambda: pane.session.running_tools, timeout=10)
+        await pilot.press("escape")
+        await idle(pilot, screen)
+        assert stored(app, pane)[-1][0] == "tool" and "cancelled" in stored(app, pane)[-1][1]
+
+        await pilot.press("f11")  # tools off in this tab: a plain request, stored with the chat
+        assert not app.store.chat(pane.session.chat.id).settings.tools
+        await type_and_send(pilot, "call echo")
+        await idle(pilot, screen)
+        assert engine.submitted[-1].params.structural_tag is None
+        assert stored(app, pane)[-1][0] == "assistant" and not pane.query(ApprovalCard)
+
+        # A server's MCP prompt: tab completes /name, and its text is what is sent.
+        pane.prompt.insert("/rev")
+        await pilot.press("tab")
+        assert pane.prompt.text == "/review "
+        pane.prompt.insert("calc.py")
+        await pilot.press("enter")
+        await until(pilot, lambda: stored(app, pane)[-1] == ("user", "Please review calc.py for bugs.")
+                    or stored(app, pane)[-2] == ("user", "Please review calc.py for bugs."), timeout=10)
+        await idle(pilot, screen)
+        assert pane.prompt.text == ""
+        await app.action_quit()
+
+
+async def test_a_bad_config_entry_is_one_line_and_the_app_works(tmp_path: Path) -> None:
+    engine = ToolTemplateEngine(model_name="fake", max_model_len=8192, script=model)
+    app, _ = make_app(tmp_path, engine, '[mcp_servers.x]\ncommand = 3\n', tools=True)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await chat_screen(pilot)
+        assert app.tools is None and app.tools_off_reason.startswith("Tools are off: mcp_servers.x.command in ")
+        assert "\n" not in app.tools_off_reason
+        await type_and_send(pilot, "hello")
+        await idle(pilot, screen)
+        assert stored(app, screen.active_pane())[-1][0] == "assistant"
+        await pilot.press("f10")
+        await until(pilot, lambda: isinstance(app.screen, ToolsScreen))
+        assert "Tools are off: mcp_servers.x.command" in str(app.screen.query_one(OptionList).get_option_at_index(0).prompt)
+
+
+def test_the_command_line_takes_an_mcp_json() -> None:
+    from app.cli import build_parser
+
+    assert build_parser().parse_args(["--mcp-config", "servers.json"]).mcp_config == "servers.json"
+
+
+def test_prompt_commands_take_key_values_or_the_rest_of_the_line() -> None:
+    import pytest
+
+    from app.tools.manager import PromptInfo
+    from app.ui.session.prompts import complete_prompt, find_prompt
+
+    prompts = [PromptInfo("fx", "review", "", (("path", True),)), PromptInfo("fx", "explain", "", ())]
+    assert find_prompt("/review a b.py", prompts) == (prompts[0], {"path": "a b.py"})
+    assert find_prompt("/review path=x.py", prompts) == (prompts[0], {"path": "x.py"})
+    assert find_prompt("/explain", prompts) == (prompts[1], {})
+    assert find_prompt("/other x", prompts) is None and find_prompt("review", prompts) is None
+    with pytest.raises(ValueError, match="/review needs path: /review path=…"):
+        find_prompt("/review", prompts)
+    assert complete_prompt("e", prompts) == ("explain", ["explain"]) and complete_prompt("", prompts)[1] == [
+        "explain", "review"]
