@@ -175,7 +175,8 @@ def cmd_tui(args: argparse.Namespace) -> int:
         from app.engine.gguf.catalog import check_model
 
         check_model(args.model)
-    extra = {k: v for k, v in with_disk_tier(engine_kwargs(args)).items() if k not in ("model", "device")}
+    kw = {**_config_engine_settings(args.config), **engine_kwargs(args)}  # the command line wins
+    extra = {k: v for k, v in with_disk_tier(kw).items() if k not in ("model", "device")}
 
     def factory(progress, model, device):  # runs in the app's worker thread
         from app.engine.api.async_engine import AsyncEngine
@@ -188,6 +189,19 @@ def cmd_tui(args: argparse.Namespace) -> int:
         mcp_config=args.mcp_config,
     ))
     return 0
+
+
+def _config_engine_settings(path: str | None) -> dict[str, Any]:
+    """The engine settings the app's config file holds (the KV disk tier's); a config the app
+    cannot read gives none here: the app reports it in one line once it starts."""
+    from app.ui.user_config import ConfigError, load_config
+
+    try:
+        config = load_config(path, explicit=path is not None)
+    except ConfigError:
+        return {}
+    names = ("kv_disk_cache_dir", "kv_disk_cache_bytes")
+    return {n: getattr(config, n) for n in names if getattr(config, n) is not None}
 
 
 def _human_size(n: int) -> str:

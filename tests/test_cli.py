@@ -145,10 +145,13 @@ def test_engine_argv_gives_back_the_options_that_differ():
     args = build_parser().parse_args(["bench", "serve", "--model", "m.gguf", "--device", "cpu", "--num-threads", "1",
                                       "--no-prefix-caching", "--kv-cache-dtype", "int8"])
     argv = engine_argv(args, add_engine_args)
+    # The disk tier stays off in the server a benchmark starts, unless a budget is given.
     assert argv == ["--model", "m.gguf", "--device", "cpu", "--num-threads", "1", "--no-prefix-caching",
-                    "--kv-cache-dtype", "int8"]
+                    "--kv-cache-dtype", "int8", "--kv-disk-cache-bytes", "0"]
     assert engine_argv(args, add_engine_args, skip=("model",))[:2] == ["--device", "cpu"]
-    assert engine_argv(build_parser().parse_args(["bench", "serve"]), add_engine_args) == []
+    assert engine_argv(build_parser().parse_args(["bench", "serve"]), add_engine_args) == ["--kv-disk-cache-bytes", "0"]
+    budget = build_parser().parse_args(["bench", "serve", "--kv-disk-cache-bytes", "1000"])
+    assert engine_argv(budget, add_engine_args) == ["--kv-disk-cache-bytes", "1000"]
 
 
 def test_bench_latency_json_record(tiny_gguf_factory, tmp_path):
@@ -193,3 +196,14 @@ def test_the_backend_is_named_and_says_why_the_c_kernels_are_off(monkeypatch):
     monkeypatch.setattr(cpu_build, "library", lambda: cpu_build.KernelLibrary(None, "no C compiler found"))
     assert DeviceSetup(torch.device("cpu"), torch.float32).backend == "torch kernels: no C compiler found"
     assert DeviceSetup(torch.device("cuda"), torch.bfloat16).backend == "Triton kernels"
+
+
+def test_the_apps_config_sets_the_kv_disk_tier_and_the_flags_win(tmp_path):
+    from app.cli import _config_engine_settings
+
+    path = tmp_path / "config.toml"
+    path.write_text('kv_disk_cache_dir = "~/kv"\nkv_disk_cache_bytes = 1000\n')
+    settings = _config_engine_settings(str(path))
+    assert settings["kv_disk_cache_bytes"] == 1000 and not settings["kv_disk_cache_dir"].startswith("~")
+    path.write_text("kv_disk_cache_bytes = 'lots'\n")  # the app says what is wrong once it starts
+    assert _config_engine_settings(str(path)) == {}

@@ -202,6 +202,8 @@ def engine_argv(args: argparse.Namespace, add_engine_args: AddEngineArgs, skip: 
         if value is None or value == defaults[dest]:
             continue
         argv += [action.option_strings[0]] if action.nargs == 0 else [action.option_strings[0], str(value)]
+    if "kv_disk_cache_bytes" in defaults and getattr(args, "kv_disk_cache_bytes", None) is None:
+        argv += ["--kv-disk-cache-bytes", "0"]  # bench's default: `serve` would read an earlier run's prompts from disk
     return argv
 
 

@@ -41,6 +41,14 @@ from app.ui.widgets import (
 )
 
 
+
+def cache_hit_text(hit: tuple[int, int, int] | None) -> str:
+    """The reply footer's prefix-cache figure: " · prefix cache 3,536 / 3,562 prompt tok (3,520 from disk)"."""
+    if not hit:
+        return ""
+    cached, prompt, disk = hit
+    return f" · prefix cache {cached:,} / {prompt:,} prompt tok" + (f" ({disk:,} from disk)" if disk else "")
+
 class ChatPane(TabPane):
     """A tab holding one conversation; while it generates it is one sequence in the engine."""
 
@@ -350,7 +358,7 @@ class LiveReply:
             view.set_class(message is None, "failed")
         elif message is not None:
             metrics = reply.metrics
-            hit = f" · prefix cache {reply.cache_hit[0]}/{reply.cache_hit[1]} prompt tok" if reply.cache_hit else ""
+            hit = cache_hit_text(reply.cache_hit)
             dropped = session.left_out_messages()
             left_out = f" · {dropped} oldest message{'s' * (dropped != 1)} left out to fit the context" if dropped else ""
             view.set_meta(meta_line(metrics.num_tokens, metrics.tokens_per_s, metrics.ttft_s, end.finish_reason,

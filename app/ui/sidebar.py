@@ -122,7 +122,7 @@ def _pane_rate(pane: ChatPane, req: RequestStats | None, prefill_rate: float = 0
         ttft = req.ttft_s if req.ttft_s is not None else ttft
         reply.engine_figures = (tps, ttft)
         if req.num_cached_tokens:
-            reply.cache_hit = (req.num_cached_tokens, req.num_prompt_tokens)
+            reply.cache_hit = (req.num_cached_tokens, req.num_prompt_tokens, req.num_disk_cached_tokens)
         status = req.status
     elif reply is not None and reply.engine_figures is not None:
         tps, ttft = reply.engine_figures

@@ -8,6 +8,8 @@ Example `config.toml` (every key optional):
     system_prompt = "You are a helpful assistant."
     export_dir = "~/chats"
     context_overflow = "drop_oldest"   # or "stop": a message that outgrows the context is refused
+    kv_disk_cache_dir = "~/kv"        # the KV disk tier (prefix-cache blocks kept across restarts)
+    kv_disk_cache_bytes = 8589934592  # its budget (0: off); the command line's flags win
 
     [sampling]
     temperature = 0.7
@@ -127,6 +129,8 @@ class Config:
     keymap: dict[str, str] = field(default_factory=dict)
     server_host: str = "127.0.0.1"
     server_port: int = 8000
+    kv_disk_cache_dir: str | None = None
+    kv_disk_cache_bytes: int | None = None
     path: Path | None = None  # the file it was read from, if any
 
 
@@ -139,7 +143,7 @@ def default_config_path() -> Path:
 
 
 _TOP_LEVEL = MappingProxyType({"model": str, "device": str, "theme": str, "system_prompt": str, "export_dir": str,
-                               "context_overflow": str})
+                               "context_overflow": str, "kv_disk_cache_dir": str, "kv_disk_cache_bytes": int})
 _SAMPLING = MappingProxyType({"temperature": (int, float), "top_p": (int, float), "max_tokens": int, "seed": int})
 _SERVER = MappingProxyType({"host": str, "port": int})
 # [tools] and [mcp_servers.NAME] belong to app.tools.config (`read_tools_config` reads them).
@@ -185,6 +189,8 @@ def parse_config(data: dict[str, Any], path: Path | None = None) -> Config:
         keymap=_keymap(_table(data, "keymap", where), where),
         server_host=server.get("host", "127.0.0.1"),
         server_port=server.get("port", 8000),
+        kv_disk_cache_dir=str(Path(top["kv_disk_cache_dir"]).expanduser()) if top.get("kv_disk_cache_dir") else None,
+        kv_disk_cache_bytes=top.get("kv_disk_cache_bytes"),
         path=path,
     )
 

@@ -194,6 +194,7 @@ class AsyncEngine:
         try:
             self._loop()
             self._flush()
+            self.engine.close()
         except Exception as e:  # noqa: BLE001 - a bug in the loop: fail every stream, not hang them
             log.exception("engine loop died")
             self._dead = f"the engine stopped after an internal error ({type(e).__name__}: {e}); restart localbatch"

@@ -102,6 +102,11 @@ class LLMEngine:
             self._unfinished_since = None
         return self.outputs.delta(seq)
 
+    def close(self) -> None:
+        """Write the disk tier's queued blocks (a clean exit keeps what was read this run)."""
+        if self.block_manager.disk is not None:
+            self.block_manager.disk.close()
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 

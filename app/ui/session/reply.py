@@ -72,9 +72,9 @@ class Reply:
         # The engine's (tok/s, TTFT) for this reply, last seen while it ran: the panel keeps
         # showing the engine's measure after the reply ends instead of switching to the client's.
         self.engine_figures: tuple[float | None, float | None] | None = None
-        # (cached, prompt) tokens of this reply's prompt, when the prefix cache served some (a
-        # forked chat's first reply): shown under the reply.
-        self.cache_hit: tuple[int, int] | None = None
+        # (cached, prompt, of the cached read from disk) tokens of this reply's prompt, when the
+        # prefix cache served some (a forked chat's first reply, a chat reopened): shown under it.
+        self.cache_hit: tuple[int, int, int] | None = None
         self.finish_reason: str | None = None
         self._store, self._chat_id, self._model = store, chat_id, model
         self._row: MessageRecord | None = None  # its row once committed
