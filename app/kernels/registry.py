@@ -284,22 +284,24 @@ def _build_split(req: WeightRequest) -> SplitWeight:
     return SplitWeight([build("weight", req.part(run))[1] for run in req.source.runs()])
 
 
-def _fp16(req: WeightRequest) -> str | None:
-    src = req.source
+def _torch_packed(req: WeightRequest, dtype: torch.dtype, only: str, available: Callable[[], bool],
+                  missing: str) -> str | None:
+    """Why a torch-packed form of a `dtype` CPU weight does not apply (None: it does)."""
     if not req.packing or req.settings.dense_forced:
         return f"{LINEAR_KERNEL_ENV}=dense" if req.settings.dense_forced else "kept as the tensor"
-    if src.device.type != "cpu" or src.dtype != torch.float32:
-        return "fp32 CPU compute only"
-    return None if Fp16Weight.available() else "this torch has no fbgemm fp16 GEMM"
+    if req.source.device.type != "cpu" or req.source.dtype != dtype:
+        return only
+    return None if available() else missing
+
+
+def _fp16(req: WeightRequest) -> str | None:
+    return _torch_packed(req, torch.float32, "fp32 CPU compute only", Fp16Weight.available,
+                         "this torch has no fbgemm fp16 GEMM")
 
 
 def _few_rows(req: WeightRequest) -> str | None:
-    src = req.source
-    if not req.packing or req.settings.dense_forced:
-        return f"{LINEAR_KERNEL_ENV}=dense" if req.settings.dense_forced else "kept as the tensor"
-    if src.device.type != "cpu" or src.dtype != torch.bfloat16:
-        return "bf16 CPU compute only"
-    return None if Int8Weight.available() else "this torch has no int8 weight GEMM"
+    return _torch_packed(req, torch.bfloat16, "bf16 CPU compute only", Int8Weight.available,
+                         "this torch has no int8 weight GEMM")
 
 
 def _int4(req: WeightRequest) -> Int4Weight | None:
