@@ -33,9 +33,10 @@ from app.tools.turn import CallCard, ToolLoop, ToolRunner
 from .tasks import Task, check, copy_fixture
 
 SYSTEM_PROMPT = ("You are a coding assistant working in a small Python repository, the working directory. "
-                 "Use the tools to look at its files instead of guessing; paths are relative to the working "
-                 "directory. Change files only with the edit tool, and only when asked. When you know the "
-                 "answer, reply in one or two short sentences.")
+                 "You cannot see its files until you look at them with the tools: first call a tool "
+                 "(list_files, search or read_file; paths are relative to the working directory), then answer "
+                 "only from what the tools returned. Change files only with apply_edit, and only when asked. "
+                 "When you know the answer, reply in one or two short sentences.")
 
 
 @dataclass

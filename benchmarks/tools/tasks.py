@@ -5,6 +5,7 @@ left in its copy of the fixture."""
 from __future__ import annotations
 
 import re
+from itertools import zip_longest
 import shutil
 import subprocess
 import sys
@@ -70,16 +71,20 @@ def _validate(tasks: list[Task]) -> None:
 
 
 def select(tasks: list[Task], spec: str | None) -> list[Task]:
-    """`spec`: comma-separated task ids, kinds, or `first:N`; None or "all": every task."""
+    """`spec`: comma-separated task ids and kinds (in that order), `first:N`, or `mixed` (every task,
+    the kinds taken in turn: a run cut short still has some of each); None or "all": every task."""
     if not spec or spec == "all":
         return tasks
+    if spec == "mixed":
+        kinds = [[t for t in tasks if t.kind == k] for k in dict.fromkeys(t.kind for t in tasks)]
+        return [t for row in zip_longest(*kinds) for t in row if t is not None]
     if spec.startswith("first:"):
         return tasks[:int(spec.split(":", 1)[1])]
     wanted = [s.strip() for s in spec.split(",") if s.strip()]
     unknown = [w for w in wanted if not any(w in (t.id, t.kind) for t in tasks)]
     if unknown:
         raise ValueError(f"no task or kind named {', '.join(unknown)}")
-    return [t for t in tasks if t.id in wanted or t.kind in wanted]
+    return list({t.id: t for w in wanted for t in tasks if w in (t.id, t.kind)}.values())
 
 
 def copy_fixture(dest: Path) -> None:

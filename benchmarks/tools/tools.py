@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=256, help="most tokens per model turn")
     p.add_argument("--steps", type=int, default=8, help="the step limit: rounds of calls per task")
     p.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="start no task after this many seconds (per model); the record says which were left")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -73,7 +76,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     summary = summarize(runs)
     print_summary(summary)
     constrained = [r for r in summary if r["mode"] == "on"]
-    return {"summary": summary, "runs": [r.row() for r in runs],
+    ran = {r.task for r in runs}
+    return {"summary": summary, "not_run": [t.id for t in tasks if t.id not in ran], "runs": [r.row() for r in runs],
             "ok": all(r["valid_call_pct"] in (100.0, None) for r in constrained)}
 
 
@@ -94,11 +98,15 @@ async def run_engine(model: str, modes: list[str], tasks: list, manager: ToolMan
     from app.engine.api.async_engine import AsyncEngine
 
     print(f"loading {model} ...", flush=True)
-    engine = await asyncio.to_thread(lambda: AsyncEngine(model, device=args.device))
+    engine = await asyncio.to_thread(lambda: AsyncEngine(model, device=args.device, adaptive_threads=True))
     agents = {m: EngineAgent(engine, m == "on", args.max_tokens) for m in modes}
     runs = []
+    deadline = time.monotonic() + args.budget_s if args.budget_s else None
     try:
         for i, task in enumerate(tasks):
+            if deadline is not None and time.monotonic() > deadline:
+                print(f"time budget spent: {len(tasks) - i} task(s) not run", flush=True)
+                break
             order = modes if i % 2 == 0 else modes[::-1]
             for mode in order:
                 runs.append(await run_task(agents[mode], task, manager, offered, root, args.steps))
@@ -125,7 +133,8 @@ async def run_url(tasks: list, manager: ToolManager, offered: list[dict[str, Any
 def print_run(r: TaskRun) -> None:
     mark = "ok  " if r.ok else "FAIL"
     print(f"{mark} {r.model[:28]:28s} {r.mode:3s} {r.task:28s} turns {r.turns} calls {r.valid_calls}/{r.calls} "
-          f"tokens {r.prompt_tokens}+{r.output_tokens} {r.wall_s:6.1f} s  {r.why}", flush=True)
+          f"tokens {r.prompt_tokens}+{r.output_tokens} {r.wall_s:6.1f} s  {r.why}"
+          + ("" if r.ok or not r.answer else f"  [{r.answer[:100]!r}]"), flush=True)
 
 
 def print_summary(rows: list[dict[str, Any]]) -> None:
