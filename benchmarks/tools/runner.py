@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -141,6 +142,9 @@ def _arguments_text(arguments: Any) -> str:
     return arguments if isinstance(arguments, str) else json.dumps(arguments)
 
 
+_BARE_CALL = re.compile(r'\s*(```\w*\s*)?\{\s*"name"\s*:')
+
+
 # --- calls checked on their own -------------------------------------------------------------------
 
 
@@ -159,8 +163,9 @@ def call_problem(call: ParsedCall, schemas: Mapping[str, Mapping[str, Any]]) -> 
 
 
 def unparsed_calls(content: str) -> int:
-    """`<tool_call>` openings left in the text: calls written that did not parse."""
-    return content.count(CALL_OPEN)
+    """Calls written that did not parse: `<tool_call>` openings left in the text, or a reply that
+    is a bare call object (`{"name": ...}`) naming no offered tool."""
+    return content.count(CALL_OPEN) or int(bool(_BARE_CALL.match(content)))
 
 
 # --- one task -------------------------------------------------------------------------------------

@@ -75,6 +75,8 @@ def test_calls_are_checked_against_the_offered_schemas():
     assert "not JSON" in runner.call_problem(ParsedCall("1", "files__read_file", '{"path": '), schemas)
     assert "schema" in runner.call_problem(ParsedCall("1", "files__read_file", '{"file": "a.py"}'), schemas)
     assert runner.unparsed_calls('<tool_call>{"name": oops</tool_call>') == 1
+    assert runner.unparsed_calls('```json\n{"name": "shipping_cost", "arguments": {}}\n```') == 1
+    assert runner.unparsed_calls("The answer is 4.99.") == 0
 
 
 # --- the runner, with a scripted fake engine and the real built-in tools ----------------------------
