@@ -61,20 +61,22 @@ class Agent(Protocol):
 
 
 class EngineAgent:
-    """The engine through the app's `tool_request`, with the call constraint on or off."""
+    """The engine through the app's `tool_request`, with the call constraint on or off; mode
+    "first" is "on" with the task's first turn made to call a tool (tool_choice "required")."""
 
-    def __init__(self, engine: EngineClient, constrained: bool, max_tokens: int) -> None:
+    def __init__(self, engine: EngineClient, constrained: bool, max_tokens: int, first_required: bool = False) -> None:
         self.engine = engine
-        self.mode = "on" if constrained else "off"
+        self.mode = "first" if first_required else "on" if constrained else "off"
         self.model = engine.model_name
         self.params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
 
     async def turn(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[dict[str, Any]]) -> Reply:
         try:
-            request = tool_request(self.engine, messages, tools, self.params)
+            first = self.mode == "first" and not any(m.get("role") == "tool" for m in messages)
+            request = tool_request(self.engine, messages, tools, self.params, "required" if first else "auto")
         except LocalbatchError as e:
             return Reply("", [], error=str(e))
-        params = request.params if self.mode == "on" else self.params
+        params = self.params if self.mode == "off" else request.params
         parser = request.parser()
         text, last = "", None
         try:

@@ -38,7 +38,8 @@ TOOLS_START_TIMEOUT_S = 60.0
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="catalog names or GGUF files, comma-separated, run in-process one after another")
-    p.add_argument("--modes", default="on,off", help="in-process modes: on (constrained calls), off (free)")
+    p.add_argument("--modes", default="on,off",
+                   help="in-process modes: on (constrained calls), off (free), first (on, the first turn must call)")
     p.add_argument("--url", default=None, help="an OpenAI-compatible server to run the tasks against too")
     p.add_argument("--url-model", default=None, help="the model name sent to --url (default: its first)")
     p.add_argument("--tasks", default="all", help="all, first:N, or comma-separated task ids and kinds")
@@ -56,8 +57,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     tasks = select(load_tasks(), args.tasks)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if bad := [m for m in modes if m not in ("on", "off")]:
-        raise SystemExit(f"--modes: unknown mode {bad[0]!r} (on, off)")
+    if bad := [m for m in modes if m not in ("on", "off", "first")]:
+        raise SystemExit(f"--modes: unknown mode {bad[0]!r} (on, off, first)")
     if not args.model and not args.url:
         raise SystemExit("give --model, --url or both")
     runs: list[TaskRun] = []
@@ -75,7 +76,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             manager.close()
     summary = summarize(runs)
     print_summary(summary)
-    constrained = [r for r in summary if r["mode"] == "on"]
+    constrained = [r for r in summary if r["mode"] in ("on", "first")]
     ran = {r.task for r in runs}
     return {"summary": summary, "not_run": [t.id for t in tasks if t.id not in ran], "runs": [r.row() for r in runs],
             "ok": all(r["valid_call_pct"] in (100.0, None) for r in constrained)}
@@ -99,7 +100,7 @@ async def run_engine(model: str, modes: list[str], tasks: list, manager: ToolMan
 
     print(f"loading {model} ...", flush=True)
     engine = await asyncio.to_thread(lambda: AsyncEngine(model, device=args.device, adaptive_threads=True))
-    agents = {m: EngineAgent(engine, m == "on", args.max_tokens) for m in modes}
+    agents = {m: EngineAgent(engine, m != "off", args.max_tokens, m == "first") for m in modes}
     runs = []
     deadline = time.monotonic() + args.budget_s if args.budget_s else None
     try:

@@ -121,6 +121,14 @@ def test_the_runner_completes_an_answer_task(tools, constrained):
     assert all((p.structural_tag is not None) == constrained for p in params)
 
 
+def test_the_first_mode_makes_the_first_turn_call_a_tool(tools):
+    task = next(t for t in TASKS if t.id == "define-slugify")
+    engine = FakeEngine(step_delay=0, max_model_len=8192, script=lambda prompt: ["It is in shop/textutil.py."])
+    run = _run(runner.EngineAgent(engine, True, 256, first_required=True), task, tools)
+    assert run.ok, run.why
+    assert (run.mode, run.turns) == ("first", 2) and run.calls >= 1 and run.valid_calls == run.calls
+
+
 def test_the_runner_applies_an_edit_and_counts_a_bad_call(tools):
     task = next(t for t in TASKS if t.id == "set-TAX_RATE")
     engine = FakeEngine(step_delay=0, max_model_len=8192,
