@@ -53,6 +53,8 @@ RESEARCH: dict[str, Research] = {
                      "Does `serve` lose anything under a long mixed load with faults (5xx, leaks, held KV blocks)?"),
     "app_vs_engine": Research("benchmarks.ui.app_vs_engine",
                               "Does the app in a real terminal (tmux) slow its engine (pairs seconds apart)?"),
+    "tools": Research("benchmarks.tools.tools",
+                      "How often do a model's tool calls parse and validate, and its tool tasks succeed, constrained or not?"),
     "ui_cost": Research("benchmarks.ui.ui_cost",
                         "What CPU does the UI thread take while replies stream, with no model (a paced fake engine)?"),
 }

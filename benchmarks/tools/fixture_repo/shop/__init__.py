@@ -1,0 +1,3 @@
+"""A tiny shop."""
+
+VERSION = "1.4.2"
