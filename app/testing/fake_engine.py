@@ -47,7 +47,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Self
 
-from app.engine.api.engine_client import Prompt
+from app.engine.api.engine_client import TOOLS_IN_PROMPT, Prompt
 from app.engine.types.errors import EngineDeadError, QueueFullError, RequestError
 from app.engine.types.fim import FimTokens
 from app.engine.types.outputs import EngineStats, RequestStats, StreamDelta, TopLogprobs
@@ -333,10 +333,12 @@ class FakeEngine:
             raise EngineDeadError("the fake engine was killed")
         return self.frozen_stats if self.frozen_stats is not None else self._snapshot
 
-    def stream(self, prompt: Prompt, params: SamplingParams,
-               request_id: str | None = None, *, max_delay_s: float = 0.0) -> AsyncIterator[StreamDelta]:
+    def stream(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *,
+               max_delay_s: float = 0.0, tools: list[dict[str, Any]] | None = None) -> AsyncIterator[StreamDelta]:
         """Validates and queues at once (errors are raised here, before any delta). Deltas are
         never held: `max_delay_s` is only recorded."""
+        if tools:
+            raise RequestError(TOOLS_IN_PROMPT, param="tools")
         self.last_max_delay_s = max_delay_s
         if self._dead or self.closed:
             raise EngineDeadError("the fake engine was killed" if self._dead else "the fake engine was closed")

@@ -24,8 +24,9 @@ def test_sixty_second_soak_loses_nothing(tmp_path: Path) -> None:
         pytest.skip(f"{MODEL} is not pulled: run `localbatch pull {MODEL}` (.ci/run does)")
     out = tmp_path / "soak.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.serving.soak", "--model", MODEL, "--duration", "60", "--clients", "4",
-         "--warmup", "20", "--json", str(out), "--", "--kv-cache-bytes", str(64 << 20)],
+        [sys.executable, "-m", "app.cli", "bench", "research", "soak", "--model", MODEL, "--duration", "60",
+         "--clients", "4", "--warmup", "20", "--json", str(out), "--", "--kv-cache-bytes", str(64 << 20),
+         "--kv-disk-cache-bytes", "0"],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.exists(), proc.stdout[-2000:] + proc.stderr[-2000:]
     report = json.loads(out.read_text())

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.engine.api import process_settings
-from app.engine.api.engine_client import Prompt
+from app.engine.api.engine_client import TOOLS_IN_PROMPT, Prompt
 from app.engine.core.llm_engine import LLMEngine
 from app.engine.core.sequence import Sequence
-from app.engine.types.errors import EngineDeadError
+from app.engine.types.errors import EngineDeadError, RequestError
 from app.engine.types.fim import FimTokens
 from app.engine.types.outputs import EngineStats, StreamDelta
 from app.engine.types.progress import ProgressFn
@@ -93,8 +93,11 @@ class AsyncEngine:
 
     # ---- EngineClient -------------------------------------------------------------------------
     async def stream(
-        self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *, max_delay_s: float = 0.0
+        self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *, max_delay_s: float = 0.0,
+        tools: list[dict[str, Any]] | None = None,
     ) -> AsyncIterator[StreamDelta]:
+        if tools:
+            raise RequestError(TOOLS_IN_PROMPT, param="tools")
         if max_delay_s < 0:
             raise ValueError(f"max_delay_s must be >= 0, got {max_delay_s}")
         if self._dead is not None or not self._thread.is_alive():

@@ -15,6 +15,10 @@ from app.engine.types.prompt import Prompt
 from app.engine.types.sampling_params import SamplingParams
 
 
+# What an in-process engine says to `stream(..., tools=...)`.
+TOOLS_IN_PROMPT = "an in-process engine takes tools in the prompt (tool_use.tool_request), not as stream(tools=...)"
+
+
 @runtime_checkable
 class EngineClient(Protocol):
     model_name: str
@@ -42,13 +46,18 @@ class EngineClient(Protocol):
         ...
 
     def stream(
-        self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *, max_delay_s: float = 0.0
+        self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *, max_delay_s: float = 0.0,
+        tools: list[dict[str, Any]] | None = None,
     ) -> AsyncIterator[StreamDelta]:
         """Submit a request and iterate its deltas; the last one has `finish_reason` set.
 
         `max_delay_s`: deltas may wait up to this long and arrive together, for a consumer that
         does not need every step (the TUI paints a few times a second); the first token and the
         last delta never wait.
+
+        `tools` (OpenAI tool entries, with chat messages) are for an engine whose server renders
+        and constrains them itself (`is_remote`: they go in its `tools` field). An in-process
+        engine refuses them: its tools go into the prompt and params through `tool_use.tool_request`.
 
         Raises `RequestError` (invalid request, prompt longer than the context: nothing was queued)
         or `QueueFullError` (backpressure) before the first delta. Breaking out of the iteration
