@@ -15,13 +15,13 @@ import torch
 from app.engine import LLM, SamplingParams
 from app.engine.runtime import kernel_choice
 from app.engine.runtime.weight_forms import Int4Weight
+from tests.support.oracle import ORACLE_DIR, needs_oracle
 
-ORACLE_DIR = Path(os.environ.get("LOCALBATCH_ORACLE_DIR", Path(__file__).resolve().parents[3] / "shared" / "oracle"))
 SMOLLM2_GGUF = os.environ.get("LOCALBATCH_SMOLLM2_GGUF")
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not ORACLE_DIR.is_dir(), reason=f"oracle data not found in {ORACLE_DIR} (set LOCALBATCH_ORACLE_DIR)"),
+    needs_oracle,
 ]
 
 

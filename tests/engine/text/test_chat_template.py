@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,8 +13,9 @@ from app.engine.text.chat_template import CHAT_TEMPLATE_DIR
 from app.engine.text.tokenizer import Tokenizer
 from app.engine.text.vocab import TokenType
 from app.engine.types.errors import RequestError
+from tests.support.oracle import ORACLE_DIR, needs_oracle
 
-ORACLE = Path(__file__).resolve().parents[4] / "shared" / "oracle" / "gemma3_270m.json"
+ORACLE = ORACLE_DIR / "gemma3_270m.json"
 
 GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
 LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
@@ -187,6 +187,7 @@ def test_invalid_messages(messages):
 # ----------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
+@needs_oracle
 def test_gemma_encode_chat_matches_oracle(embedded_model_path, tmp_path):
     tok = Tokenizer.from_gguf_metadata(GGUFFile(embedded_model_path).metadata, cache_dir=tmp_path)
     case = next(c for c in json.loads(ORACLE.read_text())["tokenize"] if c["text"].startswith("<start_of_turn>"))

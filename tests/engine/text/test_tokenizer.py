@@ -11,7 +11,6 @@ import re
 import time
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +23,7 @@ from app.engine.text.detokenizer import IncrementalDetokenizer
 from app.engine.text.tokenizer import Tokenizer
 from app.engine.text.vocab import TokenType
 from app.engine.types.errors import GGUFError, RequestError
+from tests.support.oracle import ORACLE_DIR, needs_oracle
 from app.engine.types.fim import FimTokens
 
 try:  # \p{L}-style classes for the byte-level BPE reference pre-tokenizer
@@ -31,7 +31,7 @@ try:  # \p{L}-style classes for the byte-level BPE reference pre-tokenizer
 except ImportError:
     regex = None
 
-ORACLE = Path(__file__).resolve().parents[4] / "shared" / "oracle" / "gemma3_270m.json"
+ORACLE = ORACLE_DIR / "gemma3_270m.json"
 needs_regex = pytest.mark.skipif(regex is None, reason="the `regex` package runs the BPE reference pre-tokenizer")
 SPACE = "\u2581"
 
@@ -673,6 +673,7 @@ def gemma(gemma_metadata, tmp_path_factory):
 
 
 @pytest.mark.slow
+@needs_oracle
 def test_gemma_oracle_tokenization(gemma):
     oracle = json.loads(ORACLE.read_text())
     for case in oracle["tokenize"]:
@@ -703,6 +704,7 @@ def test_gemma_matches_reference_on_mixed_text(gemma, gemma_metadata):
 
 
 @pytest.mark.slow
+@needs_oracle
 def test_gemma_encode_100kb_speed(gemma):
     base = ORACLE.read_text()[:20000] + " The quick brown fox — naïve café 数学 🌍\n"
     text = (base * (100_000 // len(base) + 1))[:100_000]
