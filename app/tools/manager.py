@@ -150,7 +150,7 @@ class ToolManager:
         try:
             stopping.result(timeout=_STOP_TIMEOUT + 2)
         except (concurrent.futures.TimeoutError, RuntimeError):
-            pass
+            pass  # a server slow to stop, or the loop already gone: the loop stops below either way
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=5)
         for server in self._servers.values():

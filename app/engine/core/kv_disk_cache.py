@@ -26,7 +26,6 @@ from app import __version__
 from app.engine.core.kv_disk_store import KVDiskStore
 from app.engine.runtime.kv_pool import block_nbytes, read_block, write_block
 from app.engine.types.outputs import DiskTierStats
-from app.kernels.settings import ENV_VARS
 
 if TYPE_CHECKING:
     from app.engine.runtime.worker import Worker
@@ -142,7 +141,7 @@ def namespace(worker: Worker, block_size: int) -> bytes:
         f"compute {worker.setup.dtype}", f"kv {worker.kv_dtype}", f"block {block_size}",
         f"layers {cfg.num_layers} kv_heads {cfg.num_kv_heads} head_dim {cfg.head_dim}",
         f"device {device.type} {torch.cuda.get_device_name(device) if device.type == 'cuda' else cpu_qgemm.isa()}",
-        f"kernels {worker.backend}", *(f"{k}={os.environ.get(k, '')}" for k in ENV_VARS),
+        f"kernels {worker.backend} {worker.model.plan.settings!r}",  # the settings the model was built with
     ]
     return "\n".join(parts).encode()
 

@@ -215,9 +215,9 @@ class KVDiskStore:
                 self._counts["files_rejected"] += 1
             return None
         try:
-            os.utime(path)
+            os.utime(path)  # a read is a use: the LRU order is the files' modification times
         except OSError:
-            pass
+            pass  # gone since it was read (another process evicted it): the bytes read are whole
         with self._lock:
             self._index[name] = size
             self._verified.add(name)
