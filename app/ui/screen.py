@@ -30,7 +30,7 @@ from app.ui.commands import command_bindings
 from app.ui.endpoint import EmbeddedEndpoint
 from app.ui.frame_clock import FrameClock
 from app.ui.loading import EngineInfo
-from app.ui.reply_stream import FRAME_HZ
+from app.ui.reply_stream import FRAME_HZ, FinalRenders
 from app.ui.session.session import ChatSession
 from app.ui.session.tools import ChatTools
 from app.ui.sidebar import Sidebar
@@ -73,6 +73,7 @@ class ChatScreen(Screen):
         self.endpoint = endpoint
         self.export_dir = export_dir
         self._poll_interval = poll_interval
+        self._renders = FinalRenders()  # one for every tab: a reply's end knows whether others stream
         self.sidebar = Sidebar(engine, info, endpoint, lambda: self.app.keys["toggle_endpoint"].split(",")[0],
                                id="sidebar")
 
@@ -97,7 +98,7 @@ class ChatScreen(Screen):
         manager = self.app.tools
         if manager is not None:
             session.tool_runner = ChatTools(manager, manager.config.step_limit)
-        return ChatPane(session, color, settings_key)
+        return ChatPane(session, color, settings_key, self._renders)
 
     def on_mount(self) -> None:
         self.title = "localbatch"

@@ -4,12 +4,16 @@ the paced fake engine's hand-off, which must hold deltas as the real engine does
 from __future__ import annotations
 
 import asyncio
+import importlib
 import time
 
 from app.engine.types.sampling_params import SamplingParams
 from app.tools.config import read_tools_config
 from app.ui.user_config import parse_config
-from benchmarks.ui import tmux, ui_cost
+
+# The research scripts are not a package of the product: imported as the registry imports them.
+tmux = importlib.import_module("benchmarks.ui.tmux")
+ui_cost = importlib.import_module("benchmarks.ui.ui_cost")
 
 
 def test_the_benchmarked_app_offers_no_tools_unless_asked(tmp_path):
