@@ -84,11 +84,6 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {"model": args.model, "device": args.device or "auto", "dtype": args.dtype, **kw}
 
 
-def with_disk_tier(kw: dict[str, Any]) -> dict[str, Any]:
-    """The app's and serve's settings: the KV disk tier on unless its budget is given."""
-    return {"kv_disk_cache_bytes": DEFAULT_KV_DISK_CACHE_BYTES, **kw}
-
-
 def stderr_progress(stage: str, fraction: float | None) -> None:
     """One line on the terminal, redrawn: the stage, and a bar where the fraction is known."""
     if not sys.stderr.isatty():
@@ -152,7 +147,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cors = cors_policy(args.allowed_origins, args.allowed_methods, args.allowed_headers)
 
     async def run() -> None:
-        engine = AsyncEngine(progress=stderr_progress, adaptive_threads=True, **with_disk_tier(engine_kwargs(args)))
+        engine = AsyncEngine(progress=stderr_progress, adaptive_threads=True, **engine_kwargs(args))
         _clear_progress()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
         try:
@@ -169,39 +164,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_tui(args: argparse.Namespace) -> int:
+    from functools import partial
+
     from app.ui import TuiOptions, run_tui
+    from app.ui.loading import default_engine_factory
 
-    if args.backend_url is None:
-        from app.engine.gguf.catalog import check_model
-
-        check_model(args.model)
-    kw = {**_config_engine_settings(args.config), **engine_kwargs(args)}  # the command line wins
-    extra = {k: v for k, v in with_disk_tier(kw).items() if k not in ("model", "device")}
-
-    def factory(progress, model, device):  # runs in the app's worker thread
-        from app.engine.api.async_engine import AsyncEngine
-
-        return AsyncEngine(model=model, device=device or "auto", progress=progress, adaptive_threads=True, **extra)
-
-    run_tui(factory, TuiOptions(
+    # The command line's settings win over the app's config file (which the app reads, once).
+    flags = {k: v for k, v in engine_kwargs(args).items() if k not in ("model", "device")}
+    run_tui(partial(default_engine_factory, **flags), TuiOptions(
         model=args.model, device=args.device, data_dir=args.data_dir, config_path=args.config,
         serve=args.serve, host=args.host, port=args.port, api_key=args.api_key, backend_url=args.backend_url,
         mcp_config=args.mcp_config,
     ))
     return 0
-
-
-def _config_engine_settings(path: str | None) -> dict[str, Any]:
-    """The engine settings the app's config file holds (the KV disk tier's); a config the app
-    cannot read gives none here: the app reports it in one line once it starts."""
-    from app.ui.user_config import ConfigError, load_config
-
-    try:
-        config = load_config(path, explicit=path is not None)
-    except ConfigError:
-        return {}
-    names = ("kv_disk_cache_dir", "kv_disk_cache_bytes")
-    return {n: getattr(config, n) for n in names if getattr(config, n) is not None}
 
 
 def _human_size(n: int) -> str:
@@ -353,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--allowed-methods", nargs="+", default=None, metavar="METHOD", help="CORS methods (default *)")
     s.add_argument("--allowed-headers", nargs="+", default=None, metavar="HEADER", help="CORS headers (default *)")
     add_engine_args(s)
-    s.set_defaults(func=cmd_serve)
+    s.set_defaults(func=cmd_serve, kv_disk_cache_bytes=DEFAULT_KV_DISK_CACHE_BYTES)  # the disk tier on
 
     b = add_bench_parser(sub, add_engine_args)
     b.set_defaults(func=cmd_bench)

@@ -72,7 +72,7 @@ from app.ui.loading import LoadingScreen
 
 release = threading.Event()
 
-def factory(progress, model, device):  # stands in for the engine; never returns one
+def factory(progress, model, device, config):  # stands in for the engine; never returns one
     release.wait(10)
     raise RuntimeError("no engine in this test")
 
@@ -145,9 +145,9 @@ def test_engine_argv_gives_back_the_options_that_differ():
     args = build_parser().parse_args(["bench", "serve", "--model", "m.gguf", "--device", "cpu", "--num-threads", "1",
                                       "--no-prefix-caching", "--kv-cache-dtype", "int8"])
     argv = engine_argv(args, add_engine_args)
-    # The disk tier stays off in the server a benchmark starts, unless a budget is given.
-    assert argv == ["--model", "m.gguf", "--device", "cpu", "--num-threads", "1", "--no-prefix-caching",
-                    "--kv-cache-dtype", "int8", "--kv-disk-cache-bytes", "0"]
+    # The disk tier stays off in the server a benchmark starts (bench's default), unless a budget is given.
+    assert argv == ["--model", "m.gguf", "--device", "cpu", "--kv-disk-cache-bytes", "0", "--num-threads", "1",
+                    "--no-prefix-caching", "--kv-cache-dtype", "int8"]
     assert engine_argv(args, add_engine_args, skip=("model",))[:2] == ["--device", "cpu"]
     assert engine_argv(build_parser().parse_args(["bench", "serve"]), add_engine_args) == ["--kv-disk-cache-bytes", "0"]
     budget = build_parser().parse_args(["bench", "serve", "--kv-disk-cache-bytes", "1000"])
@@ -198,12 +198,38 @@ def test_the_backend_is_named_and_says_why_the_c_kernels_are_off(monkeypatch):
     assert DeviceSetup(torch.device("cuda"), torch.bfloat16).backend == "Triton kernels"
 
 
-def test_the_apps_config_sets_the_kv_disk_tier_and_the_flags_win(tmp_path):
-    from app.cli import _config_engine_settings
+def test_the_disk_tier_is_a_setting_with_each_commands_default():
+    """On in serve, off in bench (and in the serve a bench starts), as the engine's other settings flow."""
+    from app.cli import build_parser, engine_kwargs
+    from app.engine.types.engine_config import DEFAULT_KV_DISK_CACHE_BYTES
 
+    assert engine_kwargs(build_parser().parse_args(["serve"]))["kv_disk_cache_bytes"] == DEFAULT_KV_DISK_CACHE_BYTES
+    assert engine_kwargs(build_parser().parse_args(["serve", "--kv-disk-cache-bytes", "0"]))["kv_disk_cache_bytes"] == 0
+    assert engine_kwargs(build_parser().parse_args(["bench", "latency"]))["kv_disk_cache_bytes"] == 0
+    assert engine_kwargs(build_parser().parse_args(["bench"]))["kv_disk_cache_bytes"] == 0
+    assert "kv_disk_cache_bytes" not in engine_kwargs(build_parser().parse_args(["generate", "--prompt", "x"]))
+
+
+def test_the_apps_config_sets_the_kv_disk_tier_and_the_flags_win(tmp_path, monkeypatch):
+    """The app reads its config once and hands it to the engine factory: the disk tier on by
+    default, the config's settings over that, the command line's over both."""
+    from functools import partial
+
+    import app.engine
+    from app.engine.types.engine_config import DEFAULT_KV_DISK_CACHE_BYTES
+    from app.ui.loading import default_engine_factory
+    from app.ui.user_config import load_config
+
+    built = []
+    monkeypatch.setattr(app.engine, "AsyncEngine", lambda **kw: built.append(kw) or "engine", raising=False)
     path = tmp_path / "config.toml"
     path.write_text('kv_disk_cache_dir = "~/kv"\nkv_disk_cache_bytes = 1000\n')
-    settings = _config_engine_settings(str(path))
-    assert settings["kv_disk_cache_bytes"] == 1000 and not settings["kv_disk_cache_dir"].startswith("~")
-    path.write_text("kv_disk_cache_bytes = 'lots'\n")  # the app says what is wrong once it starts
-    assert _config_engine_settings(str(path)) == {}
+    config = load_config(path, explicit=True)
+    assert config.engine_settings()["kv_disk_cache_bytes"] == 1000
+    assert not config.engine_settings()["kv_disk_cache_dir"].startswith("~")
+    assert default_engine_factory(None, "m", None, config) == "engine"
+    assert built[-1]["kv_disk_cache_bytes"] == 1000 and built[-1]["kv_disk_cache_dir"] == config.kv_disk_cache_dir
+    partial(default_engine_factory, kv_disk_cache_bytes=0)(None, "m", "cpu", config)  # the command line's flag
+    assert built[-1]["kv_disk_cache_bytes"] == 0 and built[-1]["device"] == "cpu"
+    default_engine_factory(None, None, None, load_config(tmp_path / "none.toml"))
+    assert built[-1]["kv_disk_cache_bytes"] == DEFAULT_KV_DISK_CACHE_BYTES and "device" not in built[-1]

@@ -76,7 +76,7 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def build_engine(progress: Any, model: str | None, device: str | None) -> Any:
+def build_engine(progress: Any, model: str | None, device: str | None, config: Any) -> Any:
     """The app's engine factory: the embedded default model on the CPU."""
     from app.engine.api.async_engine import AsyncEngine
 

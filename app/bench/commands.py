@@ -126,6 +126,11 @@ _ADDERS: dict[str, AddArgs] = {"throughput": add_throughput_args, "latency": _ad
                                "complete": _add_complete_args}
 
 
+# The KV disk tier off (a setting like the others, so a `serve` bench starts gets it too): a run
+# would read an earlier run's prompts from disk.
+BENCH_ENGINE_DEFAULTS = {"kv_disk_cache_bytes": 0}
+
+
 def add_bench_parser(sub: Any, add_engine_args: AddEngineArgs) -> argparse.ArgumentParser:
     """`bench` and its benchmarks under `sub` (the command line's subparsers). Plain `localbatch
     bench [options]` is `bench throughput` (and `--tui N,...` is `bench tui --tabs N,...`), as before
@@ -137,6 +142,7 @@ def add_bench_parser(sub: Any, add_engine_args: AddEngineArgs) -> argparse.Argum
     b.add_argument("--tui", default=None, metavar="N[,N...]", help="the same as `bench tui --tabs N[,N...]`")
     add_json_arg(b)
     add_engine_args(b)
+    b.set_defaults(**BENCH_ENGINE_DEFAULTS)
     benchmarks = b.add_subparsers(dest="bench_command", metavar="BENCHMARK", title="benchmarks")
     for name, add in _ADDERS.items():
         p = benchmarks.add_parser(name, help=HELP[name], description=f"localbatch bench {name}: {HELP[name]}. "
@@ -144,6 +150,7 @@ def add_bench_parser(sub: Any, add_engine_args: AddEngineArgs) -> argparse.Argum
         add(p)
         add_json_arg(p)
         add_engine_args(p)
+        p.set_defaults(**BENCH_ENGINE_DEFAULTS)
     for name, (help_text, add) in _TOOL_ADDERS.items():
         add(benchmarks.add_parser(name, help=help_text, description=f"localbatch bench {name}: {help_text}."))
     return b
@@ -202,8 +209,6 @@ def engine_argv(args: argparse.Namespace, add_engine_args: AddEngineArgs, skip: 
         if value is None or value == defaults[dest]:
             continue
         argv += [action.option_strings[0]] if action.nargs == 0 else [action.option_strings[0], str(value)]
-    if "kv_disk_cache_bytes" in defaults and getattr(args, "kv_disk_cache_bytes", None) is None:
-        argv += ["--kv-disk-cache-bytes", "0"]  # bench's default: `serve` would read an earlier run's prompts from disk
     return argv
 
 

@@ -123,7 +123,7 @@ class LocalbatchApp(App):
         hint = f'Pass a GGUF file with [b]localbatch --model PATH.gguf[/b], or set model = "PATH" in {config}.'
         on_failed = None if fallback is None else partial(self._load_failed, model, fallback)
         device = self.options.device or self.config.device
-        return LoadingScreen(lambda progress: self._factory(progress, model, device), model or "the default model",
+        return LoadingScreen(lambda progress: self._factory(progress, model, device, self.config), model or "the default model",
                              hint, partial(self._model_loaded, model), on_failed)
 
     def _load_failed(self, model: str | None, fallback: object, message: str) -> None:
@@ -341,8 +341,8 @@ class LocalbatchApp(App):
 def run_tui(engine_factory: EngineFactory | None = None, options: TuiOptions | None = None, **overrides: Any) -> None:
     """Run the app until the user quits.
 
-    `engine_factory(progress, model, device)` builds the engine in a worker thread (default:
-    `app.engine.AsyncEngine`); `overrides` are `TuiOptions` fields (`model=`, `data_dir=`, ...).
+    `engine_factory(progress, model, device, config)` builds the engine in a worker thread (default:
+    `loading.default_engine_factory`); `overrides` are `TuiOptions` fields (`model=`, `data_dir=`, ...).
     Raises `LocalbatchError` (bad config, unusable chat database) before the screen opens."""
     options = replace(options or TuiOptions(), **overrides)
     app = LocalbatchApp(engine_factory, options)

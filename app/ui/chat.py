@@ -25,21 +25,19 @@ from app.tools.turn import CallCard
 from app.ui.attach import display_text, options_hint, split_message
 from app.ui.format import first_line
 from app.ui.message_list import MessageList, meta_line, shown
-from app.ui.reply_stream import DELTA_MAX_DELAY_S, ReplyWriter
+from app.ui.reply_stream import DELTA_MAX_DELAY_S, FinalRenders, ReplyWriter
 from app.ui.session.prompts import find_prompt, prompt_message
 from app.ui.session.reply import Reply, ReplyEnd, ReplySink
 from app.ui.session.session import ATTACHMENTS, SETTINGS, ChatSession
-from app.ui.store import ChatRecord, MessageRecord
+from app.ui.settings_view import ChatSettingsView
+from app.ui.store import MessageRecord
 from app.ui.tools_view import ApprovalCard
 from app.ui.widgets import (
     AttachmentsLine,
     ContextMeter,
     MessageView,
     PromptInput,
-    SettingsForm,
-    SettingsTitle,
 )
-
 
 
 def cache_hit_text(hit: tuple[int, int, int] | None) -> str:
@@ -64,7 +62,8 @@ class ChatPane(TabPane):
             super().__init__()
             self.pane = pane
 
-    def __init__(self, session: ChatSession, color: str, settings_key: str = "f3") -> None:
+    def __init__(self, session: ChatSession, color: str, settings_key: str = "f3",
+                 renders: FinalRenders | None = None) -> None:
         super().__init__(session.chat.title, id=f"chat-{session.chat.id}")
         self.session = session
         session.on_change = self._session_changed
@@ -75,6 +74,8 @@ class ChatPane(TabPane):
         # was most of the switch. The wheel scrolls it; keys: shift+pageup / shift+pagedown.
         self.message_list = MessageList(lambda: session.messages, classes="messages", can_focus=False)
         self.prompt = PromptInput(recall=session.recall_prompts, prompts=lambda: mcp_prompts(self), classes="prompt")
+        self.settings = ChatSettingsView(session, settings_key, self.focus_input)
+        self.renders = renders or FinalRenders()  # the app's, shared by its tabs
         self.live: LiveReply | None = None  # the reply being generated
         self._worker: Worker | None = None
         self._meter_timer = None
@@ -93,8 +94,7 @@ class ChatPane(TabPane):
     # layout
 
     def compose(self) -> ComposeResult:
-        # The form itself is mounted on first use: a dozen widgets per tab slow tab creation down.
-        yield SettingsTitle(settings_title(self.session.chat, self._settings_key), classes="settings-title")
+        yield self.settings
         # The history is mounted when the tab is first shown, newest page first (see MessageList).
         yield self.message_list
         yield AttachmentsLine(classes="attachments")
@@ -113,6 +113,7 @@ class ChatPane(TabPane):
         self.message_list.ensure_shown()
         if not self.session.context.counted_yet:
             self.refresh_meter(recount=True)
+        await self.renders.shown(self.id)  # replies that ended while it was hidden
         await self.paint_reply()  # a tab shown mid-reply paints what it buffered while hidden
 
     def _session_changed(self, what: str) -> None:
@@ -122,10 +123,7 @@ class ChatPane(TabPane):
             self.refresh_meter()
             return
         if what == SETTINGS and self.is_attached:
-            self.query_one(SettingsTitle).update(settings_title(self.session.chat, self._settings_key))
-            for form in self.query(SettingsForm):  # one showing other values (JSON mode toggled) is stale
-                if not form.shows(self.session.chat.system_prompt, self.session.chat.settings):
-                    form.remove()
+            self.settings.settings_changed()
         if what != SETTINGS:  # TITLE, GENERATING: the screen relabels the tab
             self.post_message(self.Changed(self))
 
@@ -137,29 +135,6 @@ class ChatPane(TabPane):
 
     def focus_input(self) -> None:
         self.prompt.focus()
-
-    # settings
-
-    def toggle_settings(self) -> None:
-        forms = self.query(SettingsForm)
-        if not forms:
-            form = SettingsForm(self.session.chat.system_prompt, self.session.chat.settings)
-            self.mount(form, after=self.query_one(".settings-title"))
-            form.call_after_refresh(form.focus_first)
-            return
-        form = forms.first()
-        form.display = not form.display
-        if form.display:
-            form.focus_first()
-        else:
-            self.focus_input()
-
-    def on_settings_title_pressed(self, event: SettingsTitle.Pressed) -> None:
-        event.stop()
-        self.toggle_settings()
-
-    def on_settings_form_changed(self, event: SettingsForm.Changed) -> None:
-        self.session.update_settings(event.system_prompt, event.settings)
 
     # the input and the meter under it
 
@@ -329,6 +304,7 @@ class LiveReply:
         await self._mounted
         self._reply = reply
         self._writer = ReplyWriter(self._view.markdown, self._view.stream)
+        self._pane.renders.started()
         return self._writer
 
     async def paint(self) -> None:
@@ -349,7 +325,9 @@ class LiveReply:
     async def closing(self, reply: Reply, end: ReplyEnd) -> None:
         writer, self._writer, self._reading = self._writer, None, ""
         self._pane.message_list.hold_reply_space(self._view)
-        await writer.close()
+        # Tool calls are shown by `closed` at once; a plain reply in a hidden tab may wait.
+        shown = self._pane.display or bool(end.tool_calls)
+        await self._pane.renders.ended(self._pane.id, writer, self._view.markdown, shown)
 
     def closed(self, reply: Reply, message: MessageRecord | None, end: ReplyEnd) -> None:
         view, session = self._view, self._pane.session
@@ -403,7 +381,3 @@ def mcp_prompts(pane: ChatPane) -> list[PromptInfo]:
     manager = getattr(pane.app, "tools", None) if pane.is_attached else None
     return manager.prompts() if manager is not None else []
 
-
-def settings_title(chat: ChatRecord, key: str) -> Text:
-    prompt = "system prompt · " if chat.system_prompt.strip() else ""
-    return Text.assemble(("⚙ ", "bold"), f"{prompt}{chat.settings.summary()}", (f"  ({key})", "dim"))

@@ -19,6 +19,7 @@ from app.ui.clipboard import Copyable, code_blocks, copy_text
 from app.ui.dialogs import ConfirmDialog, CopyPicker, MessagePicker, ModelPicker, RenameDialog
 from app.ui.export import export_chat
 from app.ui.loading import EngineInfo
+from app.ui.sidebar import Sidebar
 from app.ui.store import ChatRecord, ChatStore
 from app.ui.tools_view import ToolsScreen
 
@@ -30,6 +31,7 @@ class ChatScreen(Protocol):
     engine: EngineClient
     store: ChatStore
     info: EngineInfo
+    sidebar: Sidebar
     export_dir: Callable[[], Path]
 
     def active_pane(self) -> ChatPane | None: ...
@@ -41,7 +43,6 @@ class ChatScreen(Protocol):
     async def delete(self, pane: ChatPane) -> None: ...
     async def show_chat(self, chat_id: int, message_index: int | None = None) -> None: ...
     async def delete_chat_by_id(self, chat_id: int) -> None: ...
-    async def toggle_endpoint(self, start: bool | None = None) -> None: ...
     def notify(self, message: str, **kwargs: Any) -> None: ...
     def run_worker(self, work: Awaitable[None], **kwargs: Any) -> Any: ...
 
@@ -158,7 +159,7 @@ def switch_model(screen: ChatScreen) -> None:
 
 
 def toggle_endpoint(screen: ChatScreen) -> None:
-    screen.run_worker(screen.toggle_endpoint(), group="endpoint", exclusive=True)
+    screen.run_worker(screen.sidebar.toggle_endpoint(), group="endpoint", exclusive=True)
 
 
 # generation
@@ -266,7 +267,7 @@ def rename(screen: ChatScreen) -> None:
 def settings(screen: ChatScreen) -> None:
     pane = screen.active_pane()
     if pane is not None:
-        pane.toggle_settings()
+        pane.settings.toggle()
 
 
 def toggle_json(screen: ChatScreen) -> None:

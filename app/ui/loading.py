@@ -1,7 +1,7 @@
 """Start-up: build the engine in a worker thread while a screen shows the loader's progress.
 
-The engine factory is any callable `factory(progress, model, device) -> EngineClient`; it runs in a
-thread and reports `progress(stage, fraction)` (fraction in [0, 1], or None when unknown). The
+The engine factory is any callable `factory(progress, model, device, config) -> EngineClient` (`config`:
+the app's `Config`, read once at start); it runs in a thread and reports `progress(stage, fraction)` (fraction in [0, 1], or None when unknown). The
 reports land in a lock-protected `LoadProgress` that the screen polls, so a chatty loader never
 blocks on the UI."""
 
@@ -22,22 +22,28 @@ from textual.widgets import ProgressBar, Static
 from textual.worker import Worker, WorkerState
 
 from app.engine.api.engine_client import EngineClient
+from app.engine.types.engine_config import DEFAULT_KV_DISK_CACHE_BYTES
 from app.engine.types.progress import ProgressFn
 from app.ui.format import first_line, fmt_bytes, fmt_int
+from app.ui.user_config import Config
 from app.ui.widgets import PromptInput
 
 
 class EngineFactory(Protocol):
-    def __call__(self, progress: ProgressFn, model: str | None, device: str | None) -> EngineClient: ...
+    def __call__(self, progress: ProgressFn, model: str | None, device: str | None, config: Config) -> EngineClient: ...
 
 
-def default_engine_factory(progress: ProgressFn, model: str | None, device: str | None) -> EngineClient:
-    """The in-process engine (`app.engine.AsyncEngine`); `model=None` means the embedded default."""
+def default_engine_factory(progress: ProgressFn, model: str | None, device: str | None, config: Config,
+                           **settings: Any) -> EngineClient:
+    """The in-process engine (`app.engine.AsyncEngine`); `model=None` means the embedded default. Its
+    settings: the KV disk tier on (`DEFAULT_KV_DISK_CACHE_BYTES`), then the config's, then
+    `settings` (the command line's)."""
     from app.engine import (
         AsyncEngine,  # heavy (torch): imported in the loader thread, not at start
     )
 
-    kwargs: dict[str, Any] = {"model": model, "progress": progress, "adaptive_threads": True}
+    kwargs: dict[str, Any] = {"kv_disk_cache_bytes": DEFAULT_KV_DISK_CACHE_BYTES, **config.engine_settings(),
+                              **settings, "model": model, "progress": progress, "adaptive_threads": True}
     if device:
         kwargs["device"] = device
     return AsyncEngine(**kwargs)

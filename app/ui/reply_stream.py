@@ -11,7 +11,8 @@ high as the caller makes room for (the chat fills the view below the question) a
 `GROW_LINES` at a time, where mounting Textual's Markdown blocks cost two or three layouts per
 finished block. When the reply ends its whole text goes to the Markdown widget once:
 the final rendering is the same Markdown a finished or reopened message gets. A hidden tab keeps
-buffering and paints once when it is shown again."""
+buffering and paints once when it is shown again; a reply that ends in it while others stream is
+rendered then, or once the last of them ends (`FinalRenders`)."""
 
 from __future__ import annotations
 
@@ -246,11 +247,47 @@ class ReplyWriter:
             self._body.display = True
         self._body.show(blocks, tail)
 
-    async def close(self) -> None:
-        """The reply ended: its whole text goes to the Markdown widget, so the final rendering is
-        the same Markdown a finished message gets."""
+    async def close(self, render: bool = True) -> str:
+        """The reply ended: its whole text goes to the Markdown widget (unless not `render`: the
+        caller renders it later), so the final rendering is the same Markdown a finished message
+        gets. Returns the text."""
         self._dirty = False
         self._body.display = False
         self._body.clear()
-        if text := self.text:
+        if (text := self.text) and render:
             await self._markdown.update(text)
+        return text
+
+
+class FinalRenders:
+    """The final Markdown renders of the app's replies. Rendering a reply mounts a widget per block
+    and lays out the screen: tens of ms of the UI thread that the step thread waits for, and the
+    replies still streaming meanwhile read their last tokens late. So a reply that ends in a
+    hidden tab while others stream is rendered when its tab is shown or the last of them ends."""
+
+    def __init__(self) -> None:
+        self._streaming = 0
+        self._waiting: dict[str, list[tuple[Markdown, str]]] = {}  # tab id -> (widget, final text)
+
+    def started(self) -> None:
+        self._streaming += 1
+
+    async def ended(self, tab: str, writer: ReplyWriter, markdown: Markdown, shown: bool) -> str:
+        """Close `writer` (its reply ended in `tab`) and render its text now or later; returns the text."""
+        self._streaming -= 1
+        if not shown and self._streaming > 0:
+            text = await writer.close(render=False)
+            if text:
+                self._waiting.setdefault(tab, []).append((markdown, text))
+            return text
+        text = await writer.close()
+        if self._streaming == 0:
+            for waiting in list(self._waiting):
+                await self.shown(waiting)
+        return text
+
+    async def shown(self, tab: str) -> None:
+        """`tab` is shown: render what ended in it while it was hidden."""
+        for markdown, text in self._waiting.pop(tab, []):
+            if markdown.is_attached:  # not a view removed meanwhile (a failed reply, a closed tab)
+                await markdown.update(text)

@@ -24,13 +24,13 @@ from textual.widgets import (
 
 from app.engine.api import process_settings
 from app.engine.api.engine_client import EngineClient
-from app.engine.types.errors import LocalbatchError
 from app.ui import chat_commands, cropped_compositor
 from app.ui.chat import ChatPane
 from app.ui.commands import command_bindings
 from app.ui.endpoint import EmbeddedEndpoint
+from app.ui.frame_clock import FrameClock
 from app.ui.loading import EngineInfo
-from app.ui.reply_stream import FRAME_HZ
+from app.ui.reply_stream import FRAME_HZ, FinalRenders
 from app.ui.session.session import ChatSession
 from app.ui.session.tools import ChatTools
 from app.ui.sidebar import Sidebar
@@ -73,6 +73,7 @@ class ChatScreen(Screen):
         self.endpoint = endpoint
         self.export_dir = export_dir
         self._poll_interval = poll_interval
+        self._renders = FinalRenders()  # one for every tab: a reply's end knows whether others stream
         self.sidebar = Sidebar(engine, info, endpoint, lambda: self.app.keys["toggle_endpoint"].split(",")[0],
                                id="sidebar")
 
@@ -97,7 +98,7 @@ class ChatScreen(Screen):
         manager = self.app.tools
         if manager is not None:
             session.tool_runner = ChatTools(manager, manager.config.step_limit)
-        return ChatPane(session, color, settings_key)
+        return ChatPane(session, color, settings_key, self._renders)
 
     def on_mount(self) -> None:
         self.title = "localbatch"
@@ -107,9 +108,8 @@ class ChatScreen(Screen):
         self.poll_stats()
         # One clock for everything that repaints while replies stream, so the reply and the
         # panels land in the same frame instead of costing a screen refresh each.
-        self._frames_per_poll = max(round(self._poll_interval * FRAME_HZ), 1) if self._poll_interval > 0 else 0
-        self._frame = 0
-        self.set_interval(1 / FRAME_HZ, self._on_frame)
+        clock = FrameClock(self.active_pane, self.poll_stats, self._busy, self._poll_interval)
+        self.set_interval(1 / FRAME_HZ, clock.tick)
         self.call_after_refresh(self._focus_active)
         # The built screen's widgets leave the collector's reach: full collections while replies
         # stream walked them all holding the GIL (the process settings' one owner undoes it).
@@ -130,20 +130,8 @@ class ChatScreen(Screen):
         if draft:
             pane.prompt.load_text(draft)
 
-    async def _on_frame(self) -> None:
-        self._frame += 1
-        pane = self.active_pane()
-        if pane is not None:
-            await pane.paint_reply()
-        if self._frames_per_poll and self._frame % self._poll_every() == 0:
-            self.poll_stats()
-
-    def _poll_every(self) -> int:
-        """Frames between panel refreshes: the configured period while anything runs; idle, only
-        the recent rates decay (and an API request may arrive), so once a second is enough."""
-        if self.sidebar.engine_busy or any(p.generating for p in self.panes()):
-            return self._frames_per_poll
-        return max(self._frames_per_poll, FRAME_HZ)
+    def _busy(self) -> bool:
+        return self.sidebar.engine_busy or any(p.generating for p in self.panes())
 
     def poll_stats(self, now: float | None = None) -> None:
         """Redraw the panels from one stats snapshot (the timer's callback; tests call it directly)."""
@@ -249,29 +237,6 @@ class ChatScreen(Screen):
 
     def _pane_of(self, chat_id: int) -> ChatPane | None:
         return next((pane for pane in self.panes() if pane.session.chat.id == chat_id), None)
-
-    # the embedded endpoint
-
-    async def toggle_endpoint(self, start: bool | None = None) -> None:
-        endpoint, sidebar = self.endpoint, self.sidebar
-        if endpoint is None:
-            self.notify("This backend has no embedded endpoint", severity="warning")
-            return
-        if start is None:
-            start = not endpoint.running
-        if not start:
-            await endpoint.stop()
-            self.notify("Endpoint stopped")
-            return
-        sidebar.endpoint_note = f"starting on {endpoint.address} …"
-        try:
-            address = await endpoint.start()
-        except LocalbatchError as e:
-            sidebar.endpoint_note = f"failed: {e}"
-            self.notify(str(e), title="Endpoint", severity="error")
-            return
-        sidebar.endpoint_note = ""
-        self.notify(f"Serving the OpenAI API on {address}", title="Endpoint")
 
     async def stop_all_and_wait(self) -> None:
         for pane in self.panes():

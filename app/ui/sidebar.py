@@ -49,6 +49,29 @@ class Sidebar(Vertical):
         yield PanelText(id="endpoint-status")
         yield Static("", id="pull-status")
 
+    async def toggle_endpoint(self, start: bool | None = None) -> None:
+        """Start or stop the embedded endpoint (`start` None: whichever it is not); its line says
+        how that goes, a notice what came of it."""
+        endpoint = self._endpoint
+        if endpoint is None:
+            self.notify("This backend has no embedded endpoint", severity="warning")
+            return
+        if start is None:
+            start = not endpoint.running
+        if not start:
+            await endpoint.stop()
+            self.notify("Endpoint stopped")
+            return
+        self.endpoint_note = f"starting on {endpoint.address} …"
+        try:
+            address = await endpoint.start()
+        except LocalbatchError as e:
+            self.endpoint_note = f"failed: {e}"
+            self.notify(str(e), title="Endpoint", severity="error")
+            return
+        self.endpoint_note = ""
+        self.notify(f"Serving the OpenAI API on {address}", title="Endpoint")
+
     def show_stats(self, panes: list[ChatPane], now: float | None = None) -> None:
         """Redraw the panels from one stats snapshot; the tabs learn the engine's figures from it."""
         engine = self._engine

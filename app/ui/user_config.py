@@ -133,6 +133,11 @@ class Config:
     kv_disk_cache_bytes: int | None = None
     path: Path | None = None  # the file it was read from, if any
 
+    def engine_settings(self) -> dict[str, Any]:
+        """The engine settings this config holds (the KV disk tier's), as `EngineConfig` names them."""
+        names = ("kv_disk_cache_dir", "kv_disk_cache_bytes")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+
 
 def default_data_dir() -> Path:
     return Path(platformdirs.user_data_dir(APP_NAME))

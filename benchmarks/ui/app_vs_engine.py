@@ -1,15 +1,17 @@
 """Does the app in a real terminal slow its engine? The app in tmux (160x48) against the engine alone.
 
     localbatch bench research app_vs_engine [--tabs 1,4,8] [--rounds 8] [--model NAME] [--max-tokens 384]
-        [--prompt TEXT] [--engine-args "..."] [--json PATH]
+        [--prompt TEXT] [--engine-args "..."] [--as-shipped] [--json PATH]
     localbatch bench research app_vs_engine --unpaired [--tabs 1,4,8] [--idle 30] [--pyspy DIR] [--remote URL]
 
 Paired (the default): the app and the engine alone both stay loaded and take turns seconds apart,
 the order switching each round, the side not taking its turn stopped (SIGSTOP), so the VM's drift
 moves a pair's ratio less than runs a minute apart would. The engine alone is `app.bench.worker`
 (an `LLMEngine` as `localbatch bench` builds it) decoding N copies of the tabs' question through
-the chat template, greedy, so both sides decode the same tokens. The app runs with the embedded
-endpoint on and `/metrics` scraped once a second during its turns; each turn closes the last
+the chat template, greedy, so both sides decode the same tokens: the app's built-in tools are not
+offered (their prompt and the calls' grammar would make its steps other steps) and its KV disk
+tier is off, as the engine alone's (`--as-shipped` keeps both, to see what they cost). The app runs
+with the embedded endpoint on and `/metrics` scraped once a second during its turns; each turn closes the last
 turn's tabs (ctrl+w), opens N fresh ones, types the prompt and broadcasts it (ctrl+b). Its figure is
 the replies' tok/s as the app measured and stored them, summed over the tabs, against the engine's
 decode tok/s. The first turn of each side is a warm-up. Reported: the median of the pairs' ratios,
@@ -49,8 +51,12 @@ class App:
     def __init__(self, args: argparse.Namespace, tabs: int, data: Path) -> None:
         self.tabs, self.url, self._data = tabs, f"http://127.0.0.1:{args.port}", data / "data"
         self._prompt, self._timeout = args.prompt, args.timeout
+        # As shipped, the app offers its tools and keeps the KV disk tier; by default neither, as
+        # the engine alone: both sides then compute the same steps for the same tokens.
+        same = [] if args.as_shipped else ["--kv-disk-cache-bytes", "0"]
         self.pid = tmux.start_app(data, args.max_tokens, args.model,
-                                  ["--serve", "--port", str(args.port), *args.engine_args.split()])
+                                  ["--serve", "--port", str(args.port), *same, *args.engine_args.split()],
+                                  tools=args.as_shipped)
         tmux.open_tabs(tabs - 1)
         self._broadcast()  # warm-up
         os.kill(self.pid, signal.SIGSTOP)
@@ -141,7 +147,8 @@ class Run:
 def unpaired(args: argparse.Namespace, n: int) -> Run:
     run = Run(n, load_before=os.getloadavg()[0])
     with tempfile.TemporaryDirectory(prefix="lbtmux") as tmp:
-        pid = tmux.start_app(Path(tmp), args.max_tokens, args.model, args.engine_args.split(), args.env, args.remote)
+        pid = tmux.start_app(Path(tmp), args.max_tokens, args.model, args.engine_args.split(), args.env, args.remote,
+                             tools=args.as_shipped)
         try:
             tmux.open_tabs(n - 1)
             tmux.broadcast(args.prompt)
@@ -218,6 +225,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=8, help="pairs of the app and the engine alone per tab count")
     p.add_argument("--port", type=int, default=8065, help="the app's endpoint (paired)")
     p.add_argument("--unpaired", action="store_true", help="one app per tab count, read off the screen")
+    p.add_argument("--as-shipped", action="store_true",
+                   help="the app's defaults: its built-in tools offered (their prompt, the calls' constraint) and "
+                        "the KV disk tier on; by default both are off, so both sides decode the same tokens alike")
     p.add_argument("--idle", type=float, default=0, help="unpaired: seconds of idle CPU to measure after a run")
     p.add_argument("--idle-after", type=int, default=1, help="unpaired: the tab count after whose run idle CPU is read")
     p.add_argument("--pyspy", default=None, help="unpaired: folder for py-spy raw profiles (one per tab count)")

@@ -63,12 +63,19 @@ def wait_for(cond: Callable[[str], bool], timeout: float) -> str:
     raise TimeoutError(screen())
 
 
+def app_config(max_tokens: int, tools: bool = False) -> str:
+    """The benchmarked app's config: greedy, `max_tokens` a reply; the built-in tools only if asked."""
+    return f"[sampling]\ntemperature = 0.0\nmax_tokens = {max_tokens}\n" + ("" if tools else "\n[tools]\nbuiltin = false\n")
+
+
 def start_app(data: Path, max_tokens: int, model: str | None = None, extra: list[str] | None = None,
-              env: list[str] | None = None, remote: str | None = None) -> int:
+              env: list[str] | None = None, remote: str | None = None, tools: bool = False) -> int:
     """A fresh app (greedy, `max_tokens` a reply, chats in a throwaway `data` dir) in the tmux
-    window; its pid once the panels show. `remote`: run it with --backend-url instead of an engine."""
+    window; its pid once the panels show. `remote`: run it with --backend-url instead of an engine.
+    `tools`: the built-in tools offered (their prompt and the calls' constraint change what the
+    engine computes); off, a tab's request is the chat template of its messages alone."""
     config = data / "config.toml"
-    config.write_text(f"[sampling]\ntemperature = 0.0\nmax_tokens = {max_tokens}\n")
+    config.write_text(app_config(max_tokens, tools))
     cmd = [sys.executable, "-m", "app.cli", "--data-dir", str(data / "data"), "--config", str(config),
            *(["--model", model] if model else []), *(extra or [])]
     cmd += ["--backend-url", remote] if remote else ["--device", "cpu"]

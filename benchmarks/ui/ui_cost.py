@@ -57,9 +57,9 @@ def reply_tokens(kind: str = "prose") -> list[str]:
 
 class SteppedElsewhere:
     """An engine client whose steps run on a thread and loop of their own: `stream` and `abort`
-    cross to that loop, each delta comes back to the caller's loop by `call_soon_threadsafe`
-    (one call a delta, where the real engine makes one a step for all of a loop's streams);
-    everything else is the wrapped engine's."""
+    cross to that loop, and the deltas come back to the caller's loop by `call_soon_threadsafe`,
+    held up to `max_delay_s` as the real engine holds them (one call per stream, where the real
+    engine makes one for all of a loop's streams); everything else is the wrapped engine's."""
 
     def __init__(self, engine: FakeEngine) -> None:
         self._engine = engine
@@ -74,21 +74,40 @@ class SteppedElsewhere:
         here, inbox = asyncio.get_running_loop(), asyncio.Queue()
 
         async def pump() -> None:
+            held: list[Any] = []
+            due = float("inf")
             try:
                 async for delta in self._engine.stream(prompt, params, request_id, max_delay_s=max_delay_s):
-                    here.call_soon_threadsafe(inbox.put_nowait, delta)
+                    # Held as the real engine holds them: up to `max_delay_s`, the first token
+                    # and the last delta at once, the held ones in one thread-safe call.
+                    held.append(delta)
+                    now = time.monotonic()
+                    urgent = delta.finish_reason is not None or delta.num_output_tokens <= len(delta.token_ids)
+                    due = min(due, now if urgent else now + max_delay_s)
+                    if now >= due:
+                        here.call_soon_threadsafe(_put_all, inbox, held)
+                        held, due = [], float("inf")
             except Exception as exc:  # noqa: BLE001 - raised on the caller's side
-                here.call_soon_threadsafe(inbox.put_nowait, exc)
+                here.call_soon_threadsafe(_put_all, inbox, [*held, exc])
 
         asyncio.run_coroutine_threadsafe(pump(), self._loop)
-        finished = False
+        finished, error = False, None
         try:
             while not finished:
                 item = await inbox.get()
                 if isinstance(item, Exception):
                     raise item
+                # Deltas that arrived together go out as one, as `AsyncEngine.stream` merges them.
+                while item.finish_reason is None and not inbox.empty():
+                    later = inbox.get_nowait()
+                    if isinstance(later, Exception):
+                        error = later
+                        break
+                    item = item.merged(later)
                 finished = item.finish_reason is not None
                 yield item
+                if error is not None:
+                    raise error
         finally:
             if not finished and request_id is not None:
                 self.abort(request_id)
@@ -101,6 +120,11 @@ class SteppedElsewhere:
 
     def close(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+def _put_all(inbox: asyncio.Queue, items: list[Any]) -> None:
+    for item in items:
+        inbox.put_nowait(item)
 
 
 def paced_engine(step_s: float, reply: str, tabs: int) -> SteppedElsewhere:

@@ -12,7 +12,15 @@ from app.ui.message_list import HISTORY_PAGE
 from app.ui.reply_stream import DELTA_MAX_DELAY_S
 from app.ui.store import ChatStore
 from app.ui.widgets import EarlierMessages, MessageView
-from tests.ui.test_tui import SIZE, chat_engine, chat_screen, idle, make_app, type_and_send, until
+from tests.ui.test_tui import (
+    SIZE,
+    chat_engine,
+    chat_screen,
+    idle,
+    make_app,
+    type_and_send,
+    until,
+)
 
 
 def long_chat(tmp_path: Path, num_messages: int) -> None:
@@ -170,3 +178,32 @@ async def test_a_reply_streams_below_its_question_and_keeps_its_place(tmp_path: 
         assert list(pane.query(MessageView))[-2].region.y == view_top
         engine.hold_after = None
         await idle(pilot, screen)
+
+
+async def test_a_reply_ending_in_a_hidden_tab_renders_when_shown_or_when_the_last_reply_ends(tmp_path: Path) -> None:
+    """Rendering a finished reply mounts its blocks and lays out the screen: a hidden tab's waits
+    while another reply streams, until its tab is shown or the last reply has ended."""
+    app, engine = make_app(tmp_path, chat_engine(step_delay=0.005))
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await chat_screen(pilot)
+        await screen.new_tab()
+        hidden, shown = screen.panes()
+        for show_it in (True, False):
+            engine.hold_after = 8  # the long question's reply waits at 8 tokens, the short one's ends
+            assert shown.send("a question long enough that its echoed reply has many more than eight tokens")
+            await until(pilot, lambda: len(engine.live_request_ids()) == 1)
+            assert hidden.send("hi")
+            await until(pilot, lambda: not hidden.generating)
+            reply = hidden.session.messages[-1].content
+            assert reply == "Reply to: hi" and app.store.count_messages(hidden.session.chat.id) == len(hidden.session.messages)
+            view = list(hidden.query(MessageView))[-1]
+            assert view.markdown.source == ""  # stored, not rendered yet
+            if show_it:
+                screen.query_one(TabbedContent).active = hidden.id
+                await until(pilot, lambda: view.markdown.source == reply)  # noqa: B023
+                screen.query_one(TabbedContent).active = shown.id
+                await pilot.pause()
+            engine.hold_after = None
+            await idle(pilot, screen)
+            assert view.markdown.source == reply  # the last reply's end rendered it, if showing it did not
+            assert list(shown.query(MessageView))[-1].markdown.source == shown.session.messages[-1].content

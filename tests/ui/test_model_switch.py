@@ -26,7 +26,7 @@ class Models:
         self.loaded: list[str | None] = []
         self.engines: list[FakeEngine] = []
 
-    def __call__(self, progress: Any, model: str | None, device: str | None) -> FakeEngine:
+    def __call__(self, progress: Any, model: str | None, device: str | None, config: Any) -> FakeEngine:
         self.loaded.append(model)
         if model == "broken":
             raise LocalbatchError("broken: not a GGUF file (bad magic)")

@@ -67,7 +67,7 @@ def make_app(tmp_path: Path, engine: Any = None, config: str = "", **options: An
     config_path.write_text(config)
     options.setdefault("poll_interval", 0)
     options.setdefault("tools", False)  # no MCP server subprocesses unless a test asks for them
-    app = LocalbatchApp(lambda progress, model, device: engine,
+    app = LocalbatchApp(lambda progress, model, device, config: engine,
                         TuiOptions(data_dir=tmp_path / "data", config_path=config_path, **options))
     return app, engine
 
@@ -121,7 +121,7 @@ async def test_start_shows_model_device_dtype_and_kv_budget(tmp_path: Path) -> N
 async def test_loading_progress_then_failure_shows_error_and_model_hint(tmp_path: Path) -> None:
     release = threading.Event()
 
-    def factory(progress: Any, model: Any, device: Any) -> Any:
+    def factory(progress: Any, model: Any, device: Any, config: Any) -> Any:
         progress("assembling embedded model", 1.0)
         progress("loading tensors", 0.5)
         release.wait(5)
@@ -849,7 +849,7 @@ async def test_what_is_typed_while_the_model_loads_is_kept(tmp_path: Path) -> No
     release = threading.Event()
     engine = FakeEngine()
 
-    def factory(progress: Any, model: Any, device: Any) -> Any:
+    def factory(progress: Any, model: Any, device: Any, config: Any) -> Any:
         progress("loading tensors", 0.5)
         release.wait(10)
         return engine

@@ -19,7 +19,7 @@ async def test_broadcast_on_a_real_engine(tmp_path: Path, tiny_gguf_factory) -> 
     config.write_text("[sampling]\ntemperature = 0.0\nmax_tokens = 200\n")
     engines: list[AsyncEngine] = []
 
-    def factory(progress, model_path, device):
+    def factory(progress, model_path, device, config):
         engines.append(AsyncEngine(str(model), device="cpu", dtype="float32", kv_cache_blocks=128, progress=progress))
         return engines[0]
 
