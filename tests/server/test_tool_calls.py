@@ -94,10 +94,16 @@ def test_text_that_may_open_a_call_is_held_back() -> None:
 PING = '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>'
 PARIS = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "x"}}\n</tool_call>'
 TOWN = '<tool_call>\n{"name": "get_weather", "arguments": {"town": "x"}}\n</tool_call>'
+BARE = '{"name": "get_weather", "arguments": {"city": "x"}}'  # a call object without the tags
+BARE_TOWN = '{"name": "get_weather", "arguments": {"town": "x"}}'
+BARE_NOPE = '{"name": "shipping_cost", "arguments": {}}'
 
 
 @pytest.mark.parametrize(("choice", "parallel", "accepted", "refused"), [
-    ("auto", True, ["Sunny.", f"Checking {PING}"], [TOWN]),
+    ("auto", True, ["Sunny.", f"Checking {PING}", PING, f"{PING} done", BARE, f"{BARE}\nok", f"Hi {BARE_NOPE}",
+                    '{"city": "x"}', '{ "a": 1}', "<b>x</b>", "", " hi"],
+     [TOWN, BARE_NOPE, f" {BARE_NOPE}", BARE_NOPE.replace('"name"', ' "name"'), BARE_TOWN, f"Hi {TOWN}",
+      PING.replace("ping", "pong")]),
     ("required", True, [PING, f"{PING}{PARIS}"], ["Sunny.", f"Hi {PING}", f"{PING}\n"]),
     ("required", False, [PING], [f"{PING}{PING}"]),
     (NamedToolChoice.model_validate({"type": "function", "function": {"name": "get_weather"}}), True,
