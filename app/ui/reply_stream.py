@@ -97,6 +97,7 @@ class StreamingBody(LaidOutOnce, Widget):
         super().__init__(**kwargs)
         self._batches: list[str] = []  # finished blocks, as painted (one Markdown rendering each)
         self._tail = ""
+        self._status = ""  # a line under the text (a call being written)
         self._width = 0  # what the lines below were rendered at; 0: not yet
         self._block_lines: list[Strip] = []
         self._tail_done = ""  # the tail's complete lines, as painted below
@@ -111,18 +112,24 @@ class StreamingBody(LaidOutOnce, Widget):
         return "".join(self._batches) + self._tail
 
     @property
+    def status(self) -> str:
+        return self._status
+
+    @property
     def line_count(self) -> int:
         """Lines of text painted (the rest of the height is blank until the text reaches it)."""
         return len(self._lines)
 
-    def show(self, blocks: str, tail: str) -> None:
-        """Append finished Markdown `blocks` (may be empty) and replace the unfinished `tail`."""
+    def show(self, blocks: str, tail: str, status: str = "") -> None:
+        """Append finished Markdown `blocks` (may be empty) and replace the unfinished `tail`;
+        `status` is a line under them saying what the model is doing besides text ("": none)."""
         old = self._lines
         if blocks:
             self._batches.append(blocks)
             if self._width:
                 self._block_lines += self._render_blocks(blocks, self._width, after=self._block_lines)
         self._tail = tail
+        self._status = status
         self._assemble()
         self._fit()
         if self._width:  # only the lines that changed: the compositor redraws what they cover
@@ -131,7 +138,7 @@ class StreamingBody(LaidOutOnce, Widget):
                 self.refresh(Region(0, first, self._width, changed))
 
     def clear(self) -> None:
-        self._batches, self._tail = [], ""
+        self._batches, self._tail, self._status = [], "", ""
         self._block_lines, self._lines = [], []
         self._tail_done, self._tail_done_lines = "", []
         self._height = self._initial_height
@@ -172,6 +179,9 @@ class StreamingBody(LaidOutOnce, Widget):
         tail = self._render_tail() if self._tail.strip() else []
         gap = [Strip.blank(self._width, self.base_style)] if self._block_lines and tail else []
         self._lines = self._block_lines + gap + tail
+        if self._status:
+            status = self._render(Text(self._status, style="dim italic"), self._width)
+            self._lines = self._lines + [Strip.blank(self._width, self.base_style)] * bool(self._lines) + status
 
     def _render_tail(self) -> list[Strip]:
         """The unfinished block as plain text. Each of its lines wraps alone, and text is only ever
@@ -224,6 +234,7 @@ class ReplyWriter:
         self._parts: list[str] = []
         self._painted = 0  # characters of the reply painted as finished blocks
         self._dirty = False
+        self._status = ""  # what the model is doing that is not text (a call being written)
 
     @property
     def text(self) -> str:
@@ -233,6 +244,11 @@ class ReplyWriter:
         if text:
             self._parts.append(text)
             self._dirty = True
+
+    def calling(self, name: str) -> None:
+        """The model began a call to `name`: said under the text while the call is written."""
+        self._status = f"writing a call to {name}…"
+        self._dirty = True
 
     async def flush(self) -> None:
         """Paint what arrived since the last flush."""
@@ -245,7 +261,7 @@ class ReplyWriter:
         self._painted += len(blocks)
         if not self._body.display:
             self._body.display = True
-        self._body.show(blocks, tail)
+        self._body.show(blocks, tail, self._status)
 
     async def close(self, render: bool = True) -> str:
         """The reply ended: its whole text goes to the Markdown widget (unless not `render`: the

@@ -29,15 +29,10 @@ from app.engine.text.tool_calls import CALL_OPEN
 from app.engine.types.errors import LocalbatchError
 from app.engine.types.sampling_params import SamplingParams
 from app.tools.approval import ApprovalPolicy, Decision, StepLimit
+from app.tools.guidance import with_guidance
 from app.tools.turn import CallCard, ToolLoop, ToolRunner
 
 from .tasks import Task, check, copy_fixture
-
-SYSTEM_PROMPT = ("You are a coding assistant working in a small Python repository, the working directory. "
-                 "You cannot see its files until you look at them with the tools: first call a tool "
-                 "(list_files, search or read_file; paths are relative to the working directory), then answer "
-                 "only from what the tools returned. Change files only with apply_edit, and only when asked. "
-                 "When you know the answer, reply in one or two short sentences.")
 
 
 @dataclass
@@ -184,6 +179,7 @@ class TaskRun:
     turns: int = 0
     calls: int = 0
     valid_calls: int = 0
+    cut_calls: int = 0  # calls the per-turn token cap ended before they closed (not invalid: unfinished)
     prompt_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0
@@ -195,7 +191,7 @@ class TaskRun:
     def row(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["answer"] = self.answer[:300]
-        out["problems"] = "; ".join(self.problems[:3])
+        out["problems"] = "; ".join(self.problems)
         out["wall_s"] = round(self.wall_s, 2)
         return out
 
@@ -209,8 +205,8 @@ async def run_task(agent: Agent, task: Task, tools: ToolRunner, offered: Sequenc
     """`task` from a fresh copy of the fixture at `root` (the tools' working directory)."""
     copy_fixture(root)
     schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in offered}
-    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT},
-                                      {"role": "user", "content": task.prompt}]
+    # As a chat tab sends it: the tools' guidance as the system message (every mode alike).
+    messages = with_guidance([{"role": "user", "content": task.prompt}], offered)
     loop = ToolLoop(tools, ApprovalPolicy(), StepLimit(steps))
     run = TaskRun(agent.model, agent.mode, task.id, task.kind, False, "")
     start = time.perf_counter()
@@ -243,27 +239,34 @@ async def run_task(agent: Agent, task: Task, tools: ToolRunner, offered: Sequenc
 
 
 def _count_calls(run: TaskRun, reply: Reply, schemas: Mapping[str, Mapping[str, Any]]) -> None:
+    """Each call written is valid, invalid (a reason in `problems`), or cut: when the turn hit its
+    token cap, the last call written, if it is not valid, was still being written."""
     broken = unparsed_calls(reply.content)
     run.calls += len(reply.calls) + broken
-    if broken:
-        run.problems.append(f"{broken} call(s) did not parse")
-    for call in reply.calls:
-        problem = call_problem(call, schemas)
+    problems = [(call.name, call_problem(call, schemas)) for call in reply.calls]
+    problems += [("(not parsed)", "did not parse")] * broken
+    cut = reply.finish_reason == "length" and problems and problems[-1][1] is not None
+    for i, (name, problem) in enumerate(problems):
         if problem is None:
             run.valid_calls += 1
+        elif cut and i == len(problems) - 1:
+            run.cut_calls += 1
+            run.problems.append(f"{name}: cut by the token cap ({problem})")
         else:
-            run.problems.append(f"{call.name}: {problem}")
+            run.problems.append(f"{name}: {problem}")
 
 
 # --- figures per model and mode -------------------------------------------------------------------
 
 
 def summarize(runs: Sequence[TaskRun]) -> list[dict[str, Any]]:
-    """One row per (model, mode): success, valid-call rate, turns, tokens and time per task."""
+    """One row per (model, mode): success, the valid-call rate (of the calls finished: a call the
+    token cap cut is counted apart, as `cut_calls`, and `invalid_calls` are the rest), turns,
+    tokens and time per task."""
     rows = []
     for key in dict.fromkeys((r.model, r.mode) for r in runs):
         group = [r for r in runs if (r.model, r.mode) == key]
-        n, calls = len(group), sum(r.calls for r in group)
+        n, calls, cut = len(group), sum(r.calls for r in group), sum(r.cut_calls for r in group)
         answers = [r for r in group if r.kind not in ("fix", "edit")]
         edits = [r for r in group if r.kind in ("fix", "edit")]
         rows.append({
@@ -271,7 +274,8 @@ def summarize(runs: Sequence[TaskRun]) -> list[dict[str, Any]]:
             "success_pct": _pct(sum(r.ok for r in group), n),
             "answer_success_pct": _pct(sum(r.ok for r in answers), len(answers)),
             "edit_success_pct": _pct(sum(r.ok for r in edits), len(edits)),
-            "calls": calls, "valid_call_pct": _pct(sum(r.valid_calls for r in group), calls),
+            "calls": calls, "valid_call_pct": _pct(sum(r.valid_calls for r in group), calls - cut),
+            "cut_calls": cut, "invalid_calls": calls - cut - sum(r.valid_calls for r in group),
             "turns_mean": round(sum(r.turns for r in group) / n, 2),
             "prompt_tokens_mean": round(sum(r.prompt_tokens for r in group) / n),
             "output_tokens_mean": round(sum(r.output_tokens for r in group) / n),

@@ -15,7 +15,8 @@ its schema); `off` the same prompt decoded freely and parsed after; `url` the se
 `tools` handling (llama-server `--jinja`: its template and its parser). Within each task the
 modes run back to back, their order alternating. Per model and mode it reports task success,
 the valid-call rate (every call written, parsed or not, checked against the offered tools'
-schemas), turns, prompt and output tokens and wall time per task."""
+schemas; a call the per-turn token cap cut before it closed is counted apart), turns, prompt
+and output tokens and wall time per task."""
 
 from __future__ import annotations
 
@@ -133,7 +134,8 @@ async def run_url(tasks: list, manager: ToolManager, offered: list[dict[str, Any
 
 def print_run(r: TaskRun) -> None:
     mark = "ok  " if r.ok else "FAIL"
-    print(f"{mark} {r.model[:28]:28s} {r.mode:3s} {r.task:28s} turns {r.turns} calls {r.valid_calls}/{r.calls} "
+    print(f"{mark} {r.model[:28]:28s} {r.mode:3s} {r.task:28s} turns {r.turns} calls {r.valid_calls}/{r.calls}"
+          + (f" ({r.cut_calls} cut)" if r.cut_calls else "") + f" "
           f"tokens {r.prompt_tokens}+{r.output_tokens} {r.wall_s:6.1f} s  {r.why}"
           + ("" if r.ok or not r.answer else f"  [{r.answer[:100]!r}]"), flush=True)
 
@@ -143,5 +145,6 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         print(f"{r['model']} {r['mode']}: success {r['success_pct']}% of {r['tasks']} (answers "
               f"{r['answer_success_pct']}%, edits {r['edit_success_pct']}%), valid calls {r['valid_call_pct']}% "
-              f"of {r['calls']}, {r['turns_mean']} turns, {r['prompt_tokens_mean']}+{r['output_tokens_mean']} "
+              f"of {r['calls'] - r['cut_calls']} finished ({r['invalid_calls']} invalid, {r['cut_calls']} cut by the "
+              f"token cap), {r['turns_mean']} turns, {r['prompt_tokens_mean']}+{r['output_tokens_mean']} "
               f"tokens, {r['wall_s_mean']} s per task", flush=True)

@@ -143,6 +143,30 @@ def test_the_runner_applies_an_edit_and_counts_a_bad_call(tools):
     assert "unchanged" in run.why and "schema" in run.problems[0]
 
 
+@pytest.mark.parametrize("pieces", [
+    ["<tool_call>", '\n{"name": "files__read_file", ', '"arguments": {"path": ', '"shop/', 'dates.py"}}\n</tool_call>'],
+    ['{"name": "files__read_file", ', '"arguments": {"path": ', '"shop/', 'dates.py"}}'],
+], ids=["tagged", "bare"])
+def test_a_call_cut_by_the_token_cap_counts_as_cut_not_invalid(tools, pieces):
+    task = next(t for t in TASKS if t.id == "define-days_in_month")
+    engine = FakeEngine(step_delay=0, max_model_len=8192, script=lambda prompt: list(pieces))
+    run = _run(runner.EngineAgent(engine, False, 3), task, tools, steps=1)
+    assert run.calls >= 1 and (run.valid_calls, run.cut_calls) == (0, run.calls)
+    assert all("cut by the token cap" in p for p in run.problems)
+    row = runner.summarize([run])[0]
+    assert (row["valid_call_pct"], row["cut_calls"], row["invalid_calls"]) == (None, run.calls, 0)
+
+
+def test_an_invalid_call_in_a_finished_turn_is_not_cut(tools):
+    task = next(t for t in TASKS if t.id == "define-days_in_month")
+    engine = FakeEngine(step_delay=0, max_model_len=8192,
+                        script=lambda prompt: ["<tool_call>", '\n{"name": "read", "arguments": {}}\n</tool_call>'])
+    run = _run(runner.EngineAgent(engine, False, 256), task, tools, steps=1)
+    assert run.cut_calls == 0 and run.valid_calls == 0 and run.calls >= 1
+    assert all("cut" not in p for p in run.problems)
+    assert runner.summarize([run])[0]["invalid_calls"] == run.calls
+
+
 def test_the_step_limit_ends_a_runaway_task(tools):
     task = next(t for t in TASKS if t.id == "define-slugify")
     loop_forever = FakeEngine(step_delay=0, max_model_len=16384,

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from app.engine.types.context_window import OVERFLOW_STOP, ContextOverflowError
+from app.tools.guidance import tools_guidance
 from app.ui.session import reply as reply_module
 from app.ui.session.history import BASE_MODEL_STOP, chat_message
 from app.ui.session.reply import Reply, ReplyEnd
@@ -25,6 +26,7 @@ CALL = {"id": "call_1", "type": "function", "function": {"name": "read_file", "a
 class Sink:
     def __init__(self) -> None:
         self.parts: list[str] = []
+        self.calls: list[str] = []  # the tools the reply began calls to
 
     @property
     def text(self) -> str:
@@ -33,6 +35,9 @@ class Sink:
     def write(self, text: str) -> None:
         if text:
             self.parts.append(text)
+
+    def calling(self, name: str) -> None:
+        self.calls.append(name)
 
 
 class View:
@@ -261,6 +266,23 @@ async def test_the_tool_loop_appends_results_and_continues(tmp_path: Path, monke
     assert engine.submitted[-1].prompt[-1] == {"role": "tool", "content": "print(1)", "tool_call_id": "call_1",
                                                "name": "read_file"}
     assert not session.generating
+
+
+async def test_a_request_with_tools_opens_with_their_guidance(tmp_path: Path) -> None:
+    """The guidance the benchmark measures goes in front of the chat's system prompt, with tools only."""
+    session, _, _ = session_for(tmp_path, system_prompt="Be terse.")
+    tool = {"type": "function", "function": {"name": "files__read_file", "parameters": {"type": "object"}}}
+
+    class Runner:
+        def offered(self) -> list[dict[str, Any]]:
+            return [tool]
+
+    content, plan = session.prepare_message("where is slugify?")
+    session.add_user_message("where is slugify?", content, plan)
+    assert session.request()[0][0] == {"role": "system", "content": "Be terse."}
+    session.tool_runner = Runner()  # type: ignore[assignment]
+    prompt = session.request()[0]
+    assert prompt[0]["role"] == "system" and prompt[0]["content"].startswith(tools_guidance([tool]) + "\n\nBe terse.")
 
 
 async def test_drafts_and_recall(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

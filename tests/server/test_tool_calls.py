@@ -94,10 +94,19 @@ def test_text_that_may_open_a_call_is_held_back() -> None:
 PING = '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>'
 PARIS = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "x"}}\n</tool_call>'
 TOWN = '<tool_call>\n{"name": "get_weather", "arguments": {"town": "x"}}\n</tool_call>'
+BARE = '{"name": "get_weather", "arguments": {"city": "x"}}'  # a call object without the tags
+BARE_TOWN = '{"name": "get_weather", "arguments": {"town": "x"}}'
+BARE_NOPE = '{"name": "shipping_cost", "arguments": {}}'
 
 
 @pytest.mark.parametrize(("choice", "parallel", "accepted", "refused"), [
-    ("auto", True, ["Sunny.", f"Checking {PING}"], [TOWN]),
+    ("auto", True, ["Sunny.", f"Checking {PING}", PING, f"{PING} done", BARE, f"{BARE}\nok", f"Hi {BARE_NOPE}",
+                    '{"city": "x"}', '{ "a": 1}', "<b>x</b>", "", " hi", f"```json\n{BARE}\n```", f"```{BARE}```",
+                    "```python\nprint(1)\n```", "```json\n[1]\n```", '```json\n{"a": 1}\n```', "`x` is 1.",
+                    "```js\nf()\n```", "```\nplain\n```"],
+     [TOWN, BARE_NOPE, f" {BARE_NOPE}", BARE_NOPE.replace('"name"', ' "name"'), BARE_TOWN, f"Hi {TOWN}",
+      PING.replace("ping", "pong"), f"```json\n{BARE_NOPE}\n```", f"```\n{BARE_TOWN}\n```",
+      '```json\n{\n  "name": "stock_exception",\n  "arguments": {}\n}\n```']),
     ("required", True, [PING, f"{PING}{PARIS}"], ["Sunny.", f"Hi {PING}", f"{PING}\n"]),
     ("required", False, [PING], [f"{PING}{PING}"]),
     (NamedToolChoice.model_validate({"type": "function", "function": {"name": "get_weather"}}), True,

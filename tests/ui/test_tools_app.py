@@ -15,6 +15,7 @@ from textual.widgets import OptionList
 
 from app.tools.approval import REFUSED_TEXT
 from app.tools.manager import ServerState
+from app.ui.reply_stream import StreamingBody
 from app.ui.tools_view import ApprovalCard, ToolsScreen
 from app.ui.widgets import MessageView
 from tests.support.fake_engine import FakeTokenizer, ToolTemplateEngine
@@ -138,6 +139,39 @@ async def test_approve_refuse_always_auto_approve_limit_and_restart(tmp_path: Pa
         await until(pilot, lambda: len(pane.query(MessageView)) == count)
         views = list(pane.query(MessageView))
         assert "→ fx__echo({\"text\": \"hi\"})" in views[1]._content and views[2].role == "tool"
+
+
+async def test_a_call_being_written_shows_as_a_line_not_as_json(tmp_path: Path) -> None:
+    """While the model writes a call, the live reply says so under its text; the call's JSON is
+    never shown as text."""
+    def slow_call(prompt: Any) -> list[str]:
+        pieces = model(prompt)
+        if pieces[0] != "Let me look.":
+            return pieces
+        return ["Let me look.", "<tool_call>", '\n{"name": "fx__echo", ', '"arguments": {"text": "h',
+                *["i"] * 60, '"}}\n', "</tool_call>"]
+
+    engine = ToolTemplateEngine(model_name="fake", max_model_len=8192, script=slow_call, step_delay=0.1)
+    app, _ = make_app(tmp_path, engine, config(auto_approve='["echo"]'), tools=True)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await chat_screen(pilot)
+        pane = screen.active_pane()
+        await ready(pilot, app)
+        await type_and_send(pilot, "call echo")
+
+        def writing() -> StreamingBody | None:
+            return next((b for b in pane.query(StreamingBody) if b.display and b.status), None)
+
+        await until(pilot, lambda: writing() is not None, timeout=20)
+        body = writing()
+        assert body is not None and body.status == "writing a call to fx__echo…"
+        await pilot.pause(0.2)
+        painted = "\n".join(strip.text for strip in body._lines)
+        assert "Let me look." in painted and "writing a call to fx__echo…" in painted and "{" not in painted
+        await until(pilot, lambda: not pane.generating, timeout=30)
+        assert stored(app, pane)[1:] == [("assistant", "Let me look."), ("tool", "h" + "i" * 60),
+                                         ("assistant", "Done: " + ("h" + "i" * 60)[:60])]
+        assert not any(b.display and b.status for b in pane.query(StreamingBody))
 
 
 async def test_a_server_that_never_starts_crashes_or_hangs(tmp_path: Path) -> None:

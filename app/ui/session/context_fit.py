@@ -17,6 +17,7 @@ from app.engine.types.context_window import (
     turn_starts,
     without_turns,
 )
+from app.tools.guidance import with_guidance
 from app.ui.session.history import completion_prompt
 from app.ui.user_config import ChatSettings
 
@@ -50,11 +51,11 @@ def count_tokens(engine: EngineClient, messages: Messages) -> int:
 
 def tools_tokens(engine: EngineClient, tools: Messages) -> int:
     """The tokens that offering `tools` (OpenAI entries) adds to every prompt: their definitions,
-    as the template (or the fallback's system prompt) writes them."""
+    as the template (or the fallback's system prompt) writes them, and the guidance on using them."""
     if not tools:
         return 0
     probe = [{"role": "user", "content": "x"}]
-    prompt = chat_prompt(engine, probe, [FunctionSpec.from_openai(t) for t in tools], "auto")
+    prompt = chat_prompt(engine, with_guidance(probe, tools), [FunctionSpec.from_openai(t) for t in tools], "auto")
     with_tools = len(prompt) if prompt and isinstance(prompt[0], int) else count_tokens(engine, prompt)
     return max(with_tools - count_tokens(engine, probe), 0)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from app.engine.api.engine_client import EngineClient
-from app.engine.api.tool_use import Text, ToolCallParser
+from app.engine.api.tool_use import CallStart, Text, ToolCallParser
 from app.engine.types.outputs import StreamDelta
 from app.engine.types.timing import ReplyClock
 from app.ui.format import first_line
@@ -24,12 +24,15 @@ COMMIT_EVERY_S = 1.0
 
 
 class ReplySink(Protocol):
-    """Where a reply's text goes as it streams; `text` is all of it so far."""
+    """Where a reply's text goes as it streams; `text` is all of it so far. `calling(name)`: the
+    model has begun a call to the tool `name` (its JSON is not text: the view says what it does)."""
 
     @property
     def text(self) -> str: ...
 
     def write(self, text: str) -> None: ...
+
+    def calling(self, name: str) -> None: ...
 
 
 class ReplyMetrics(ReplyClock):
@@ -149,6 +152,8 @@ def _write_text(events: list[Any], sink: ReplySink) -> None:
     for event in events:
         if isinstance(event, Text):
             sink.write(event.text)
+        elif isinstance(event, CallStart):
+            sink.calling(event.name)
 
 
 def _with_calls(end: ReplyEnd, parser: ToolCallParser | None, sink: ReplySink) -> ReplyEnd:

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 from app.engine.api.engine_client import EngineClient
 from app.engine.api.tool_use import ToolCallParser, tool_request
+from app.tools.guidance import with_guidance
 from app.ui.attach import split_message
 from app.ui.session.context_fit import ContextBudget, ContextPlan
 from app.ui.session.draft import Draft
@@ -132,6 +133,7 @@ class ChatSession:
         tools = offered_tools(self.tool_runner, self.chat.settings, self._engine)
         if not tools:
             return prompt, params, None
+        prompt = with_guidance(prompt, tools)
         if self._engine.is_remote:
             return prompt, params, ToolCallParser(loose_names=frozenset(t["function"]["name"] for t in tools)), \
                 {"tools": tools}
