@@ -159,7 +159,7 @@ def _reference_mask(logits: torch.Tensor, seqs: list[Sequence], width: int) -> t
 
 
 def test_free_text_under_a_tool_grammar_applies_no_bitmask(tokenizer, monkeypatch):
-    """Before `<tool_call>` a tool grammar forbids only the special tokens: those are filled with
+    """Once a reply opens as text, a tool grammar forbids only the special tokens: those are filled with
     -inf directly, xgrammar's bitmask apply is not called, and the logits are the same as its."""
     import xgrammar as xgr
 
@@ -176,20 +176,23 @@ def test_free_text_under_a_tool_grammar_applies_no_bitmask(tokenizer, monkeypatc
     seqs = [Sequence("free", [1], SamplingParams(), 10), seq]
     mask = GrammarBitmask(width)
     generator = torch.Generator().manual_seed(0)
-    for token in tokenizer.encode("Hi there", add_bos=False):
+    first, *rest = tokenizer.encode("Hi there", add_bos=False)
+    mask.apply(torch.randn(2, width, generator=generator), seqs)  # the opening picks text or a call
+    assert mask.full_applies == 1 and seq.grammar.accept(first)
+    for token in rest:
         logits = torch.randn(2, width, generator=generator)
         expected = _reference_mask(logits, seqs, width)
         calls.clear()
         mask.apply(logits, seqs)
         assert calls == [] and torch.equal(logits, expected)
         assert seq.grammar.accept(token)
-    assert mask.full_applies == 0 and mask.special_fills > 0
+    assert mask.full_applies == 1 and mask.special_fills > 0
     for token in tokenizer.encode("<tool_call>", add_bos=False):  # inside the call: the full mask
         assert seq.grammar.accept(token)
     logits = torch.randn(2, width, generator=generator)
     expected = _reference_mask(logits, seqs, width)
     mask.apply(logits, seqs)
-    assert mask.full_applies == 1 and torch.equal(logits, expected)
+    assert mask.full_applies == 2 and torch.equal(logits, expected)
 
 
 def test_forbidden_tokens_row_clears_exactly_their_bits():
