@@ -96,23 +96,44 @@ def block_nbytes(kv_caches: list[KVCacheLayer]) -> int:
     return sum(t[0].numel() * t.element_size() for layer in kv_caches for t in _block_tensors(layer))
 
 
-def read_block(kv_caches: list[KVCacheLayer], layer_groups: list[int], block_ids: list[int]) -> torch.Tensor:
-    """A host copy of one token block, every layer in order: layer l's K, V (and scales) from pool
-    block `block_ids[layer_groups[l]]`. A copy, so the pool block may be reused at once."""
-    parts = [t[block_ids[g]].reshape(-1).view(torch.uint8)
-             for layer, g in zip(kv_caches, layer_groups, strict=True) for t in _block_tensors(layer)]
-    return torch.cat(parts).cpu()
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """A pool tensor as [num_blocks, bytes of one block]."""
+    return t.reshape(t.shape[0], -1).view(torch.uint8)
 
 
-def write_block(kv_caches: list[KVCacheLayer], layer_groups: list[int], block_ids: dict[int, int],
-                payload: torch.Tensor) -> None:
-    """The inverse of `read_block` for the groups in `block_ids` (group -> pool block)."""
+def read_blocks(kv_caches: list[KVCacheLayer], layer_groups: list[int], block_ids: list[list[int]]) -> torch.Tensor:
+    """Host copies of token blocks, one row each: row r holds every layer in order, layer l's K, V
+    (and scales) from pool block `block_ids[r][layer_groups[l]]`. One gather per pool tensor, not
+    per block; a copy, so the pool blocks may be reused at once."""
+    out = torch.empty(len(block_ids), block_nbytes(kv_caches), dtype=torch.uint8)
+    ids = torch.tensor(block_ids, dtype=torch.long).reshape(len(block_ids), -1)
     offset = 0
     for layer, g in zip(kv_caches, layer_groups, strict=True):
         for t in _block_tensors(layer):
-            n = t[0].numel() * t.element_size()
-            if g in block_ids:
-                t[block_ids[g]].reshape(-1).view(torch.uint8).copy_(payload[offset : offset + n])
+            rows = _rows(t)
+            n = rows.shape[1]
+            out[:, offset : offset + n].copy_(rows.index_select(0, ids[:, g].to(rows.device)))
             offset += n
-    if offset != payload.numel():
-        raise ValueError(f"a KV block of {payload.numel()} bytes for a pool whose blocks hold {offset}")
+    return out
+
+
+def write_blocks(kv_caches: list[KVCacheLayer], layer_groups: list[int], payload: torch.Tensor,
+                 dest: dict[int, tuple[list[int], list[int]]]) -> None:
+    """The inverse of `read_blocks`: for each group g in `dest` = (rows, pool blocks), payload row
+    rows[j] goes into pool block blocks[j] of g's layers. One scatter per pool tensor."""
+    if payload.shape[1] != block_nbytes(kv_caches):
+        raise ValueError(f"KV blocks of {payload.shape[1]} bytes for a pool whose blocks hold {block_nbytes(kv_caches)}")
+    index = {g: (torch.tensor(rows, dtype=torch.long), torch.tensor(blocks, dtype=torch.long))
+             for g, (rows, blocks) in dest.items()}
+    offset = 0
+    for layer, g in zip(kv_caches, layer_groups, strict=True):
+        for t in _block_tensors(layer):
+            rows = _rows(t)
+            n = rows.shape[1]
+            if g in index:
+                src_rows, blocks = index[g]
+                src = payload[:, offset : offset + n]
+                if len(src_rows) != payload.shape[0] or not torch.equal(src_rows, torch.arange(payload.shape[0])):
+                    src = src.index_select(0, src_rows)
+                rows.index_copy_(0, blocks.to(rows.device), src.to(rows.device))
+            offset += n
