@@ -145,8 +145,9 @@ class KVDiskTier:
         if self.store is not None:
             self.store.close()
 
-    def clear(self) -> int:
-        return self.store.clear() if self.store is not None and self.store.dir.is_dir() else 0
+    def clear(self) -> tuple[int, int]:
+        """Remove every block file of the directory: (files, bytes)."""
+        return self.store.clear() if self.store is not None and self.store.dir.is_dir() else (0, 0)
 
     def stats(self) -> DiskTierStats:
         s = self.store

@@ -291,13 +291,14 @@ class KVDiskStore:
             with self._lock:
                 self._counts["files_evicted"] += 1
 
-    def clear(self) -> int:
-        """Remove every block file (of any model) from the directory; returns how many."""
-        n = 0
-        for _, name, _ in self._scan():
-            n += _unlink(self.dir / name)
+    def clear(self) -> tuple[int, int]:
+        """Remove every block file (of any model) from the directory; returns (files, bytes) removed."""
+        n = nbytes = 0
+        for _, name, size in self._scan():
+            if _unlink(self.dir / name):
+                n, nbytes = n + 1, nbytes + size
             self._forget(name)
-        return n
+        return n, nbytes
 
     # ---- figures --------------------------------------------------------------------------------
     def counters(self) -> DiskStoreCounters:

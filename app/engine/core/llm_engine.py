@@ -112,6 +112,15 @@ class LLMEngine:
         if bm.disk is not None:
             bm.disk.close()
 
+    def clear_kv_disk_cache(self) -> str:
+        """Remove the disk tier's files once its queued writes are done (so none lands after)."""
+        disk = self.block_manager.disk
+        if disk is None or disk.store is None:
+            return f"The KV disk cache is off ({disk.reason if disk else 'not set up'}): nothing to clear"
+        disk.flush()
+        files, nbytes = disk.clear()
+        return f"Cleared the KV disk cache: {files:,} files, {nbytes / 1e6:,.1f} MB ({disk.store.dir})"
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
 

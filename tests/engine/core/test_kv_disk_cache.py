@@ -490,3 +490,25 @@ def test_another_format_version_is_removed(tmp_path):
     path.write_bytes(bytes(data))
     store = KVDiskStore(tmp_path, 1 << 20, b"model A")
     assert store.get(digest(1)) is None and not path.exists()
+
+
+def test_clearing_the_cache_waits_for_queued_writes_and_says_what_went(tiny, tmp_path):
+    engine = make_engine(tiny, kv_disk_cache_dir=str(tmp_path), kv_disk_cache_bytes=1 << 26)
+    run_alone(engine, long_prompts()[:1])
+    message = engine.clear_kv_disk_cache()
+    assert message.startswith("Cleared the KV disk cache: ") and " files, " in message
+    assert files(tmp_path) == []
+    assert make_engine(tiny).clear_kv_disk_cache().startswith("The KV disk cache is off (")
+
+
+async def test_the_async_engine_clears_through_its_inbox(tiny, tmp_path):
+    from app.engine.api.async_engine import AsyncEngine
+
+    engine = AsyncEngine(str(tiny), device="cpu", dtype="float32", block_size=4, kv_cache_blocks=2048,
+                         kv_disk_cache_dir=str(tmp_path), kv_disk_cache_bytes=1 << 26)
+    try:
+        [_ async for _ in engine.stream(long_prompts()[0], SamplingParams(max_tokens=2, **GREEDY))]
+        assert (await engine.clear_kv_disk_cache()).startswith("Cleared the KV disk cache: ")
+        assert files(tmp_path) == []
+    finally:
+        await engine.aclose()
