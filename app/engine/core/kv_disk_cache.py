@@ -101,7 +101,7 @@ class KVDiskTier:
 
     def save(self, blocks: list[tuple[bytes, list[int]]]) -> None:
         """Queue token blocks (digest, pool block `block_ids[g]` of each group g) for writing, those
-        not on disk yet while the queue has room: copied out of the pool in one gather."""
+        not on disk yet while the queue has room: copied out of the pool together."""
         if not self.enabled:
             return
         blocks = [(d, ids) for d, ids in blocks if self.store.wants(d, self.block_nbytes)]

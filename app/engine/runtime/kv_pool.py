@@ -103,16 +103,17 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 def read_blocks(kv_caches: list[KVCacheLayer], layer_groups: list[int], block_ids: list[list[int]]) -> torch.Tensor:
     """Host copies of token blocks, one row each: row r holds every layer in order, layer l's K, V
-    (and scales) from pool block `block_ids[r][layer_groups[l]]`. One gather per pool tensor, not
-    per block; a copy, so the pool blocks may be reused at once."""
+    (and scales) from pool block `block_ids[r][layer_groups[l]]`. A copy, so the pool blocks may be
+    reused at once."""
     out = torch.empty(len(block_ids), block_nbytes(kv_caches), dtype=torch.uint8)
-    ids = torch.tensor(block_ids, dtype=torch.long).reshape(len(block_ids), -1)
+    runs = {g: _runs(range(len(block_ids)), [ids[g] for ids in block_ids]) for g in set(layer_groups)}
     offset = 0
     for layer, g in zip(kv_caches, layer_groups, strict=True):
         for t in _block_tensors(layer):
             rows = _rows(t)
             n = rows.shape[1]
-            out[:, offset : offset + n].copy_(rows.index_select(0, ids[:, g].to(rows.device)))
+            for r, b, k in runs[g]:
+                _copy(out[r : r + k, offset : offset + n], rows[b : b + k])
             offset += n
     return out
 
@@ -120,20 +121,36 @@ def read_blocks(kv_caches: list[KVCacheLayer], layer_groups: list[int], block_id
 def write_blocks(kv_caches: list[KVCacheLayer], layer_groups: list[int], payload: torch.Tensor,
                  dest: dict[int, tuple[list[int], list[int]]]) -> None:
     """The inverse of `read_blocks`: for each group g in `dest` = (rows, pool blocks), payload row
-    rows[j] goes into pool block blocks[j] of g's layers. One scatter per pool tensor."""
+    rows[j] goes into pool block blocks[j] of g's layers."""
     if payload.shape[1] != block_nbytes(kv_caches):
         raise ValueError(f"KV blocks of {payload.shape[1]} bytes for a pool whose blocks hold {block_nbytes(kv_caches)}")
-    index = {g: (torch.tensor(rows, dtype=torch.long), torch.tensor(blocks, dtype=torch.long))
-             for g, (rows, blocks) in dest.items()}
+    runs = {g: _runs(rows, blocks) for g, (rows, blocks) in dest.items()}
     offset = 0
     for layer, g in zip(kv_caches, layer_groups, strict=True):
         for t in _block_tensors(layer):
             rows = _rows(t)
             n = rows.shape[1]
-            if g in index:
-                src_rows, blocks = index[g]
-                src = payload[:, offset : offset + n]
-                if len(src_rows) != payload.shape[0] or not torch.equal(src_rows, torch.arange(payload.shape[0])):
-                    src = src.index_select(0, src_rows)
-                rows.index_copy_(0, blocks.to(rows.device), src.to(rows.device))
+            for r, b, k in runs.get(g, ()):
+                _copy(rows[b : b + k], payload[r : r + k, offset : offset + n])
             offset += n
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """On the CPU through numpy: one thread, the GIL released, where torch's copy would take the
+    intra-op team the step's kernels use (a disk-tier copy runs beside a step)."""
+    if dst.device.type == "cpu" and src.device.type == "cpu":
+        dst.numpy()[...] = src.numpy()
+    else:
+        dst.copy_(src)
+
+
+def _runs(rows, blocks) -> list[tuple[int, int, int]]:  # noqa: ANN001 - sequences of ints
+    """(row, block, length) of each run in which both go up by one: one strided copy per run (a
+    fresh pool hands out consecutive blocks), where torch's index_copy_ goes element by element."""
+    runs: list[tuple[int, int, int]] = []
+    for r, b in zip(rows, blocks, strict=True):
+        if runs and runs[-1][0] + runs[-1][2] == r and runs[-1][1] + runs[-1][2] == b:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((r, b, 1))
+    return runs
