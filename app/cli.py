@@ -277,15 +277,28 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     return 0
 
 
-def _disk_tier_summary() -> str:
-    """The default directory of the KV disk tier and what it holds."""
+def _disk_tier_summary(config_path: str | None = None) -> str:
+    """The KV disk tier the app and serve use (the config file's directory and budget, else the
+    defaults) and what its directory holds."""
+    from pathlib import Path
+
     from app.engine.core.kv_disk_cache import default_dir
     from app.engine.core.kv_disk_store import SUFFIX
 
-    d = default_dir()
-    sizes = [e.stat().st_size for e in os.scandir(d) if e.name.endswith(SUFFIX)] if d.is_dir() else []
-    return (f"{d}: {len(sizes):,} blocks, {_human_size(sum(sizes))} (budget {DEFAULT_KV_DISK_CACHE_BYTES >> 30} GiB "
-            "in the app and serve; --kv-disk-cache-bytes, 0: off)")
+    from app.ui.user_config import ConfigError, load_config
+
+    try:
+        settings = load_config(Path(config_path) if config_path else None).engine_settings()
+    except ConfigError:  # the app says what is wrong once it starts
+        settings = {}
+    d = Path(settings.get("kv_disk_cache_dir") or default_dir())
+    budget = settings.get("kv_disk_cache_bytes", DEFAULT_KV_DISK_CACHE_BYTES)
+    files = [e for e in os.scandir(d) if e.name.endswith(SUFFIX)] if d.is_dir() else []
+    sizes = [e.stat().st_size for e in files]
+    use = f"{d}: {len(sizes):,} blocks, {_human_size(sum(sizes))}"
+    if not budget:
+        return f"off (kv_disk_cache_bytes = 0 in the config file); {use}"
+    return f"{use} of a {_human_size(budget)} budget in the app and serve (--kv-disk-cache-bytes, 0: off)"
 
 
 def build_parser() -> argparse.ArgumentParser:

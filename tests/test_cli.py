@@ -233,3 +233,16 @@ def test_the_apps_config_sets_the_kv_disk_tier_and_the_flags_win(tmp_path, monke
     assert built[-1]["kv_disk_cache_bytes"] == 0 and built[-1]["device"] == "cpu"
     default_engine_factory(None, None, None, load_config(tmp_path / "none.toml"))
     assert built[-1]["kv_disk_cache_bytes"] == DEFAULT_KV_DISK_CACHE_BYTES and "device" not in built[-1]
+
+
+def test_doctor_shows_the_disk_tier_of_the_apps_config(tmp_path):
+    from app.cli import _disk_tier_summary
+
+    (tmp_path / "kv").mkdir()
+    (tmp_path / "kv" / "a.kvb").write_bytes(b"x" * 2000)
+    path = tmp_path / "config.toml"
+    path.write_text(f'kv_disk_cache_dir = "{tmp_path / "kv"}"\nkv_disk_cache_bytes = 3000000\n')
+    assert _disk_tier_summary(str(path)) == (f"{tmp_path / 'kv'}: 1 blocks, 2.0 KB of a 3.0 MB budget in the app "
+                                             "and serve (--kv-disk-cache-bytes, 0: off)")
+    path.write_text(f'kv_disk_cache_dir = "{tmp_path / "kv"}"\nkv_disk_cache_bytes = 0\n')
+    assert _disk_tier_summary(str(path)).startswith("off (kv_disk_cache_bytes = 0 in the config file); ")

@@ -14,7 +14,7 @@ from tests.support.fake_engine import FakeEngine
 
 MEMBERS = {"model_name", "max_model_len", "device", "dtype", "backend", "is_remote", "chat_template", "fim_tokens",
            "stats_source",
-           "stream", "abort", "stats", "set_speculation", "encode", "decode", "apply_chat_template", "aclose"}
+           "stream", "abort", "stats", "set_speculation", "clear_kv_disk_cache", "encode", "decode", "apply_chat_template", "aclose"}
 
 
 def protocol_members() -> set[str]:

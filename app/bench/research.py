@@ -40,8 +40,8 @@ RESEARCH: dict[str, Research] = {
     "spec_decode": Research("benchmarks.engine.spec_decode",
                             "What does speculative decoding give on an edit and on a question?"),
     "kv_disk_tier": Research("benchmarks.engine.kv_disk_tier",
-                             "How long does a long chat prompt take to its first token after a restart, its "
-                             "KV blocks read from the disk tier, against reading it cold; are the tokens the same?"),
+                             "After a restart, how soon does a long reopened chat or an /infill follow-up answer "
+                             "over the disk tier (tokens the same as tier off), and does the tier slow uncached work?"),
     "long_context": Research("benchmarks.engine.long_context",
                              "How much slower is decoding after a long prompt than after a short one?"),
     "window_cap": Research("benchmarks.engine.window_cap",

@@ -187,6 +187,21 @@ class RemoteEngine:
     def set_speculation(self, enabled: bool) -> bool:
         return False  # the remote server's own setting
 
+    async def clear_kv_disk_cache(self) -> str:
+        url = f"{_root(self.base_url)}/kv_disk_cache/clear"
+        try:
+            resp = await self._http().post(url, json={})
+        except httpx.HTTPError as e:
+            return f"Could not reach {_root(self.base_url)} to clear its KV disk cache: {e}"
+        if resp.status_code in (404, 405):
+            return f"The server at {_root(self.base_url)} has no KV disk cache to clear (only localbatch serve has)"
+        if resp.status_code != 200:
+            return f"The server at {_root(self.base_url)} did not clear its KV disk cache (HTTP {resp.status_code})"
+        try:
+            return str(resp.json()["message"])
+        except (ValueError, KeyError, TypeError):
+            return f"The server at {_root(self.base_url)} answered, but not with what it cleared"
+
     def stats(self) -> EngineStats:
         self._ensure_metrics_task()
         now = time.monotonic()

@@ -67,6 +67,7 @@ def _add_routes(app: FastAPI) -> None:
     # llama.cpp's code-completion route (editor plugins call it; it has no /v1 form there).
     app.add_api_route("/infill", infill.infill, methods=post, response_model=None)
     app.add_api_route("/health", routes.health, methods=get)
+    app.add_api_route("/kv_disk_cache/clear", routes.clear_kv_disk_cache, methods=post)
     app.add_api_route("/tokenize", routes.tokenize, methods=post)
     app.add_api_route("/detokenize", routes.detokenize, methods=post)
 

@@ -1,5 +1,5 @@
-"""The small routes: /v1/models, /health, and vLLM's /tokenize and /detokenize (/metrics is
-`factory.MetricsEndpoint`)."""
+"""The small routes: /v1/models, /health, vLLM's /tokenize and /detokenize, and /kv_disk_cache/clear
+(/metrics is `factory.MetricsEndpoint`)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,11 @@ async def get_model(model_id: str, request: Request) -> dict[str, Any]:
 async def health(request: Request) -> Response:
     server_state(request).engine.stats()  # raises EngineDeadError (-> 503) once the engine has stopped
     return Response(status_code=200)
+
+
+async def clear_kv_disk_cache(request: Request) -> dict[str, Any]:
+    """localbatch's own: remove the KV disk tier's block files (the app's palette action, remotely)."""
+    return {"message": await server_state(request).engine.clear_kv_disk_cache()}
 
 
 async def tokenize(body: TokenizeRequest, request: Request) -> dict[str, Any]:

@@ -305,6 +305,7 @@ class FakeEngine:
         self.max_concurrent = 0
         self.closed = False
         self.speculation_enabled: bool | None = None  # the last set_speculation() call
+        self.kv_disk_clears = 0  # clear_kv_disk_cache() calls
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
         self._loop_task: asyncio.Task[None] | None = None
@@ -368,6 +369,10 @@ class FakeEngine:
     def set_speculation(self, enabled: bool) -> bool:
         self.speculation_enabled = enabled
         return False
+
+    async def clear_kv_disk_cache(self) -> str:
+        self.kv_disk_clears += 1
+        return "Cleared the KV disk cache: 0 files, 0.0 MB (fake)"
 
     def abort(self, request_id: str) -> None:
         req = self._find(request_id)

@@ -270,6 +270,13 @@ def settings(screen: ChatScreen) -> None:
         pane.settings.toggle()
 
 
+async def clear_kv_disk_cache(screen: ChatScreen) -> None:
+    try:
+        screen.notify(await screen.engine.clear_kv_disk_cache())
+    except LocalbatchError as e:
+        screen.notify(str(e), severity="error")
+
+
 def toggle_json(screen: ChatScreen) -> None:
     pane = screen.active_pane()
     if pane is not None:

@@ -62,6 +62,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("send", "", "Send", "Send the input to the current tab (enter)"),
     Command("toggle_json", "", "JSON mode", "Constrain this tab's replies to JSON; a schema goes in its settings"),
     Command("search_chats", "", "Search chats", "Search the messages of every chat, open or closed (full text)"),
+    Command("clear_kv_disk_cache", "", "Clear the KV disk cache", "Remove the KV blocks kept on disk across restarts "
+            "(prompts read before are read again once)"),
 )
 
 # The commands with keys: what the config's [keymap] may rebind.

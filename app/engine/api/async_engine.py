@@ -9,6 +9,7 @@ taken after the last step. On a GPU they go once the next step is queued on the 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -149,6 +150,13 @@ class AsyncEngine:
         self._send("speculation", enabled)  # the step thread switches it before its next step
         return True
 
+    async def clear_kv_disk_cache(self) -> str:
+        if self._dead is not None or not self._thread.is_alive():
+            raise EngineDeadError(self._dead or "the engine has stopped; restart localbatch")
+        done: concurrent.futures.Future[str] = concurrent.futures.Future()
+        self._send("clear_kv_disk_cache", done)  # the step thread owns the tier
+        return await asyncio.wrap_future(done)
+
     def encode(self, text: str, add_bos: bool = True, *, parse_special: bool = True) -> list[int]:
         return self.engine.inputs.require_tokenizer().encode(text, add_bos=add_bos, parse_special=parse_special)
 
@@ -249,6 +257,11 @@ class AsyncEngine:
             elif kind == "abort":
                 if (delta := self.engine.abort(payload)) is not None:
                     self._pending.append(delta)
+            elif kind == "clear_kv_disk_cache":
+                try:
+                    payload.set_result(self.engine.clear_kv_disk_cache())
+                except Exception as e:  # noqa: BLE001 - handed to the caller
+                    payload.set_exception(e)
             elif kind == "speculation":
                 self.engine.set_speculation(payload)
                 self._stats_at = float("-inf")  # shown in the next snapshot, taken below

@@ -77,6 +77,11 @@ class EngineClient(Protocol):
         when the engine was started without a `speculative_config`."""
         ...
 
+    async def clear_kv_disk_cache(self) -> str:
+        """Remove the KV disk tier's block files (the prefix cache in memory stays); returns one line
+        for people: what went, or why nothing could (the tier is off, a remote server cannot)."""
+        ...
+
     def encode(self, text: str, add_bos: bool = True, *, parse_special: bool = True) -> list[int]:
         """Token ids of `text`; `parse_special=False` keeps special-token text (`<|im_start|>` in a
         user's file) as plain text, as llama.cpp tokenizes an infill's parts."""

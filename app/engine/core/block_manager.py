@@ -17,8 +17,9 @@ blocks the window of the first uncomputed position still reads.
 
 Under the cache, an optional disk tier (`kv_disk_cache.KVDiskTier`) keeps full blocks in files keyed
 by `block_digest`: each newly cached block is also offered to it, and before a waiting prompt is
-looked up, `restore_prefix` reads the blocks past its memory hits that are on disk into free blocks,
-registered as cached free blocks, so the lookup finds them as it finds any other.
+looked up, `restore_ready` starts reading the blocks past its memory hits that are on disk into free
+blocks it holds meanwhile (off the step thread: the prompt waits, the others step); once read they
+are registered as cached free blocks, so the lookup finds them as it finds any other.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import hashlib
 import struct
 from collections import OrderedDict
 from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,7 +36,7 @@ from app.engine.core.sequence import Sequence
 from app.engine.runtime.kv_cache_spec import NULL_BLOCK, KVCacheGroup, KVCacheSpec, live_blocks
 
 if TYPE_CHECKING:
-    from app.engine.core.kv_disk_cache import KVDiskTier
+    from app.engine.core.kv_disk_cache import DiskRead, KVDiskTier
 
 
 class Block:
@@ -94,6 +96,7 @@ class BlockManager:
         self.num_queried_tokens = 0
         self.num_hit_tokens = 0
         self.disk: KVDiskTier | None = None  # the disk tier under the cache; the engine sets it
+        self._reads: list[PendingRead] = []  # reads from the disk tier in flight, or done and not yet applied
 
     # ---- accounting -------------------------------------------------------------------------
     @property
@@ -274,6 +277,7 @@ class BlockManager:
             return
         num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_tables[0]))
         disk = self.disk if self.disk is not None and self.disk.enabled else None
+        to_save: list[tuple[bytes, list[int]]] = []
         for i in range(len(seq.block_hashes), num_full):
             parent = seq.block_hashes[-1] if seq.block_hashes else None
             tokens = tuple(seq.token_ids[i * self.block_size : (i + 1) * self.block_size])
@@ -287,7 +291,9 @@ class BlockManager:
                     block.hash, block.token_ids, block.group = h, tokens, g
                     self.cached[g][h] = block.block_id
             if disk is not None and all(table[i] != NULL_BLOCK for table in seq.block_tables):
-                disk.save(self._digests(seq, i + 1)[i], [table[i] for table in seq.block_tables])
+                to_save.append((self._digests(seq, i + 1)[i], [table[i] for table in seq.block_tables]))
+        if to_save:
+            disk.save(to_save)
 
     # ---- the disk tier ----------------------------------------------------------------------
     def _digests(self, seq: Sequence, n: int) -> list[bytes]:
@@ -298,25 +304,38 @@ class BlockManager:
             d.append(block_digest(d[-1] if d else None, seq.token_ids[i * bs : (i + 1) * bs]))
         return d
 
-    def restore_prefix(self, seq: Sequence) -> None:
-        """Read into free blocks, from the disk tier, the blocks that extend `seq`'s cached prefix
-        (those on disk in a row past the memory hits, and the sliding groups' window there), as
-        cached free blocks. Only when they fit beside the memory hits, which are kept from eviction
-        meanwhile; a file that fails its checks ends the run there."""
+    def restore_ready(self, seq: Sequence) -> bool:
+        """Whether `seq` may be looked up in the cache now: no read of its prefix from disk is in
+        flight. Starts one (False) when blocks past its memory hits are on disk; once it is done,
+        its blocks are cached free blocks, found by the lookup as any other (True)."""
+        read = seq.disk_read
+        if read is None:
+            return not self._start_restore(seq)
+        if not read.future.done():
+            return False
+        seq.disk_read = None
+        seq.disk_blocks.update(self._finish_restore(read))
+        return True
+
+    def _start_restore(self, seq: Sequence) -> bool:
+        """Set aside free blocks for the blocks that extend `seq`'s cached prefix from disk (those on
+        disk in a row past the memory hits, and the sliding groups' window there), pin the memory
+        hits the longer prefix uses, and start reading. Only when they fit beside the memory hits;
+        False when there is nothing to read."""
         disk = self.disk
         if disk is None or not disk.enabled or not self.enable_prefix_caching or seq.params.prompt_logprobs is not None:
-            return
+            return False
         blocks = self._prompt_blocks(seq)
         hits = [self._hits(g, blocks) for g in range(len(self.groups))]
         k = self._usable_blocks(hits, len(blocks))
         if k == len(blocks):
-            return
+            return False
         digests = self._digests(seq, len(blocks))
         end = k
         while end < len(blocks) and disk.contains(digests[end]):
             end += 1
         if end == k:
-            return
+            return False
         wanted: dict[int, list[int]] = {}  # block index -> groups to read it into
         kept: list[int] = []  # memory hits the longer prefix uses
         for g, group in enumerate(self.groups):
@@ -327,26 +346,91 @@ class BlockManager:
                 else:
                     kept.append(b)
         if any(i < k and not disk.contains(digests[i]) for i in wanted):
-            return
-        kept_free = [b for b in kept if self.blocks[b].ref_count == 0]
-        if sum(map(len, wanted.values())) + len(kept_free) + len(self.groups) > self.num_free_blocks:
-            return
-        for b in kept_free:
-            self.free.move_to_end(b)  # most recently used: the reads below take other blocks
+            return False
+        kept_free = sum(1 for b in set(kept) if self.blocks[b].ref_count == 0)
+        if sum(map(len, wanted.values())) + kept_free + len(self.groups) > self.num_free_blocks:
+            return False
+        for b in kept:  # held until the read is done: nothing evicts them meanwhile
+            self._hold(b)
         order = sorted(wanted)
-        for i, payload in zip(order, disk.read([digests[i] for i in order])):  # read in parallel, in order
-            ids = {g: self._take_free_block() for g in wanted[i]}
-            ok = payload is not None and disk.write(payload, ids)
-            h, tokens = blocks[i]
-            for g, b in ids.items():
-                if ok and h not in self.cached[g]:
+        dest: dict[int, tuple[list[int], list[int]]] = {}
+        for r, i in enumerate(order):
+            for g in wanted[i]:
+                rows, ids = dest.setdefault(g, ([], []))
+                rows.append(r)
+                ids.append(self._take_free_block())  # held (ref 1, no hash) until the read is done
+        future = disk.load([digests[i] for i in order], dest)
+        seq.disk_read = PendingRead(future, [blocks[i] for i in order], order, dest, kept)
+        self._reads.append(seq.disk_read)
+        return True
+
+    def _hold(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free[block_id]
+            self._num_cached_free -= 1
+        block.ref_count += 1
+
+    def _finish_restore(self, read: PendingRead) -> list[int]:
+        """Register the blocks a done read put in place as cached and give every block it held back
+        (then cached free blocks). Returns the prompt block indices it restored."""
+        self._reads.remove(read)
+        result = read.future.result()
+        self.disk.copy_into_pool(result)
+        n = result.num_blocks
+        for g, (rows, ids) in read.dest.items():
+            for r, b in zip(rows, ids):
+                h, tokens = read.blocks[r]
+                if r < n and h not in self.cached[g]:
                     block = self.blocks[b]
                     block.hash, block.token_ids, block.group = h, tokens, g
                     self.cached[g][h] = b
                 self._release(b)
-            if not ok:
-                break
-            seq.disk_blocks.add(i)
+        for b in read.kept:
+            self._release(b)
+        return read.indices[:n]
+
+    def reap_reads(self) -> None:
+        """Finish the done reads of sequences that ended while waiting on them (their blocks are
+        still worth caching)."""
+        for read in [r for r in self._reads if r.orphan and r.future.done()]:
+            self._finish_restore(read)
+
+    def finish_reads(self) -> None:
+        """Wait for every read from disk and apply it (the engine is closing)."""
+        for read in list(self._reads):
+            read.future.result()
+            read.orphan = True
+        self.reap_reads()
+
+    def wait_reads(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for a read from disk to finish: for a step with nothing else to do."""
+        if self._reads:
+            wait([r.future for r in self._reads], timeout_s, FIRST_COMPLETED)
+
+    @property
+    def num_pending_reads(self) -> int:
+        return len(self._reads)
+
+    def drop_read(self, seq: Sequence) -> None:
+        """`seq` ended while its prefix was being read: the read finishes without it."""
+        if seq.disk_read is not None:
+            seq.disk_read.orphan = True
+            seq.disk_read = None
+
+
+@dataclass
+class PendingRead:
+    """A read of a prefix's blocks from disk in flight: the pool blocks it holds (`dest`, group ->
+    rows, blocks; `kept`, the memory hits it pins), and per row the prompt block (hash, tokens) and
+    index it restores."""
+
+    future: Future[DiskRead]
+    blocks: list[tuple[int, tuple[int, ...]]]
+    indices: list[int]
+    dest: dict[int, tuple[list[int], list[int]]]
+    kept: list[int]
+    orphan: bool = False
 
 
 def _runs(hits: list[int | None]) -> list[int]:

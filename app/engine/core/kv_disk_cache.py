@@ -7,8 +7,10 @@ digest and its token ids) inside a namespace of everything that changes its byte
 the compute and KV dtypes, the pool's layout and the kernels that computed it (`namespace`). A file
 holds one token block of every layer, so it serves any grouping of the layers.
 
-Writing copies the block out of the pool on the step thread (a few hundred KiB: microseconds beside
-a step) into a buffer the writer thread owns. Pinning the block until written instead would put a
+Writing copies the step's new full blocks out of the pool on the step thread (one gather per pool
+tensor) into a buffer the writer thread owns. Reading happens on a loader thread: the files of a
+prefix are read in parallel straight into one buffer, checked, and scattered into pool blocks the
+block manager set aside for them, while the step thread keeps stepping the other sequences. Pinning the block until written instead would put a
 second thread's state into the block manager's free list; a copy leaves the pool's owner alone.
 """
 
@@ -16,7 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,7 +27,7 @@ import torch
 
 from app import __version__
 from app.engine.core.kv_disk_store import KVDiskStore
-from app.engine.runtime.kv_pool import block_nbytes, read_block, write_block
+from app.engine.runtime.kv_pool import block_nbytes, read_blocks, write_blocks
 from app.engine.types.outputs import DiskTierStats
 
 if TYPE_CHECKING:
@@ -53,6 +56,23 @@ def model_identity(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+@dataclass
+class DiskRead:
+    """What a `KVDiskTier.load` read: its first `num_blocks` rows whole, for the pool blocks `dest`
+    names (group -> rows, pool blocks); `copied` once they are in the pool."""
+
+    num_blocks: int
+    payload: torch.Tensor
+    dest: dict[int, tuple[list[int], list[int]]]
+    copied: bool = False
+
+    def copy_into(self, tier: KVDiskTier) -> None:
+        if self.num_blocks:
+            write_blocks(tier.kv_caches, tier.layer_groups, self.payload, self.dest)
+        self.copied = True
+        self.payload = self.payload[:0]  # the buffer is not needed again
+
+
 class KVDiskTier:
     """The pool's side of the tier: which bytes a block is, written and read through a
     `KVDiskStore`. `reason` says why it is off (then it does nothing)."""
@@ -65,6 +85,8 @@ class KVDiskTier:
         self.block_nbytes = block_nbytes(self.kv_caches) if self.kv_caches else 0
         self._reason = reason
         self.num_tokens_restored = 0  # prompt tokens admitted from disk-read blocks
+        self.pool_on_cpu = all(t.device.type == "cpu" for layer in self.kv_caches for t in (layer.k, layer.v))
+        self._loader: ThreadPoolExecutor | None = None  # reads of a prefix, one at a time
 
     @property
     def reason(self) -> str | None:
@@ -77,37 +99,55 @@ class KVDiskTier:
     def contains(self, digest: bytes) -> bool:
         return self.enabled and self.store.contains(digest)
 
-    def save(self, digest: bytes, block_ids: list[int]) -> None:
-        """Queue one token block (pool block `block_ids[g]` of each group g) for writing, unless it
-        is on disk or the queue is full."""
-        if not self.enabled or not self.store.wants(digest, self.block_nbytes):
+    def save(self, blocks: list[tuple[bytes, list[int]]]) -> None:
+        """Queue token blocks (digest, pool block `block_ids[g]` of each group g) for writing, those
+        not on disk yet while the queue has room: copied out of the pool together."""
+        if not self.enabled:
             return
-        payload = read_block(self.kv_caches, self.layer_groups, block_ids)
-        self.store.put(digest, memoryview(payload.numpy()))
+        blocks = [(d, ids) for d, ids in blocks if self.store.wants(d, self.block_nbytes)]
+        if not blocks:
+            return
+        rows = read_blocks(self.kv_caches, self.layer_groups, [ids for _, ids in blocks]).numpy()
+        for r, (digest, _) in enumerate(blocks):
+            self.store.put(digest, memoryview(rows[r]))  # a row keeps the whole copy alive until written
 
-    def read(self, digests: list[bytes]) -> Iterator[bytearray | None]:
-        """The payloads of these blocks, in order, read in parallel (None: not on disk, or its file
-        failed a check and is gone)."""
-        return self.store.get_many(digests) if self.enabled else iter([None] * len(digests))
+    def load(self, digests: list[bytes], dest: dict[int, tuple[list[int], list[int]]]) -> Future[DiskRead]:
+        """Read these blocks from disk into pool blocks, off the step thread: `dest` maps a group to
+        (rows, pool blocks), row r being `digests[r]`. The pool blocks must be held by the caller
+        until the future is done; its `DiskRead` says how many leading rows are in place."""
+        if self._loader is None:
+            self._loader = ThreadPoolExecutor(1, thread_name_prefix="kv-disk-load")
+        return self._loader.submit(self._load, digests, dest)
 
-    def write(self, payload: bytearray, block_ids: dict[int, int]) -> bool:
-        """Put a payload `read` returned into pool block `block_ids[g]` of each group g there.
-        False (the pool untouched): it is not a block of this pool's size."""
-        if len(payload) != self.block_nbytes:
-            return False
-        write_block(self.kv_caches, self.layer_groups, block_ids, torch.frombuffer(payload, dtype=torch.uint8))
-        return True
+    def _load(self, digests: list[bytes], dest: dict[int, tuple[list[int], list[int]]]) -> DiskRead:
+        buf = torch.empty(len(digests), self.block_nbytes, dtype=torch.uint8)
+        rows = buf.numpy()
+        ok = self.store.read_many(digests, [memoryview(rows[r]) for r in range(len(digests))])
+        n = ok.index(False) if False in ok else len(ok)  # a failed file ends the prefix there
+        dest = {g: ([r for r in rs if r < n], [b for r, b in zip(rs, bs) if r < n]) for g, (rs, bs) in dest.items()}
+        read = DiskRead(n, buf[:n], dest)
+        if self.pool_on_cpu:  # copied here, beside the step; a device pool is written by the step thread
+            read.copy_into(self)
+        return read
+
+    def copy_into_pool(self, read: DiskRead) -> None:
+        """Called on the step thread when the read is done: the copy `_load` left for it, if any."""
+        if not read.copied:
+            read.copy_into(self)
 
     def flush(self) -> None:
         if self.store is not None:
             self.store.flush()
 
     def close(self) -> None:
+        if self._loader is not None:
+            self._loader.shutdown(wait=True)
         if self.store is not None:
             self.store.close()
 
-    def clear(self) -> int:
-        return self.store.clear() if self.store is not None and self.store.dir.is_dir() else 0
+    def clear(self) -> tuple[int, int]:
+        """Remove every block file of the directory: (files, bytes)."""
+        return self.store.clear() if self.store is not None and self.store.dir.is_dir() else (0, 0)
 
     def stats(self) -> DiskTierStats:
         s = self.store

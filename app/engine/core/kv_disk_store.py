@@ -22,7 +22,6 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,28 +191,41 @@ class KVDiskStore:
 
     # ---- reading --------------------------------------------------------------------------------
     def get(self, digest: bytes) -> bytearray | None:
-        """A block's payload, if its file is whole and this namespace's; a file that fails a check is
-        removed. A hit touches the file (its last use, for the budget)."""
-        if not self.enabled:
-            return None
-        key = self._key(digest)
-        name = self._name(key)
-        path = self.dir / name
+        """A block's payload, if its file is whole and this namespace's (see `read_into`)."""
+        name = self._name(self._key(digest))
         try:
-            with open(path, "rb") as f:
-                data = bytearray(f.read())
+            size = os.stat(self.dir / name).st_size - HEADER.size
         except OSError:
             self._forget(name)
             return None
-        size = len(data)
-        payload = self._check(data, key)
-        if payload is None:
+        out = bytearray(max(size, 0))
+        return out if self.read_into(digest, memoryview(out)) else None
+
+    def read_into(self, digest: bytes, out: memoryview) -> bool:
+        """Read a block's payload straight into `out` (its size is the payload's). False (`out`
+        garbage): not on disk, or its file failed a check (wrong size, header, namespace, key or
+        CRC-32) and was removed. A hit touches the file (its last use, for the budget)."""
+        if not self.enabled:
+            return False
+        key = self._key(digest)
+        name = self._name(key)
+        path = self.dir / name
+        header = bytearray(HEADER.size)
+        try:
+            with open(path, "rb", buffering=0) as f:
+                size = os.fstat(f.fileno()).st_size
+                whole = size == HEADER.size + out.nbytes and f.readinto(header) == HEADER.size \
+                    and _read_fully(f, out)
+        except OSError:
+            self._forget(name)
+            return False
+        if not whole or not self._check(header, key, out):
             log.warning("KV disk tier: removed %s (truncated, corrupt or not this model's)", name)
             _unlink(path)
             self._forget(name)
             with self._lock:
                 self._counts["files_rejected"] += 1
-            return None
+            return False
         try:
             os.utime(path)  # a read is a use: the LRU order is the files' modification times
         except OSError:
@@ -223,28 +235,20 @@ class KVDiskStore:
             self._verified.add(name)
             self._counts["blocks_read"] += 1
             self._counts["bytes_read"] += size
-        return payload
+        return True
 
-    def get_many(self, digests: list[bytes]) -> Iterator[bytearray | None]:
-        """`get` of each, in order, on reader threads (file reads and CRCs release the GIL)."""
+    def read_many(self, digests: list[bytes], rows: list[memoryview]) -> list[bool]:
+        """`read_into` of each into its row, on reader threads (file reads and CRCs release the GIL)."""
         if len(digests) <= 1:
-            return map(self.get, digests)
+            return list(map(self.read_into, digests, rows))
         if self._readers is None:
             self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="kv-disk-reader")
-        return self._readers.map(self.get, digests)
+        return list(self._readers.map(self.read_into, digests, rows))
 
-    def _check(self, data: bytearray, key: bytes) -> bytearray | None:
-        if len(data) < HEADER.size:
-            return None
-        magic, version, namespace, file_key, length, crc = HEADER.unpack_from(data)
-        if (magic, version, namespace, file_key) != (MAGIC, VERSION, self.namespace, key):
-            return None
-        payload = memoryview(data)[HEADER.size :]
-        if len(payload) != length or zlib.crc32(payload) != crc:
-            return None
-        del payload
-        del data[: HEADER.size]
-        return data
+    def _check(self, header: bytearray, key: bytes, payload: memoryview) -> bool:
+        magic, version, namespace, file_key, length, crc = HEADER.unpack_from(header)
+        return ((magic, version, namespace, file_key, length) == (MAGIC, VERSION, self.namespace, key, payload.nbytes)
+                and zlib.crc32(payload) == crc)
 
     def _forget(self, name: str) -> None:
         with self._lock:
@@ -287,13 +291,14 @@ class KVDiskStore:
             with self._lock:
                 self._counts["files_evicted"] += 1
 
-    def clear(self) -> int:
-        """Remove every block file (of any model) from the directory; returns how many."""
-        n = 0
-        for _, name, _ in self._scan():
-            n += _unlink(self.dir / name)
+    def clear(self) -> tuple[int, int]:
+        """Remove every block file (of any model) from the directory; returns (files, bytes) removed."""
+        n = nbytes = 0
+        for _, name, size in self._scan():
+            if _unlink(self.dir / name):
+                n, nbytes = n + 1, nbytes + size
             self._forget(name)
-        return n
+        return n, nbytes
 
     # ---- figures --------------------------------------------------------------------------------
     def counters(self) -> DiskStoreCounters:
@@ -328,6 +333,17 @@ def _is_stale(tmp_name: str, age_s: float) -> bool:
     except OSError:
         return False
     return False
+
+
+def _read_fully(f, out: memoryview) -> bool:  # noqa: ANN001 - an unbuffered binary file
+    """Fill `out` from `f`; False when the file ends first."""
+    done = 0
+    while done < out.nbytes:
+        n = f.readinto(out[done:])
+        if not n:
+            return False
+        done += n
+    return True
 
 
 def _unlink(path: Path) -> bool:

@@ -32,6 +32,9 @@ from app.engine.types.progress import ProgressFn
 from app.engine.types.prompt import Prompt
 from app.engine.types.sampling_params import SamplingParams
 
+# A step with nothing to run while prompts wait on the disk tier waits this long for a read at most.
+_IDLE_READ_WAIT_S = 0.02
+
 
 class LLMEngine:
     def __init__(
@@ -104,8 +107,19 @@ class LLMEngine:
 
     def close(self) -> None:
         """Write the disk tier's queued blocks (a clean exit keeps what was read this run)."""
-        if self.block_manager.disk is not None:
-            self.block_manager.disk.close()
+        bm = self.block_manager
+        bm.finish_reads()
+        if bm.disk is not None:
+            bm.disk.close()
+
+    def clear_kv_disk_cache(self) -> str:
+        """Remove the disk tier's files once its queued writes are done (so none lands after)."""
+        disk = self.block_manager.disk
+        if disk is None or disk.store is None:
+            return f"The KV disk cache is off ({disk.reason if disk else 'not set up'}): nothing to clear"
+        disk.flush()
+        files, nbytes = disk.clear()
+        return f"Cleared the KV disk cache: {files:,} files, {nbytes / 1e6:,.1f} MB ({disk.store.dir})"
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work()
@@ -122,6 +136,8 @@ class LLMEngine:
         """One packed step. `on_launched`: see `Worker.execute_model`."""
         start = time.perf_counter()
         batch = self.scheduler.schedule()
+        if not batch.seqs and self.block_manager.num_pending_reads:
+            self.block_manager.wait_reads(_IDLE_READ_WAIT_S)  # nothing to step but a read from disk
         output = self.worker.execute_model(batch, on_launched)
         deltas = self.outputs.deltas(self.scheduler.update_from_output(batch, output))
         self._observe(batch, output, start)

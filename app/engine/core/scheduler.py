@@ -93,6 +93,7 @@ class Scheduler:
         batch = ScheduledBatch()
         budget = self.config.max_num_batched_tokens
         self.waiting_for = None
+        self.bm.reap_reads()
         decodes = [s for s in self.running if s.is_decoding]
         prefills = [s for s in self.running if not s.is_decoding]
         budget = self._schedule_running(batch, decodes, budget, len(decodes))
@@ -183,7 +184,8 @@ class Scheduler:
                 break
             if budget == 0:
                 break
-            self.bm.restore_prefix(seq)  # blocks of its prefix kept on disk, read back into the pool
+            if not self.bm.restore_ready(seq):
+                continue  # blocks of its prefix are being read from disk: the others step meanwhile
             cached = self.bm.find_cached_prefix(seq)
             uncached = seq.num_tokens - cached.num_blocks * self.bm.block_size
             if not long and self._is_long(uncached):
@@ -286,6 +288,7 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+            self.bm.drop_read(seq)
         self._free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = seq.finish_reason or reason

@@ -11,6 +11,7 @@ from app.engine.types.outputs import TopLogprobs
 from app.engine.types.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from app.engine.core.block_manager import PendingRead
     from app.engine.structured.matcher import SequenceGrammar
 
 
@@ -48,6 +49,7 @@ class Sequence:
         # prefix cache served at (last) admission, how many came from disk.
         self.block_digests: list[bytes] = []
         self.disk_blocks: set[int] = set()
+        self.disk_read: PendingRead | None = None  # its prefix's blocks being read from disk
         self.num_disk_cached_tokens = 0
         self.finish_reason: str | None = None
         self.error: str | None = None

@@ -96,23 +96,61 @@ def block_nbytes(kv_caches: list[KVCacheLayer]) -> int:
     return sum(t[0].numel() * t.element_size() for layer in kv_caches for t in _block_tensors(layer))
 
 
-def read_block(kv_caches: list[KVCacheLayer], layer_groups: list[int], block_ids: list[int]) -> torch.Tensor:
-    """A host copy of one token block, every layer in order: layer l's K, V (and scales) from pool
-    block `block_ids[layer_groups[l]]`. A copy, so the pool block may be reused at once."""
-    parts = [t[block_ids[g]].reshape(-1).view(torch.uint8)
-             for layer, g in zip(kv_caches, layer_groups, strict=True) for t in _block_tensors(layer)]
-    return torch.cat(parts).cpu()
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """A pool tensor as [num_blocks, bytes of one block]."""
+    return t.reshape(t.shape[0], -1).view(torch.uint8)
 
 
-def write_block(kv_caches: list[KVCacheLayer], layer_groups: list[int], block_ids: dict[int, int],
-                payload: torch.Tensor) -> None:
-    """The inverse of `read_block` for the groups in `block_ids` (group -> pool block)."""
+def read_blocks(kv_caches: list[KVCacheLayer], layer_groups: list[int], block_ids: list[list[int]]) -> torch.Tensor:
+    """Host copies of token blocks, one row each: row r holds every layer in order, layer l's K, V
+    (and scales) from pool block `block_ids[r][layer_groups[l]]`. A copy, so the pool blocks may be
+    reused at once."""
+    out = torch.empty(len(block_ids), block_nbytes(kv_caches), dtype=torch.uint8)
+    runs = {g: _runs(range(len(block_ids)), [ids[g] for ids in block_ids]) for g in set(layer_groups)}
     offset = 0
     for layer, g in zip(kv_caches, layer_groups, strict=True):
         for t in _block_tensors(layer):
-            n = t[0].numel() * t.element_size()
-            if g in block_ids:
-                t[block_ids[g]].reshape(-1).view(torch.uint8).copy_(payload[offset : offset + n])
+            rows = _rows(t)
+            n = rows.shape[1]
+            for r, b, k in runs[g]:
+                _copy(out[r : r + k, offset : offset + n], rows[b : b + k])
             offset += n
-    if offset != payload.numel():
-        raise ValueError(f"a KV block of {payload.numel()} bytes for a pool whose blocks hold {offset}")
+    return out
+
+
+def write_blocks(kv_caches: list[KVCacheLayer], layer_groups: list[int], payload: torch.Tensor,
+                 dest: dict[int, tuple[list[int], list[int]]]) -> None:
+    """The inverse of `read_blocks`: for each group g in `dest` = (rows, pool blocks), payload row
+    rows[j] goes into pool block blocks[j] of g's layers."""
+    if payload.shape[1] != block_nbytes(kv_caches):
+        raise ValueError(f"KV blocks of {payload.shape[1]} bytes for a pool whose blocks hold {block_nbytes(kv_caches)}")
+    runs = {g: _runs(rows, blocks) for g, (rows, blocks) in dest.items()}
+    offset = 0
+    for layer, g in zip(kv_caches, layer_groups, strict=True):
+        for t in _block_tensors(layer):
+            rows = _rows(t)
+            n = rows.shape[1]
+            for r, b, k in runs.get(g, ()):
+                _copy(rows[b : b + k], payload[r : r + k, offset : offset + n])
+            offset += n
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """On the CPU through numpy: one thread, the GIL released, where torch's copy would take the
+    intra-op team the step's kernels use (a disk-tier copy runs beside a step)."""
+    if dst.device.type == "cpu" and src.device.type == "cpu":
+        dst.numpy()[...] = src.numpy()
+    else:
+        dst.copy_(src)
+
+
+def _runs(rows, blocks) -> list[tuple[int, int, int]]:  # noqa: ANN001 - sequences of ints
+    """(row, block, length) of each run in which both go up by one: one strided copy per run (a
+    fresh pool hands out consecutive blocks), where torch's index_copy_ goes element by element."""
+    runs: list[tuple[int, int, int]] = []
+    for r, b in zip(rows, blocks, strict=True):
+        if runs and runs[-1][0] + runs[-1][2] == r and runs[-1][1] + runs[-1][2] == b:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((r, b, 1))
+    return runs

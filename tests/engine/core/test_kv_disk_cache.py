@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 import zlib
 
 import pytest
 
-from app.engine.core.kv_disk_store import HEADER, KVDiskStore
+from app.engine.core.kv_disk_store import HEADER, RESCAN_EVERY, VERSION, KVDiskStore
+from app.engine.types.batch import ScheduledBatch
 from app.engine.types.sampling_params import SamplingParams
 from tests.engine.core.test_engine import GREEDY, PREEMPTING_POOL, make_engine, prompts, run_alone
 
@@ -325,3 +331,184 @@ def test_real_model_restart_gives_the_same_tokens(embedded_model_path, tmp_path)
     seq = run(LLMEngine(str(embedded_model_path), **tier))
     assert seq.output_token_ids == off
     assert seq.num_prompt_tokens > 600 and seq.num_disk_cached_tokens >= seq.num_prompt_tokens - 16
+
+
+# ---- reads off the step thread ------------------------------------------------------------------
+def gated_reads(engine) -> threading.Event:
+    """Make `engine`'s disk reads wait for the returned event: a slow disk."""
+    store = engine.block_manager.disk.store
+    gate = threading.Event()
+    real = store.read_into
+
+    def slow(digest, out):
+        assert gate.wait(30), "the test never opened the gate"
+        return real(digest, out)
+
+    store.read_into = slow
+    return gate
+
+
+def written(path, directory, reqs) -> None:
+    first = make_engine(path, kv_disk_cache_dir=str(directory), kv_disk_cache_bytes=1 << 26)
+    run_alone(first, reqs)
+    first.close()
+
+
+def test_other_sequences_keep_stepping_while_a_read_is_pending(tiny, tmp_path):
+    other, restored = prompts(2, seed=9, lo=30, hi=40)
+    off = run_alone(make_engine(tiny), [other, restored], max_tokens=20)
+    written(tiny, tmp_path, [restored])
+    engine = make_engine(tiny, kv_disk_cache_dir=str(tmp_path), kv_disk_cache_bytes=1 << 26)
+    gate = gated_reads(engine)
+    a = engine.add_request(other, SamplingParams(max_tokens=20, **GREEDY))
+    while not a.num_output_tokens:
+        engine.step()
+    b = engine.add_request(restored, SamplingParams(max_tokens=20, **GREEDY))
+    before = a.num_output_tokens
+    for _ in range(5):  # the read waits on the disk; the step thread does not
+        engine.step()
+    assert a.num_output_tokens == before + 5
+    assert b.disk_read is not None and b.num_computed_tokens == 0 and engine.block_manager.num_pending_reads == 1
+    gate.set()
+    while engine.has_unfinished():
+        engine.step()
+    assert [a.output_token_ids, b.output_token_ids] == off
+    assert b.num_disk_cached_tokens > 0 and engine.stats().kv_disk.num_blocks_read > 0
+
+
+def test_a_request_aborted_while_its_read_is_pending_gives_the_blocks_back(tiny, tmp_path):
+    (restored,) = long_prompts()[:1]
+    written(tiny, tmp_path, [restored])
+    engine = make_engine(tiny, kv_disk_cache_dir=str(tmp_path), kv_disk_cache_bytes=1 << 26)
+    gate = gated_reads(engine)
+    seq = engine.add_request(restored, SamplingParams(max_tokens=4, **GREEDY))
+    engine.step()
+    bm = engine.block_manager
+    assert bm.num_pending_reads == 1 and bm.num_free_blocks < bm.num_blocks
+    engine.abort(seq.request_id)
+    gate.set()
+    bm.finish_reads()
+    assert bm.num_pending_reads == 0 and bm.num_free_blocks == bm.num_blocks
+    assert bm.num_cached_free_blocks > 0  # what was read stays cached
+    assert run_alone(engine, [restored], max_tokens=4) == run_alone(make_engine(tiny), [restored], max_tokens=4)
+
+
+def test_a_preempted_sequence_evicted_from_memory_comes_back_from_disk(tiny, tmp_path):
+    """Preempted mid-decode, its blocks then evicted from the pool: readmitted over the blocks the
+    tier wrote (prompt and output so far), with the tokens of a run never preempted."""
+    (prompt,) = long_prompts()[:1]
+    off = run_alone(make_engine(tiny), [prompt], max_tokens=16)
+    engine = make_engine(tiny, kv_disk_cache_dir=str(tmp_path), kv_disk_cache_bytes=1 << 26)
+    seq = engine.add_request(prompt, SamplingParams(max_tokens=16, **GREEDY))
+    while seq.num_output_tokens < 8:
+        engine.step()
+    bm, sched = engine.block_manager, engine.scheduler
+    bm.disk.flush()
+    sched._preempt(seq, ScheduledBatch())
+    taken = [bm._take_free_block() for _ in range(bm.num_free_blocks)]  # other work took every free block
+    for block_id in taken:
+        bm._release(block_id)
+    assert bm.num_cached_free_blocks == 0
+    while engine.has_unfinished():
+        engine.step()
+    assert seq.output_token_ids == off[0]
+    assert seq.num_preemptions == 1 and seq.num_disk_cached_tokens > 0
+    assert bm.disk.stats().num_blocks_read * bm.block_size > seq.num_prompt_tokens  # output blocks too
+
+
+# ---- processes ----------------------------------------------------------------------------------
+_WRITER = """
+import sys
+from app.engine.core.kv_disk_store import KVDiskStore
+store = KVDiskStore(sys.argv[1], 1 << 30, b"model A")
+i = 0
+while True:
+    if store.wants(i.to_bytes(32, "little"), 200_000):
+        store.put(i.to_bytes(32, "little"), memoryview(bytes([i % 256]) * 200_000))
+    i += 1
+    if i == 20:
+        print("writing", flush=True)
+"""
+
+
+def test_kill_9_while_writing_leaves_nothing_a_restart_uses_damaged(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path)], stdout=subprocess.PIPE,
+                            cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert proc.stdout.readline() == b"writing\n"
+    deadline = time.monotonic() + 30
+    while len(files(tmp_path)) < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    names = files(tmp_path)
+    assert names
+    store = KVDiskStore(tmp_path, 1 << 30, b"model A")  # the restart
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".tmp")]  # the dead writer's half-files
+    good = [i for i in range(20000) if store.contains(digest(i)) and store.get(digest(i)) == bytes([i % 256]) * 200_000]
+    assert len(good) == len(names) and store.counters().files_rejected == 0
+
+
+def test_two_processes_write_and_read_one_directory(tmp_path):
+    code = ("import sys\nfrom app.engine.core.kv_disk_store import KVDiskStore\n"
+            "s = KVDiskStore(sys.argv[1], 1 << 30, b'model A')\n"
+            "for i in range(int(sys.argv[2]), int(sys.argv[2]) + 30):\n"
+            "    s.put(i.to_bytes(32, 'little'), memoryview(bytes([i % 256]) * 5000))\n"
+            "s.close()\n")
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path), str(start)], env=env) for start in (0, 15)]
+    assert [p.wait() for p in procs] == [0, 0]
+    store = KVDiskStore(tmp_path, 1 << 30, b"model A")
+    assert all(store.get(digest(i)) == bytes([i % 256]) * 5000 for i in range(45))  # the overlap written twice
+    assert len(files(tmp_path)) == 45 and store.counters().files_rejected == 0
+
+
+def test_the_budget_holds_under_concurrent_writers(tmp_path):
+    size = HEADER.size + PAYLOAD
+    budget = 64 * size
+    stores = [KVDiskStore(tmp_path, budget, b"model A") for _ in range(3)]
+
+    def write(k: int) -> None:
+        for i in range(100):
+            put(stores[k], 1000 * k + i, fill=i)
+
+    threads = [threading.Thread(target=write, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in stores:
+        s.flush()
+    # Each writer sees the others' files within RESCAN_EVERY of the budget it writes itself.
+    assert len(files(tmp_path)) * size <= budget * (1 + 3 * RESCAN_EVERY)
+    assert all(whole(tmp_path / n) for n in files(tmp_path))
+
+
+def test_another_format_version_is_removed(tmp_path):
+    path = _one_file(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[4:8] = (VERSION + 1).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    store = KVDiskStore(tmp_path, 1 << 20, b"model A")
+    assert store.get(digest(1)) is None and not path.exists()
+
+
+def test_clearing_the_cache_waits_for_queued_writes_and_says_what_went(tiny, tmp_path):
+    engine = make_engine(tiny, kv_disk_cache_dir=str(tmp_path), kv_disk_cache_bytes=1 << 26)
+    run_alone(engine, long_prompts()[:1])
+    message = engine.clear_kv_disk_cache()
+    assert message.startswith("Cleared the KV disk cache: ") and " files, " in message
+    assert files(tmp_path) == []
+    assert make_engine(tiny).clear_kv_disk_cache().startswith("The KV disk cache is off (")
+
+
+async def test_the_async_engine_clears_through_its_inbox(tiny, tmp_path):
+    from app.engine.api.async_engine import AsyncEngine
+
+    engine = AsyncEngine(str(tiny), device="cpu", dtype="float32", block_size=4, kv_cache_blocks=2048,
+                         kv_disk_cache_dir=str(tmp_path), kv_disk_cache_bytes=1 << 26)
+    try:
+        [_ async for _ in engine.stream(long_prompts()[0], SamplingParams(max_tokens=2, **GREEDY))]
+        assert (await engine.clear_kv_disk_cache()).startswith("Cleared the KV disk cache: ")
+        assert files(tmp_path) == []
+    finally:
+        await engine.aclose()
