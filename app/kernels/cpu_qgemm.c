@@ -157,6 +157,8 @@ static inline __m256i fifth_bits(__m256i h, const int k) {
 #undef QG_VNNI
 #undef QG
 
+#define PANEL_GROUP_BYTES 832 /* a panel's group: 8 unpacked zmm vectors, d, m, q6's three sub-scale vectors */
+
 /* Only the functions below may use AVX-512 instructions; nothing runs them on a CPU without them. */
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni")
@@ -168,18 +170,22 @@ static inline __m256i fifth_bits(__m256i h, const int k) {
 #pragma GCC pop_options
 
 typedef void (*tile_rows_fn)(const gemm_args *, int64_t, int64_t, int64_t);
+typedef void (*panel_rows_fn)(const gemm_args *, char *, int64_t, int, int64_t, int64_t);
 
 #define PAIR_MIN_ROWS 8    /* prefill: below this the tile kernels above, one tile at a time */
 #define PAIR_BLOCK_ROWS 32 /* the least rows a block of x holds on the pairs' path */
+#define PANEL_MIN_ROWS 32  /* prefill: from this many rows the pairs go through panels */
+#define PANEL_BLOCK_BYTES (1024 * 1024) /* x levels per block of rows on the panels' path (L2) */
 
 /* Quantize x once, then every tile of each part. Each thread owns a contiguous share of each
  * part's weight tiles; x is walked in blocks of rows whose levels fit in L2 while the thread's
  * weights pass over each block, each tile staying in L1 for the block's rows. */
 static inline void run_gemm(const gemm_args *parts, int nparts, const float *x, int nthreads, tile_rows_fn tile_rows,
-                            tile_rows_fn pair_rows) {
+                            tile_rows_fn pair_rows, panel_rows_fn panel_rows, char *panels) {
     const gemm_args *a = parts;
     const int64_t M = a->M, G = a->G;
-    int64_t block = ROW_BLOCK_BYTES / a->K / TILE * TILE;
+    const int panel = panel_rows && M >= PANEL_MIN_ROWS;
+    int64_t block = (panel ? PANEL_BLOCK_BYTES : ROW_BLOCK_BYTES) / a->K / TILE * TILE;
     if (block < TILE) block = TILE;
     /* the pairs take 16 rows a pass: a wide K's block (down's) gets them, its levels still in L2 */
     if (pair_rows && block < PAIR_BLOCK_ROWS) block = PAIR_BLOCK_ROWS;
@@ -196,6 +202,11 @@ static inline void run_gemm(const gemm_args *parts, int nparts, const float *x, 
             for (int64_t b = 0; b < M; b += block) {
                 int64_t end = b + block < M ? b + block : M;
                 int64_t t = t0;
+                char *mine = panels + th * 2 * G * PANEL_GROUP_BYTES;
+                if (panel) {
+                    for (; t + 3 < t1; t += 4) panel_rows(&parts[p], mine, t, 4, b, end);
+                    if (t + 1 < t1) panel_rows(&parts[p], mine, t, 2, b, end), t += 2;
+                }
                 if (pair_rows && M >= PAIR_MIN_ROWS)
                     for (; t + 1 < t1; t += 2) pair_rows(&parts[p], t, b, end);
                 for (; t < t1; t++) tile_rows(&parts[p], t, b, end);
@@ -263,7 +274,9 @@ int qgemm(const qweight *w, const float *x, int64_t M, float *y, int nthreads) {
     int nparts = 0;
     for (const qweight *p = w; p; p = p->next, nparts++)
         N += p->N;
-    char *buf = scratch_for(levels + 3 * table);
+    const int vnni = qgemm_isa() == ISA_VNNI;
+    const size_t panels = vnni && M >= PANEL_MIN_ROWS ? (size_t)nthreads * 2 * G * PANEL_GROUP_BYTES : 0;
+    char *buf = scratch_for(levels + 3 * table + panels);
     if (!buf || nparts > MAX_PARTS)
         return -1;
     gemm_args parts[MAX_PARTS];
@@ -272,7 +285,7 @@ int qgemm(const qweight *w, const float *x, int64_t M, float *y, int nthreads) {
         parts[i] = (gemm_args){M, w->K, G, w->N, w->qs, w->d, w->m, w->qh, (int8_t *)buf, (float *)(buf + levels),
                                (float *)(buf + levels + table), (int32_t *)(buf + levels + 2 * table), w->sc, y + col,
                                N, (int)w->fmt};
-    const int vnni = qgemm_isa() == ISA_VNNI;
-    run_gemm(parts, nparts, x, nthreads, vnni ? tile_rows_vnni : tile_rows_avx2, vnni ? pair_rows_vnni : NULL);
+    run_gemm(parts, nparts, x, nthreads, vnni ? tile_rows_vnni : tile_rows_avx2, vnni ? pair_rows_vnni : NULL,
+             vnni ? panel_rows_vnni : NULL, buf + levels + 3 * table);
     return 0;
 }

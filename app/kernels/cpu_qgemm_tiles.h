@@ -500,6 +500,179 @@ ALWAYS_INLINE void QG(pair_fmt)(const gemm_args *a, int64_t t, int64_t *r, int64
     for (; *r + QG_PAIR_ROWS <= end; *r += QG_PAIR_ROWS) QG(pair_in)(a, t, *r, QG_PAIR_ROWS, fmt);
 }
 
+/* Prefill on many rows: a pair's weights unpacked once into a panel (`panel_unpack`: each group's 8
+ * unpacked vectors, then its d, m and q6's sub-scales, PANEL_GROUP_BYTES a group), which then serves
+ * every row of the block from L1 / L2 (`panel_in`): the unpacking, paid per 16 rows above, is paid
+ * once per block of rows, and a pass spends its vector ports on vpdpbusd and the float sums alone.
+ * The same integer dots and float operations in the same order as pair_in: the same bits. */
+#define PANEL_V 0        /* 8 unpacked vectors */
+#define PANEL_D 512      /* dv */
+#define PANEL_M 576      /* mv */
+#define PANEL_SCP 640    /* q6: (sc_lo, sc_hi) int16 pairs, then each as int32 */
+#define PANEL_SCLO 704
+#define PANEL_SCHI 768
+
+ALWAYS_INLINE void QG(panel_unpack_in)(const gemm_args *a, int64_t t, char *panel, const int fmt) {
+    const int64_t G = a->G;
+    const int64_t wbytes = fmt == QG_Q8 ? TILE * 32 : fmt == QG_Q6 ? TILE * 24 : TILE * 16;
+    const int64_t wnext = G * wbytes;
+    const char *w = (const char *)a->qs + t * wnext;
+    const uint8_t *qh = fmt == QG_Q5 || fmt == QG_Q5_0 ? a->qh + t * G * 32 : NULL;
+    const int blocked = fmt == QG_Q6 || fmt == QG_Q4K;
+    const int64_t GS = blocked ? G >> 3 : G, dnext = GS * TILE;
+    const int stored_m = fmt == QG_Q4 || fmt == QG_Q5 || fmt == QG_Q4K;
+    const uint16_t *dt = a->d + t * dnext, *mt = stored_m ? a->m + t * dnext : NULL;
+    const int8_t *sc = blocked ? a->sc + t * G * 16 : NULL;
+    for (int64_t g = 0; g < G; g++) {
+        char *p = panel + g * PANEL_GROUP_BYTES;
+        __m512i v[8];
+        QG(pair_unpack)(fmt, w + g * wbytes, wnext, qh ? qh + g * 32 : NULL, G * 32, v);
+        for (int s = 0; s < 8; s++) _mm512_store_si512((__m512i *)(p + PANEL_V + 64 * s), v[s]);
+        __m512 dv, mv;
+        QG(pair_scales)(fmt, dt, mt, dnext, sc, G * 16, g, &dv, &mv);
+        _mm512_store_ps((float *)(p + PANEL_D), dv);
+        _mm512_store_ps((float *)(p + PANEL_M), mv);
+        if (fmt == QG_Q6) {
+            const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(sc + g * 16))),
+                                                         _mm_loadu_si128((const __m128i *)(sc + G * 16 + g * 16)), 1);
+            const __m512i scp = _mm512_cvtepi8_epi16(both);
+            _mm512_store_si512((__m512i *)(p + PANEL_SCP), scp);
+            _mm512_store_si512((__m512i *)(p + PANEL_SCLO), _mm512_srai_epi32(_mm512_slli_epi32(scp, 16), 16));
+            _mm512_store_si512((__m512i *)(p + PANEL_SCHI), _mm512_srai_epi32(scp, 16));
+        }
+    }
+}
+
+/* W pairs (W: 1 or 2, panels p[0], p[1]: 16 or 32 weight rows) against R rows of x (R <= 4, in one
+ * block of 8: row i's levels at x + 32 i, its table entries at [i]): a register tile of W x R int32
+ * dots a group, each broadcast of four activation levels feeding W vpdpbusd, W x R independent
+ * chains in program order (vpdpbusd's latency hidden), then pair_in's float sums per (pair, row).
+ * `acc` [W * R]. */
+ALWAYS_INLINE void QG(panel_group)(const int fmt, const char *p0, const char *p1, const int W, const int8_t *x,
+                                   const int32_t *xb, const float *xd, const int R, __m512 acc[]) {
+    const char *p[2] = {p0, p1};
+    __m512i dot[2][4], hi[2][4];
+#pragma GCC unroll 8
+    for (int w = 0; w < W; w++)
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            dot[w][i] = fmt == QG_Q8 ? _mm512_set1_epi32(-128 * ((int32_t)(int16_t)xb[i] + (xb[i] >> 16))) : _mm512_setzero_si512();
+            hi[w][i] = _mm512_setzero_si512();
+        }
+#pragma GCC unroll 8
+    for (int s = 0; s < 8; s++) {
+        __m512i v[2];
+#pragma GCC unroll 8
+        for (int w = 0; w < W; w++) v[w] = _mm512_load_si512((const __m512i *)(p[w] + PANEL_V + 64 * s));
+        const int off = fmt == QG_Q8 ? 4 * s : 16 * (s / 4) + 4 * (s % 4);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            const __m512i xv = _mm512_set1_epi32(*(const int32_t *)(x + 32 * i + off));
+#pragma GCC unroll 8
+            for (int w = 0; w < W; w++) {
+                if (fmt == QG_Q6 && s >= 4)
+                    hi[w][i] = _mm512_dpbusd_epi32(hi[w][i], v[w], xv);
+                else
+                    dot[w][i] = _mm512_dpbusd_epi32(dot[w][i], v[w], xv);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int w = 0; w < W; w++) {
+        const __m512 dv = _mm512_load_ps((const float *)(p[w] + PANEL_D));
+        __m512i scp = _mm512_setzero_si512(), sclo = scp, schi = scp;
+        if (fmt == QG_Q6) {
+            scp = _mm512_load_si512((const __m512i *)(p[w] + PANEL_SCP));
+            sclo = _mm512_load_si512((const __m512i *)(p[w] + PANEL_SCLO)), schi = _mm512_load_si512((const __m512i *)(p[w] + PANEL_SCHI));
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m512i d = dot[w][i];
+            if (fmt == QG_Q6) {
+                const __m512i offset = _mm512_madd_epi16(scp, _mm512_set1_epi32(xb[i]));
+                d = _mm512_sub_epi32(_mm512_add_epi32(_mm512_mullo_epi32(d, sclo), _mm512_mullo_epi32(hi[w][i], schi)),
+                                     _mm512_slli_epi32(offset, 5));
+            }
+            acc[w * R + i] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(xd[i])), _mm512_cvtepi32_ps(d), acc[w * R + i]);
+        }
+    }
+}
+
+/* W pairs from tile t (panels at `panel`, one after the other) against rows r .. r+R-1 (one block
+ * of 8 rows holds them). */
+ALWAYS_INLINE void QG(panel_in)(const gemm_args *a, const char *panel, const int W, int64_t t, int64_t r, const int R,
+                                const int fmt) {
+    const int64_t G = a->G, K = a->K;
+    const int has_m = fmt != QG_Q8 && fmt != QG_Q6;
+    const char *p0 = panel, *p1 = panel + G * PANEL_GROUP_BYTES;
+    const int8_t *xg = a->xq + x_at(r, K);
+    const float *xd = a->xd + tab_at(r, G), *xs = a->xs + tab_at(r, G);
+    const int32_t *xb = a->xb + tab_at(r, G);
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < W * R; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g++)
+        QG(panel_group)(fmt, p0 + g * PANEL_GROUP_BYTES, p1 + g * PANEL_GROUP_BYTES, W, xg + g * 32 * TILE, xb + g * TILE,
+                        xd + g * TILE, R, acc);
+    if (has_m) {
+        __m512 mac[8];
+#pragma GCC unroll 8
+        for (int i = 0; i < W * R; i++) mac[i] = _mm512_setzero_ps();
+        for (int64_t g = 0; g < G; g++)
+#pragma GCC unroll 8
+            for (int w = 0; w < W; w++) {
+                const __m512 mv = _mm512_load_ps((const float *)((w ? p1 : p0) + g * PANEL_GROUP_BYTES + PANEL_M));
+#pragma GCC unroll 8
+                for (int i = 0; i < R; i++) mac[w * R + i] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[g * TILE + i]), mac[w * R + i]);
+            }
+#pragma GCC unroll 8
+        for (int i = 0; i < W * R; i++) acc[i] = _mm512_add_ps(acc[i], mac[i]);
+    }
+#pragma GCC unroll 8
+    for (int w = 0; w < W; w++) {
+        const int64_t t0 = t + 2 * w, cols = a->N - t0 * TILE < 2 * TILE ? a->N - t0 * TILE : 2 * TILE;
+        const __mmask16 keep = (__mmask16)((1u << cols) - 1);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) _mm512_mask_storeu_ps(a->y + (r + i) * a->ldy + t0 * TILE, keep, acc[w * R + i]);
+    }
+}
+
+/* Rows r .. end-1 (r a multiple of 4) in passes of 4 rows, the rest in one pass of fewer. */
+ALWAYS_INLINE void QG(panel_pass)(const gemm_args *a, const char *panel, const int W, int64_t t, int64_t r, int64_t end,
+                                  const int fmt) {
+    for (; r + 4 <= end; r += 4) QG(panel_in)(a, panel, W, t, r, 4, fmt);
+    switch (end - r) {
+    case 3: QG(panel_in)(a, panel, W, t, r, 3, fmt); break;
+    case 2: QG(panel_in)(a, panel, W, t, r, 2, fmt); break;
+    case 1: QG(panel_in)(a, panel, W, t, r, 1, fmt); break;
+    }
+}
+
+ALWAYS_INLINE void QG(panel_fmt)(const gemm_args *a, char *panel, int64_t t, const int tiles, int64_t r, int64_t end,
+                                 const int fmt) {
+    const int64_t next = a->G * PANEL_GROUP_BYTES;
+    QG(panel_unpack_in)(a, t, panel, fmt);
+    if (tiles == 4) {
+        QG(panel_unpack_in)(a, t + 2, panel + next, fmt);
+        QG(panel_pass)(a, panel, 2, t, r, end, fmt);
+    } else
+        QG(panel_pass)(a, panel, 1, t, r, end, fmt);
+}
+
+/* Tiles t .. t+tiles-1 (4 or 2) against rows r .. end-1 through panels (2 * PANEL_GROUP_BYTES * G
+ * bytes at `panel`). */
+static void QG(panel_rows)(const gemm_args *a, char *panel, int64_t t, int tiles, int64_t r, int64_t end) {
+    switch (a->fmt) {
+    case QG_Q6: QG(panel_fmt)(a, panel, t, tiles, r, end, QG_Q6); break;
+    case QG_Q5: QG(panel_fmt)(a, panel, t, tiles, r, end, QG_Q5); break;
+    case QG_Q4: QG(panel_fmt)(a, panel, t, tiles, r, end, QG_Q4); break;
+    case QG_Q4K: QG(panel_fmt)(a, panel, t, tiles, r, end, QG_Q4K); break;
+    case QG_Q4_0: QG(panel_fmt)(a, panel, t, tiles, r, end, QG_Q4_0); break;
+    case QG_Q5_0: QG(panel_fmt)(a, panel, t, tiles, r, end, QG_Q5_0); break;
+    default: QG(panel_fmt)(a, panel, t, tiles, r, end, QG_Q8);
+    }
+}
+
 static void QG(pair_rows)(const gemm_args *a, int64_t t, int64_t r, int64_t end) {
     switch (a->fmt) {
     case QG_Q6: QG(pair_fmt)(a, t, &r, end, QG_Q6); break;

@@ -277,6 +277,22 @@ def test_the_vnni_prefill_pairs_give_the_avx2_bits(make, threads, each_isa):
         torch.set_num_threads(saved)
 
 
+@pytest.mark.parametrize("make", [_q4k, _q5_0, _q6, _q8], ids=["q4k", "q5_0", "q6", "q8"])
+def test_the_vnni_panels_give_the_avx2_bits_across_blocks(make, each_isa):
+    """From 32 rows the VNNI pairs go through panels: K = 8,960 (the 1.5B's down) makes blocks of
+    112 rows (280 groups), so 117 rows are a full block and one of 5
+    (a pass of 4 and a rest); 116 weight rows: two pairs at once, one pair, then a lone tile."""
+    w = make(116, 1120) if make in (_q4k, _q6) else make(116, 8960)
+    assert w.in_features == 8960
+    x = torch.randn(117, 8960)
+    cpu_qgemm.set_isa("AVX2")
+    want = w(x)
+    each_isa(_VNNI)
+    got = w(x)
+    assert torch.equal(got, want)
+    assert torch.equal(w(x[:33]), want[:33])
+
+
 @pytest.mark.parametrize("isa", ["AVX2", _VNNI])
 def test_a_split_weight_is_its_parts_side_by_side(isa, each_isa):
     """Parts in three formats (a Q6_K part of 40 rows: a tile cut at the boundary) in one call: the
@@ -329,5 +345,5 @@ def test_only_the_vnni_tiles_hold_avx512_instructions():
             fn = head.group(1)
         elif avx512.search(line):
             holders.add(fn)
-    assert holders <= {"tile_rows_vnni", "pair_rows_vnni", "int8_peak_vnni", "fp32_peak_vnni"}, holders
+    assert holders <= {"tile_rows_vnni", "pair_rows_vnni", "panel_rows_vnni", "int8_peak_vnni", "fp32_peak_vnni"}, holders
     assert "tile_rows_vnni" in holders
