@@ -28,15 +28,16 @@ import hashlib
 import struct
 from collections import OrderedDict
 from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from app.engine.core.kv_disk_cache import PendingRead
 from app.engine.core.sequence import Sequence
 from app.engine.runtime.kv_cache_spec import NULL_BLOCK, KVCacheGroup, KVCacheSpec, live_blocks
 
 if TYPE_CHECKING:
-    from app.engine.core.kv_disk_cache import DiskRead, KVDiskTier
+    from app.engine.core.kv_disk_cache import KVDiskTier
 
 
 class Block:
@@ -417,20 +418,6 @@ class BlockManager:
         if seq.disk_read is not None:
             seq.disk_read.orphan = True
             seq.disk_read = None
-
-
-@dataclass
-class PendingRead:
-    """A read of a prefix's blocks from disk in flight: the pool blocks it holds (`dest`, group ->
-    rows, blocks; `kept`, the memory hits it pins), and per row the prompt block (hash, tokens) and
-    index it restores."""
-
-    future: Future[DiskRead]
-    blocks: list[tuple[int, tuple[int, ...]]]
-    indices: list[int]
-    dest: dict[int, tuple[list[int], list[int]]]
-    kept: list[int]
-    orphan: bool = False
 
 
 def _runs(hits: list[int | None]) -> list[int]:

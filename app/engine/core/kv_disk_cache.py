@@ -200,3 +200,17 @@ def open_disk_tier(config: EngineConfig, worker: Worker) -> KVDiskTier:
     store = KVDiskStore(directory, budget, namespace(worker, config.block_size))
     runner = worker.runner
     return KVDiskTier(store, runner.kv_caches, runner.layer_groups)
+
+
+@dataclass
+class PendingRead:
+    """A read of a prefix's blocks from disk in flight: the pool blocks it holds (`dest`, group ->
+    rows, blocks; `kept`, the memory hits it pins), and per row the prompt block (hash, tokens) and
+    index it restores."""
+
+    future: Future[DiskRead]
+    blocks: list[tuple[int, tuple[int, ...]]]
+    indices: list[int]
+    dest: dict[int, tuple[list[int], list[int]]]
+    kept: list[int]
+    orphan: bool = False

@@ -11,7 +11,7 @@ from app.engine.types.outputs import TopLogprobs
 from app.engine.types.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from app.engine.core.block_manager import PendingRead
+    from app.engine.core.kv_disk_cache import PendingRead
     from app.engine.structured.matcher import SequenceGrammar
 
 
