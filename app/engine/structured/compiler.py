@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from app.engine.structured.cache import LRUCache
 from app.engine.structured.constraint import Constraint, constraint_of
 from app.engine.structured.json_schema import JSON_MAX_WHITESPACE
-from app.engine.structured.matcher import ForbiddenTokens, SequenceGrammar
+from app.engine.structured.matcher import SequenceGrammar
 from app.engine.structured.tokenizer_info import build_tokenizer_info
 from app.engine.types.errors import RequestError
 from app.engine.types.sampling_params import SamplingParams
@@ -47,7 +47,6 @@ class ConstraintCompiler:
             cache_bytes, weight=lambda g: g.memory_size_bytes)
         self._lock = threading.Lock()
         self._compiler: xgrammar.GrammarCompiler | None = None
-        self._forbidden: ForbiddenTokens | None = None  # set with the compiler, shared by its matchers
         # Without a stop token a finished grammar has nothing left to allow: end on its last token.
         self._end_without_stop = tokenizer is None or not tokenizer.stop_token_ids
 
@@ -60,8 +59,7 @@ class ConstraintCompiler:
         compiled = self.compile(constraint)
         import xgrammar as xgr
 
-        matcher = xgr.GrammarMatcher(compiled, terminate_without_stop_token=self._end_without_stop)
-        return SequenceGrammar(matcher, self._forbidden)
+        return SequenceGrammar(xgr.GrammarMatcher(compiled, terminate_without_stop_token=self._end_without_stop))
 
     def compile(self, constraint: Constraint) -> xgrammar.CompiledGrammar:
         compiled = self._cache.get(constraint)
@@ -102,7 +100,6 @@ class ConstraintCompiler:
                 # Half the cores: compiling must not starve the step thread of a running engine.
                 threads = max(1, (os.cpu_count() or 2) // 2)
                 self._compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
-                self._forbidden = ForbiddenTokens.of(info)
             return self._compiler
 
 

@@ -14,7 +14,6 @@ from app.engine.structured.cache import LRUCache
 from app.engine.structured.compiler import ConstraintCompiler
 from app.engine.structured.constraint import Constraint, constraint_of
 from app.engine.structured.json_schema import JSON_MAX_WHITESPACE
-from app.engine.structured.matcher import ForbiddenTokens
 from app.engine.types.errors import RequestError
 from app.engine.types.sampling_params import SamplingParams
 
@@ -143,68 +142,6 @@ def test_mask_rows_follow_their_own_sequences(tokenizer):
     assert torch.isfinite(logits[0]).all()
     assert [tokenizer.token_to_bytes(int(logits[i].argmax())) for i in (1, 2)] == [b"a", b"b"]
     mask.apply(torch.zeros(1, tokenizer.vocab_size), seqs[:1])  # a smaller batch reuses the buffer
-
-
-def _reference_mask(logits: torch.Tensor, seqs: list[Sequence], width: int) -> torch.Tensor:
-    """The logits as xgrammar's full bitmask apply leaves them (filling does not move a matcher)."""
-    import xgrammar as xgr
-
-    out = logits.clone()
-    bitmask = torch.empty(len(seqs), -(-width // 32), dtype=torch.int32)
-    rows = [i for i, s in enumerate(seqs) if s.grammar is not None]
-    for i in rows:
-        seqs[i].grammar.fill_bitmask(bitmask, i)
-    xgr.apply_token_bitmask_inplace(out, bitmask, vocab_size=width, indices=rows)
-    return out
-
-
-def test_free_text_under_a_tool_grammar_applies_no_bitmask(tokenizer, monkeypatch):
-    """Once a reply opens as text, a tool grammar forbids only the special tokens: those are filled with
-    -inf directly, xgrammar's bitmask apply is not called, and the logits are the same as its."""
-    import xgrammar as xgr
-
-    from app.engine.structured.tool_grammar import tool_structural_tag
-    from app.engine.text.tool_calls import FunctionSpec
-
-    calls = []
-    real_apply = xgr.apply_token_bitmask_inplace
-    monkeypatch.setattr(xgr, "apply_token_bitmask_inplace", lambda *a, **k: (calls.append(1), real_apply(*a, **k)))
-    width = tokenizer.vocab_size + 40
-    tag = tool_structural_tag([FunctionSpec("read_file", None, {"type": "object"})], "auto", True)
-    seq = Sequence("tools", [1, 2], SamplingParams(structural_tag=tag), 10)
-    seq.grammar = ConstraintCompiler(tokenizer, width).matcher_for(seq.params)
-    seqs = [Sequence("free", [1], SamplingParams(), 10), seq]
-    mask = GrammarBitmask(width)
-    generator = torch.Generator().manual_seed(0)
-    first, *rest = tokenizer.encode("Hi there", add_bos=False)
-    mask.apply(torch.randn(2, width, generator=generator), seqs)  # the opening picks text or a call
-    assert mask.full_applies == 1 and seq.grammar.accept(first)
-    for token in rest:
-        logits = torch.randn(2, width, generator=generator)
-        expected = _reference_mask(logits, seqs, width)
-        calls.clear()
-        mask.apply(logits, seqs)
-        assert calls == [] and torch.equal(logits, expected)
-        assert seq.grammar.accept(token)
-    assert mask.full_applies == 1 and mask.special_fills > 0
-    for token in tokenizer.encode("<tool_call>", add_bos=False):  # inside the call: the full mask
-        assert seq.grammar.accept(token)
-    logits = torch.randn(2, width, generator=generator)
-    expected = _reference_mask(logits, seqs, width)
-    mask.apply(logits, seqs)
-    assert mask.full_applies == 2 and torch.equal(logits, expected)
-
-
-def test_forbidden_tokens_row_clears_exactly_their_bits():
-    import xgrammar as xgr
-
-    info = xgr.TokenizerInfo([b"a", b"", b"b", b"", b"c"], xgr.VocabType.RAW, vocab_size=70, stop_token_ids=[3])
-    forbidden = ForbiddenTokens.of(info)
-    ids = forbidden.token_ids.tolist()
-    assert 1 in ids and 3 not in ids and 69 in ids and 0 not in ids  # empty pieces and padding, not the stop
-    row = torch.frombuffer(bytearray(forbidden.row_bytes), dtype=torch.int32)
-    allowed = [t for t in range(70) if (int(row[t // 32]) >> (t % 32)) & 1]
-    assert sorted(allowed + ids) == list(range(70))
 
 
 # --- real vocabularies: a valid text's own tokens walk through the grammar ---
