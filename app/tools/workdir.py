@@ -8,6 +8,7 @@ it cannot act on."""
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import os
 import re
@@ -29,6 +30,7 @@ DEFAULT_MATCHES = 50
 MAX_CONTEXT = 10
 MAX_SEARCH_FILES = 20_000
 MAX_LINE_CHARS = 400  # a search hit's line is cut here (minified files)
+MAX_SUGGESTIONS = 3  # files a missing path's error names
 # Skipped by the walk outside a git repository (a repository's own ignore rules say more).
 WALK_SKIP = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv", "venv", ".mypy_cache",
                        ".pytest_cache", ".ruff_cache", ".tox"})
@@ -69,7 +71,7 @@ class Workdir:
         """Files under `path` (not ignored by .gitignore), matching the glob `pattern`, at most `limit`."""
         base = self.resolve(path)
         if not base.is_dir():
-            raise ToolInputError(f"{path!r} is not a directory" if base.exists() else f"{path!r} does not exist")
+            raise ToolInputError(f"{path!r} is not a directory") if base.exists() else self._missing(path)
         limit = max(1, min(int(limit), MAX_LIST))
         files = [f for f in self.files(base) if pattern is None or _glob_match(f, pattern)]
         shown = files[:limit]
@@ -135,7 +137,7 @@ class Workdir:
         elif base.is_dir():
             candidates = self.files(base)[:MAX_SEARCH_FILES]
         else:
-            raise ToolInputError(f"{path!r} does not exist")
+            raise self._missing(path)
         out: list[str] = []
         found = 0
         for rel in candidates:
@@ -195,10 +197,24 @@ class Workdir:
     def _existing_file(self, path: str) -> Path:
         real = self.resolve(path)
         if not real.exists():
-            raise ToolInputError(f"{path!r} does not exist")
+            raise self._missing(path)
         if not real.is_file():
             raise ToolInputError(f"{path!r} is not a file")
         return real
+
+    def _missing(self, path: str) -> ToolInputError:
+        """`path` does not exist: the error names the files of that name or a close one, so the
+        next call can find it (a model that guessed a path otherwise gives up on the error)."""
+        files = self.files()[:MAX_SEARCH_FILES]
+        by_name: dict[str, list[str]] = {}
+        for rel in files:
+            by_name.setdefault(Path(rel).name, []).append(rel)
+        names = difflib.get_close_matches(Path(path).name, list(by_name), n=3, cutoff=0.75)
+        near = [rel for name in names for rel in by_name[name] if rel != path][:MAX_SUGGESTIONS]
+        if near:
+            return ToolInputError(f"{path!r} does not exist; did you mean {' or '.join(map(repr, near))}?")
+        return ToolInputError(f"{path!r} does not exist; search finds the file that holds a name, "
+                              "list_files lists the files")
 
     def _text(self, real: Path, path: str) -> str:
         size = real.stat().st_size

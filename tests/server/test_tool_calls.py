@@ -97,13 +97,17 @@ TOWN = '<tool_call>\n{"name": "get_weather", "arguments": {"town": "x"}}\n</tool
 BARE = '{"name": "get_weather", "arguments": {"city": "x"}}'  # a call object without the tags
 BARE_TOWN = '{"name": "get_weather", "arguments": {"town": "x"}}'
 BARE_NOPE = '{"name": "shipping_cost", "arguments": {}}'
+FENCED = '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "x"\n  }\n}\n```'
 
 
 @pytest.mark.parametrize(("choice", "parallel", "accepted", "refused"), [
     ("auto", True, ["Sunny.", f"Checking {PING}", PING, f"{PING} done", BARE, f"{BARE}\nok", f"Hi {BARE_NOPE}",
-                    '{"city": "x"}', '{ "a": 1}', "<b>x</b>", "", " hi"],
+                    '{"city": "x"}', '{ "a": 1}', "<b>x</b>", "", " hi",
+                    FENCED, f"```{BARE}```", '```json\n{"city": "x"}\n```', "```python\nx = 1\n```", "`x`",
+                    f"Try:\n```json\n{BARE_NOPE}\n```"],
      [TOWN, BARE_NOPE, f" {BARE_NOPE}", BARE_NOPE.replace('"name"', ' "name"'), BARE_TOWN, f"Hi {TOWN}",
-      PING.replace("ping", "pong")]),
+      PING.replace("ping", "pong"), f"```json\n{BARE_NOPE}\n```", FENCED.replace("get_weather", "get_time"),
+      FENCED.replace("city", "town")]),
     ("required", True, [PING, f"{PING}{PARIS}"], ["Sunny.", f"Hi {PING}", f"{PING}\n"]),
     ("required", False, [PING], [f"{PING}{PING}"]),
     (NamedToolChoice.model_validate({"type": "function", "function": {"name": "get_weather"}}), True,

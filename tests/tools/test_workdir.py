@@ -101,6 +101,17 @@ def test_listing_is_bounded(tmp_path: Path) -> None:
     assert len(Workdir.open(tmp_path).list_files(limit=10**9).splitlines()) == 30 <= MAX_LIST
 
 
+def test_a_missing_path_names_the_files_it_may_mean(tree) -> None:
+    work, _ = tree
+    for call in (lambda p: work.read_file(p), lambda p: work.search("x", p), lambda p: work.list_files(p)):
+        with pytest.raises(ToolInputError, match=r"^'mod\.py' does not exist; did you mean 'pkg/mod\.py'\?$"):
+            call("mod.py")
+        with pytest.raises(ToolInputError, match=r"'pkg/modd\.py' does not exist; did you mean 'pkg/mod\.py'"):
+            call("pkg/modd.py")
+        with pytest.raises(ToolInputError, match="'config.py' does not exist; search finds the file that holds a name"):
+            call("config.py")
+
+
 def test_read_ranges_and_limits(tree) -> None:
     work, _ = tree
     assert work.read_file("pkg/mod.py", 2, 2) == "pkg/mod.py: lines 2-2 of 6 (more: read_file with start_line=3)\n    return a + b\n"

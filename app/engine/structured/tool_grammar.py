@@ -36,6 +36,7 @@ from app.engine.text.tool_calls import (
 # What follows a bare call's `{` up to its arguments (the tag's begin: the name picks the schema).
 _BARE_KEY = '"name"'
 _SPACE = r"\s"
+_FENCE = r"```(json)?\s*"  # a Markdown code fence a bare call object may come in
 
 
 def tool_structural_tag(tools: Sequence[FunctionSpec], choice: ToolChoiceSpec, parallel: bool,
@@ -58,21 +59,43 @@ def tool_structural_tag(tools: Sequence[FunctionSpec], choice: ToolChoiceSpec, p
 
 def _auto(tools: Sequence[FunctionSpec], tags: list[dict[str, Any]], parallel: bool) -> dict[str, Any]:
     """Text and calls, by how the reply opens (leading whitespace aside): with `<tool_call>`, a
-    tagged call; with `{` then `"name"`, a bare call object of an offered tool; otherwise text.
-    Each branch goes on as free text in which `<tool_call>` opens a checked call."""
+    tagged call; with `{` then `"name"` (in a ```` ```json ```` fence or not), a bare call object
+    of an offered tool; otherwise text. Each branch goes on as free text in which `<tool_call>`
+    opens a checked call."""
     free = {"type": "triggered_tags", "triggers": [CALL_OPEN], "tags": tags, "at_least_one": False,
             "stop_after_first": not parallel}
-    bare = [{"type": "tag", "begin": f'{_BARE_KEY}: {json.dumps(t.name)}, "arguments": ',
-             "content": {"type": "json_schema", "json_schema": t.parameters_schema}, "end": "}"} for t in tools]
-    not_a_call, not_a_call_object = _differs_from(CALL_OPEN[1:]), _differs_from(_BARE_KEY, _SPACE)
-    text_opening = rf"\s*([^\s{{<]|<{not_a_call}|\{{\s*{not_a_call_object})"
+    bare = {"type": "or", "elements": [_bare_call(t) for t in tools]}
     return {"type": "or", "elements": [
         {"type": "sequence", "elements": [{"type": "regex", "pattern": r"\s*"}, _calls(tags, parallel), free]},
-        {"type": "sequence", "elements": [{"type": "regex", "pattern": r"\s*\{\s*"},
-                                          _calls(bare, parallel=False), free]},
-        {"type": "sequence", "elements": [{"type": "regex", "pattern": text_opening}, free]},
+        {"type": "sequence", "elements": [{"type": "regex", "pattern": rf"\s*({_FENCE})?\{{\s*"}, bare, free]},
+        {"type": "sequence", "elements": [{"type": "regex", "pattern": _text_opening()}, free]},
         {"type": "regex", "pattern": r"\s*"},  # an empty reply
     ]}
+
+
+def _bare_call(tool: FunctionSpec) -> dict[str, Any]:
+    """A bare call object's rest after `{`, spaced as the model likes (a model that writes it over
+    several lines, forced onto one, loses its way after the call)."""
+    name = re.escape(json.dumps(tool.name))
+    return {"type": "sequence", "elements": [
+        {"type": "regex", "pattern": rf'{_BARE_KEY}\s*:\s*{name}\s*,\s*"arguments"\s*:\s*'},
+        {"type": "json_schema", "json_schema": tool.parameters_schema},
+        {"type": "regex", "pattern": r"\s*\}"},
+    ]}
+
+
+def _text_opening() -> str:
+    """A regex for the opening of a reply that is neither a tagged call nor a bare call object."""
+    not_object = rf"\{{\s*{_differs_from(_BARE_KEY, _SPACE)}"  # `{` and then not `"name"`
+    fence = [
+        f"`{_differs_from('``')}",  # inline code, not a fence
+        r"```[^\s{j`]",  # a fence of another language
+        f"```j{_differs_from('son')}",
+        r"```(json)?\s+[^\s{]",  # a fence whose first line is not an object
+        r"```json[^\s{]",
+        rf"```(json)?\s*{not_object}",
+    ]
+    return rf"\s*([^\s{{<`]|<{_differs_from(CALL_OPEN[1:])}|{not_object}|{'|'.join(fence)})"
 
 
 def _differs_from(word: str, also: str = "") -> str:
