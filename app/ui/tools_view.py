@@ -143,6 +143,8 @@ _MARKS = {ServerState.READY: ("●", "green"), ServerState.STARTING: ("◌", "ye
 
 
 def _rows(status: ServerStatus) -> list[Option]:
+    """A row per server (its line, then its command line or URL) and per tool (the view's CSS keeps
+    each line on one line, cut with …)."""
     mark, color = _MARKS[status.state] if status.enabled else ("○", "grey50")
     head = Text.assemble((f"{mark} ", color), (status.line(), "bold"))
     if status.target:

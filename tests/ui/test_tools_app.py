@@ -65,13 +65,13 @@ async def answer_card(pilot: Any, pane: Any, key: str) -> ApprovalCard:
 
 async def test_approve_refuse_always_auto_approve_limit_and_restart(tmp_path: Path) -> None:
     engine = ToolTemplateEngine(model_name="fake", max_model_len=8192, script=model)
-    broken = '[mcp_servers.bad]\ncommand = "localbatch-no-such-server"\n'
+    broken = '[mcp_servers.bad]\ncommand = "lb-nosuchcommand"\n'
     app, _ = make_app(tmp_path, engine, config(broken, auto_approve='["big"]'), tools=True)
     async with app.run_test(size=SIZE) as pilot:
         screen = await chat_screen(pilot)
         pane = screen.active_pane()
         await ready(pilot, app)
-        assert app.tools.server("bad").line() == "bad · failed: command not found: localbatch-no-such-server"
+        assert app.tools.server("bad").line() == "bad · failed: command not found: lb-nosuchcommand"
 
         # The tools view lists the servers, their state and their tools.
         await pilot.press("f10")
@@ -80,7 +80,18 @@ async def test_approve_refuse_always_auto_approve_limit_and_restart(tmp_path: Pa
                 for i in range(app.screen.query_one(OptionList).option_count)]
         assert rows[0].startswith("● fx · ready · 6 tools") and any("echo · Repeat the text." in r for r in rows)
         assert any("big (runs without asking)" in r for r in rows)
-        assert any("✗ bad · failed: command not found" in r for r in rows)
+        assert any("✗ bad · failed: command not found: lb-nosuchcommand" in r for r in rows)
+        # Each line of a row stays one line on screen, in a 64-column terminal too (a wrapped reason
+        # put its command on the next line, where it read as the command line).
+        await pilot.resize_terminal(64, SIZE[1])
+        await pilot.pause(0.2)
+        view = app.screen.query_one(OptionList)
+        painted = [view.render_line(y).text.rstrip() for y in range(view.size.height)]
+        assert "✗ bad · failed: command not found: lb-nosuchcommand" in painted
+        assert "    lb-nosuchcommand" in painted
+        assert all(len(line) <= view.scrollable_content_region.width for line in painted)
+        await pilot.resize_terminal(*SIZE)
+        await pilot.pause(0.2)
         await pilot.press("escape")
         await until(pilot, lambda: app.screen is screen)
 
