@@ -66,14 +66,18 @@ class ToolLoop:
             return None
         return [await self.run_one(call, ask) for call in calls]
 
-    async def run_one(self, call: ParsedCall, ask: Ask) -> dict[str, Any]:
-        """One call of a round `steps.take()` admitted: asked, run or refused; its `tool` message."""
+    async def run_one(self, call: ParsedCall, ask: Ask, cut: str | None = None) -> dict[str, Any]:
+        """One call of a round `steps.take()` admitted: asked, run or refused; its `tool` message.
+        `cut`: the reply's token limit ended this call (`guidance.cut_call_cause`); said, with what
+        to do, instead of the JSON error when its arguments did not get to be whole."""
         tool = self.tools.find(call.name)
         if tool is None:
             return error_result(f"there is no tool named {call.name!r}").message(call.id, call.name)
         try:
             arguments = json.loads(call.arguments or "{}")
         except ValueError:
+            if cut is not None:
+                return error_result(f"{cut}; write a shorter call").message(call.id, call.name)
             arguments = None
         if not isinstance(arguments, dict):
             return error_result("the arguments are not a JSON object").message(call.id, call.name)

@@ -7,6 +7,7 @@ import json
 
 from app.engine.api.tool_use import ParsedCall
 from app.tools.approval import REFUSED_TEXT, ApprovalPolicy, Decision, StepLimit
+from app.tools.guidance import cut_call_cause
 from app.tools.manager import ToolInfo
 from app.tools.results import ToolResult
 from app.tools.turn import ToolLoop, edit_preview
@@ -59,3 +60,22 @@ async def test_round_of_calls() -> None:
 def test_edit_preview() -> None:
     assert edit_preview({"diff": "@@ -1 +1 @@\n-a\n+b\n"}) == "@@ -1 +1 @@\n-a\n+b\n"
     assert edit_preview({"path": "x"}) is None
+
+
+async def test_a_call_cut_by_the_token_limit_is_told_so() -> None:
+    """The model reads the cause and the cap, not a JSON error; a cut call whose arguments are
+    whole (only `}` and `</tool_call>` missing) runs."""
+    runner = Runner()
+    loop = ToolLoop(runner, ApprovalPolicy(), StepLimit(4))
+    cause = cut_call_cause(256)
+    cut = ParsedCall("c1", "files__read_file", '{"path": "a.p')
+    out = await loop.run_one(cut, refuse_all, cause)
+    assert out["content"] == "Error: the call was cut at the 256-token limit of a reply; write a shorter call"
+    assert (await loop.run_one(cut, refuse_all))["content"] == "Error: the arguments are not a JSON object"
+    whole = ParsedCall("c2", "files__read_file", '{"path": "a.py"}')
+    assert (await loop.run_one(whole, refuse_all, cause))["content"] == "ran files__read_file"
+    assert cut_call_cause(None) == "the call was cut at the end of the context"
+
+
+async def refuse_all(card) -> Decision:
+    return Decision.REFUSE
