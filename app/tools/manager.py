@@ -57,6 +57,7 @@ class ToolInfo:
     input_schema: Mapping[str, Any]
     enabled: bool = True
     auto_approve: bool = False
+    root: str | None = None  # the working directory, for the built-in server's tools (edits are previewed there)
 
     def openai(self) -> dict[str, Any]:
         """The OpenAI `tools` entry (what chat templates render and the constraint is built from)."""
@@ -342,7 +343,8 @@ class ToolManager:
             taken.add(name)
             out.append(ToolInfo(server.config.name, tool.name, name, (tool.description or "").strip(),
                                 tool.input_schema or {"type": "object", "properties": {}},
-                                tool.name not in server.disabled_tools, tool.name in server.config.auto_approve))
+                                tool.name not in server.disabled_tools, tool.name in server.config.auto_approve,
+                                server.config.root))
         return tuple(out)
 
     async def _stop(self, server: _Server, reason: str | None = None) -> None:
