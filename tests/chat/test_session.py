@@ -345,5 +345,5 @@ async def test_a_call_cut_by_max_tokens_is_answered_with_the_cause_and_the_cap(t
     assert [m.content for m in view.results] == [said] and view.notes == []
 
     view = await send(session, "name")  # cut in the name: `<tool_call>\n{"name": "fx__echo`, no call
-    assert view.notes == ["The call was cut at the 4-token limit of a reply; no call ran (raise max tokens in the "
-                          "chat's settings)"]
+    note = "The call was cut at the 4-token limit of a reply; no call ran (raise max tokens in the chat's settings)"
+    assert view.notes == [note]

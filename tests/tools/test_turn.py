@@ -11,10 +11,10 @@ from mcp import Client
 
 from app.engine.api.tool_use import ParsedCall
 from app.tools.approval import REFUSED_TEXT, ApprovalPolicy, Decision, StepLimit
+from app.tools.builtin_server import build_server
 from app.tools.guidance import cut_call_cause
 from app.tools.manager import ToolInfo
 from app.tools.results import ToolResult
-from app.tools.builtin_server import build_server
 from app.tools.turn import ToolLoop, card_preview, edit_preview
 from app.tools.workdir import Workdir
 
