@@ -14,7 +14,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
 from app.tools import workdir as wd
-from app.tools.errors import ToolInputError
+from app.tools.errors import ToolInputError, refusal_line
 from app.tools.workdir import Workdir
 
 SERVER_NAME = "localbatch"
@@ -28,7 +28,7 @@ def _refusal(call: Callable[[], _T]) -> _T:
     try:
         return call()
     except (ToolInputError, OSError) as e:
-        raise ToolError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+        raise ToolError(refusal_line(e)) from None
 
 
 def build_server(root: str | Path) -> MCPServer[Any]:

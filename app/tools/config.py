@@ -56,6 +56,7 @@ class ServerConfig:
     enabled: bool = True
     startup_timeout: float = DEFAULT_STARTUP_TIMEOUT
     call_timeout: float | None = None  # None: the `[tools]` call_timeout
+    root: str | None = None  # the built-in server's working directory (`localbatch mcp --root`); None: another
 
     @property
     def transport(self) -> str:
@@ -94,10 +95,10 @@ def builtin_server(workdir: str | Path) -> ServerConfig:
     PYTHONPATH: a folder named app/ in the working directory is not imported); its read-only
     tools run without asking."""
     package_root = Path(__file__).resolve().parents[2]
-    return ServerConfig(BUILTIN_NAME, command=sys.executable,
-                        args=("-P", "-m", "app.cli", "mcp", "--root", str(Path(workdir).expanduser().resolve())),
+    root = str(Path(workdir).expanduser().resolve())
+    return ServerConfig(BUILTIN_NAME, command=sys.executable, args=("-P", "-m", "app.cli", "mcp", "--root", root),
                         env=MappingProxyType({"PYTHONPATH": str(package_root)}),
-                        auto_approve=frozenset({"list_files", "read_file", "search"}))
+                        auto_approve=frozenset({"list_files", "read_file", "search"}), root=root)
 
 
 # --- the config TOML ------------------------------------------------------------------------------

@@ -17,3 +17,8 @@ class ToolConfigError(LocalbatchError):
 class ToolCallError(LocalbatchError):
     """A call that could not be made or did not finish: unknown or disabled tool, server not
     ready, timeout, the server died."""
+
+
+def refusal_line(e: BaseException) -> str:
+    """A refused call's error as the model reads it (and an edit's card shows it): its first line."""
+    return str(e).splitlines()[0] if str(e) else type(e).__name__

@@ -53,3 +53,10 @@ def with_guidance(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping
     else:
         out.insert(0, {"role": "system", "content": guidance})
     return out
+
+
+def cut_call_cause(max_tokens: int | None) -> str:
+    """Why a call its reply's token limit ended does not run, naming the cap (the model reads it
+    as the call's error, the chat shows it)."""
+    limit = f"the {max_tokens}-token limit of a reply" if max_tokens else "the end of the context"
+    return f"the call was cut at {limit}"

@@ -57,6 +57,7 @@ class ToolInfo:
     input_schema: Mapping[str, Any]
     enabled: bool = True
     auto_approve: bool = False
+    root: str | None = None  # the working directory, for the built-in server's tools (edits are previewed there)
 
     def openai(self) -> dict[str, Any]:
         """The OpenAI `tools` entry (what chat templates render and the constraint is built from)."""
@@ -309,7 +310,7 @@ class ToolManager:
             if lost:
                 self._publish(server, state=ServerState.FAILED, reason="exited" + _stderr_note(server.errlog), tools=(), prompts=())
             elif not stop.is_set():
-                reason = _reason(e, server.errlog)
+                reason = _reason(e, server.errlog, server.config)
                 if server.config.url is not None and server.status.state is ServerState.STARTING:
                     reason = f"cannot reach {server.config.url}: {reason}"
                 self._publish(server, state=ServerState.FAILED, reason=reason, tools=(), prompts=())
@@ -342,7 +343,8 @@ class ToolManager:
             taken.add(name)
             out.append(ToolInfo(server.config.name, tool.name, name, (tool.description or "").strip(),
                                 tool.input_schema or {"type": "object", "properties": {}},
-                                tool.name not in server.disabled_tools, tool.name in server.config.auto_approve))
+                                tool.name not in server.disabled_tools, tool.name in server.config.auto_approve,
+                                server.config.root))
         return tuple(out)
 
     async def _stop(self, server: _Server, reason: str | None = None) -> None:
@@ -405,7 +407,8 @@ class ToolManager:
             raise
         except BaseException as e:  # noqa: BLE001 - the transport's errors reach here wrapped
             await self._lost(server)
-            return error_result(f"{offered}: the MCP server {tool.server!r} failed: {_reason(e, server.errlog)}")
+            return error_result(f"{offered}: the MCP server {tool.server!r} failed: "
+                                f"{_reason(e, server.errlog, server.config)}")
         return from_call_result(result, self.config.max_result_chars)
 
     async def _get_prompt(self, name: str, prompt: str, arguments: dict[str, str]) -> list[dict[str, str]]:
@@ -477,10 +480,14 @@ def _leaf(e: BaseException) -> BaseException:
     return e
 
 
-def _reason(e: BaseException, errlog: IO[str] | None) -> str:
+def _reason(e: BaseException, errlog: IO[str] | None, config: ServerConfig) -> str:
     leaf = _leaf(e)
-    if isinstance(leaf, FileNotFoundError):
-        text = f"command not found: {leaf.filename or leaf}"
+    if isinstance(leaf, FileNotFoundError) and config.command is not None:
+        # The OS names the missing file: the command, or a `cwd` that does not exist.
+        missing_cwd = config.cwd is not None and leaf.filename == config.cwd
+        text = f"working directory not found: {config.cwd}" if missing_cwd else f"command not found: {config.command}"
+    elif isinstance(leaf, FileNotFoundError):
+        text = f"not found: {leaf.filename or leaf}"
     elif isinstance(leaf, MCPError) and leaf.code == CONNECTION_CLOSED:
         text = "exited"
     elif isinstance(leaf, OSError) and leaf.strerror:

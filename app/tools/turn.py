@@ -9,6 +9,7 @@ as the `tool` message that answers it. The chat session drives it; the UI only a
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,8 +18,10 @@ from typing import Any, Protocol
 from app.engine.api.tool_use import ParsedCall
 from app.tools.approval import REFUSED_TEXT, ApprovalPolicy, Decision, StepLimit
 from app.tools.edits import unified_diff
+from app.tools.errors import ToolInputError, refusal_line
 from app.tools.manager import ToolInfo
 from app.tools.results import ToolResult, error_result
+from app.tools.workdir import Workdir
 
 
 class ToolRunner(Protocol):
@@ -38,6 +41,7 @@ class CallCard:
     tool: ToolInfo
     arguments: dict[str, Any]
     diff: str | None = None  # an edit's change, for apply_edit-like tools
+    note: str | None = None  # why the edit, run, would fail (the diff is then only its arguments')
 
     @property
     def title(self) -> str:
@@ -66,19 +70,23 @@ class ToolLoop:
             return None
         return [await self.run_one(call, ask) for call in calls]
 
-    async def run_one(self, call: ParsedCall, ask: Ask) -> dict[str, Any]:
-        """One call of a round `steps.take()` admitted: asked, run or refused; its `tool` message."""
+    async def run_one(self, call: ParsedCall, ask: Ask, cut: str | None = None) -> dict[str, Any]:
+        """One call of a round `steps.take()` admitted: asked, run or refused; its `tool` message.
+        `cut`: the reply's token limit ended this call (`guidance.cut_call_cause`); said, with what
+        to do, instead of the JSON error when its arguments did not get to be whole."""
         tool = self.tools.find(call.name)
         if tool is None:
             return error_result(f"there is no tool named {call.name!r}").message(call.id, call.name)
         try:
             arguments = json.loads(call.arguments or "{}")
         except ValueError:
+            if cut is not None:
+                return error_result(f"{cut}; write a shorter call").message(call.id, call.name)
             arguments = None
         if not isinstance(arguments, dict):
             return error_result("the arguments are not a JSON object").message(call.id, call.name)
         if self.policy.needs_asking(tool):
-            decision = await ask(CallCard(call, tool, arguments, edit_preview(arguments)))
+            decision = await ask(CallCard(call, tool, arguments, *await card_preview(tool, arguments)))
             if not self.policy.decide(tool, decision):
                 return ToolResult(REFUSED_TEXT, is_error=True).message(call.id, call.name)
         result = await self.tools.call_async(call.name, arguments)
@@ -93,3 +101,23 @@ def edit_preview(arguments: Mapping[str, Any]) -> str | None:
     if isinstance(search, str) and isinstance(replace, str):
         return unified_diff(str(arguments.get("path", "file")), search, replace) or None
     return None
+
+
+async def card_preview(tool: ToolInfo, arguments: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(diff, note) for a call's card. The built-in server's `apply_edit`: the change in the file,
+    read on a worker thread (the loop awaiting this is the UI's); any other tool: `edit_preview`."""
+    if tool.root is None or tool.name != "apply_edit":
+        return edit_preview(arguments), None
+    return await asyncio.to_thread(file_preview, tool.root, arguments)
+
+
+def file_preview(root: str, arguments: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(diff, note): the diff `apply_edit` would apply to the file under `root` (the server's own
+    edit, not written), or, where it would fail, its error as one line and `edit_preview`."""
+    path, search, replace, diff = (arguments.get(k) for k in ("path", "search", "replace", "diff"))
+    if not isinstance(path, str) or not all(v is None or isinstance(v, str) for v in (search, replace, diff)):
+        return edit_preview(arguments), None  # the server refuses these arguments' types itself
+    try:
+        return Workdir.open(root).preview_edit(path, search, replace, diff), None
+    except (ToolInputError, OSError) as e:
+        return edit_preview(arguments), refusal_line(e)

@@ -164,6 +164,20 @@ class Workdir:
                    diff: str | None = None) -> str:
         """Replace the one occurrence of `search` by `replace`, or apply the unified `diff`, in one
         file; returns the diff applied. An empty `search` on a missing file creates it."""
+        real, rel, before, after, creating = self._planned_edit(path, search, replace, diff)
+        _write_atomic(real, after)
+        return unified_diff(rel, before, after, creating)
+
+    def preview_edit(self, path: str, search: str | None = None, replace: str | None = None,
+                     diff: str | None = None) -> str:
+        """The diff `apply_edit` would apply and return (3 lines of context, the file's line
+        numbers), nothing written; raises as it would."""
+        _, rel, before, after, creating = self._planned_edit(path, search, replace, diff)
+        return unified_diff(rel, before, after, creating)
+
+    def _planned_edit(self, path: str, search: str | None, replace: str | None,
+                      diff: str | None) -> tuple[Path, str, str, str, bool]:
+        """(real path, relative path, text before, text after, whether it creates the file)."""
         if (diff is None) == (search is None):
             raise ToolInputError("give either search and replace, or diff")
         if search is not None and replace is None:
@@ -189,8 +203,7 @@ class Workdir:
             after = replace_once(before, search or "", replace or "", creating)
         if after == before:
             raise ToolInputError("the edit changes nothing")
-        _write_atomic(real, after)
-        return unified_diff(rel, before, after, creating)
+        return real, rel, before, after, creating
 
     # --- helpers --------------------------------------------------------------------------------
 

@@ -24,8 +24,9 @@ _ARGUMENTS_LINES = 12  # an argument list longer than this is cut on the card (t
 
 
 class ApprovalCard(Vertical):
-    """A tool call waiting for the user: server, tool, arguments (an edit's diff); enter runs it
-    once, `a` always allows the tool in this chat, esc refuses. `answer` is the choice."""
+    """A tool call waiting for the user: server, tool, arguments (an edit's diff, in the file for
+    the built-in server, and why it would fail where it would); enter runs it once, `a` always
+    allows the tool in this chat, esc refuses. `answer` is the choice."""
 
     can_focus = True
     BINDINGS = [
@@ -46,6 +47,9 @@ class ApprovalCard(Vertical):
                                    "dim")), classes="approval-title")
         if card.tool.description:
             yield Label(card.tool.description.splitlines()[0][:200], classes="approval-description", markup=False)
+        if card.note:
+            # Wrapped, not cut as a Label is: the reason is what the user acts on.
+            yield Static(Text(f"⚠ If run, it fails: {card.note}"), classes="approval-note")
         lines = card.arguments_text().splitlines()
         if len(lines) > _ARGUMENTS_LINES:
             lines = lines[:_ARGUMENTS_LINES] + [f"… {len(lines) - _ARGUMENTS_LINES} more lines"]
@@ -143,6 +147,8 @@ _MARKS = {ServerState.READY: ("●", "green"), ServerState.STARTING: ("◌", "ye
 
 
 def _rows(status: ServerStatus) -> list[Option]:
+    """A row per server (its line, then its command line or URL) and per tool (the view's CSS keeps
+    each line on one line, cut with …)."""
     mark, color = _MARKS[status.state] if status.enabled else ("○", "grey50")
     head = Text.assemble((f"{mark} ", color), (status.line(), "bold"))
     if status.target:

@@ -252,7 +252,7 @@ async def test_the_tool_loop_appends_results_and_continues(tmp_path: Path, monke
         def new_turn(self) -> None:
             pass
 
-        async def run(self, calls: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+        async def run(self, calls: list[dict[str, Any]], cut: str | None = None) -> list[tuple[str, str, str]]:
             self.calls.append(calls)
             return [(c["id"], c["function"]["name"], "print(1)") for c in calls]
 
@@ -304,3 +304,46 @@ def test_the_session_imports_no_textual_or_rich() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.strip() == "[]"
+
+
+async def test_a_call_cut_by_max_tokens_is_answered_with_the_cause_and_the_cap(tmp_path: Path) -> None:
+    """The reply ends at max_tokens inside a call: the model is told why in one line (the chat
+    shows the same result), and goes on; cut before it was a call, the chat says so in a note."""
+    from app.tools.manager import ToolInfo
+    from app.tools.results import ToolResult
+    from app.ui.session.tools import ChatTools
+    from tests.support.fake_engine import FakeTokenizer
+
+    echo = ToolInfo("fx", "echo", "fx__echo", "Repeat.", {"type": "object", "properties": {"text": {"type": "string"}}},
+                    auto_approve=True)
+
+    class Source:
+        def offered_tools(self) -> list[ToolInfo]:
+            return [echo]
+
+        def find(self, offered: str) -> ToolInfo | None:
+            return echo if offered == echo.offered_name else None
+
+        async def call_async(self, offered: str, arguments: Any, timeout: float | None = None) -> ToolResult:
+            raise AssertionError("a cut call must not run")
+
+    pieces = {"echo": ["<tool_call>", '\n{"name": "fx__echo", ', '"arguments": {"text": "h', "i", "i", "i"],
+              "name": ["<tool_call>", '\n{"na', 'me": "fx__', 'echo"', ', "arguments": {}}']}
+
+    def script(prompt: Any) -> list[str]:
+        text = FakeTokenizer().decode(prompt)
+        turn = text.rsplit("<user>", 1)[-1]
+        return ["Shorter then."] if "<tool>" in turn else pieces[turn.split("\n", 1)[0].strip()]
+
+    engine = ToolTemplateEngine(script=script, max_model_len=4096)
+    session, store, _ = session_for(tmp_path, engine, ChatSettings(max_tokens=4))
+    session.tool_runner = ChatTools(Source(), 8)
+    view = await send(session, "echo")
+    said = "Error: the call was cut at the 4-token limit of a reply; write a shorter call"
+    assert [(m.role, m.content) for m in store.messages(session.chat.id)][2:] == [("tool", said),
+                                                                                   ("assistant", "Shorter then.")]
+    assert [m.content for m in view.results] == [said] and view.notes == []
+
+    view = await send(session, "name")  # cut in the name: `<tool_call>\n{"name": "fx__echo`, no call
+    note = "The call was cut at the 4-token limit of a reply; no call ran (raise max tokens in the chat's settings)"
+    assert view.notes == [note]

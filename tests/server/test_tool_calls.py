@@ -180,3 +180,24 @@ def test_other_replies_stay_content(reply):
     assert calls == [] and content == reply.strip()
     assert _streamed(reply, LOOSE) == (reply.strip(), [])
     assert collect(reply) == (reply.strip(), [])  # no tools offered: never a loose call
+
+
+@pytest.mark.parametrize(("output", "unclosed", "unclosed_call"), [
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par', True, True),  # cut in the arguments
+    ('Sure.\n<tool_call>\n{"na', True, False),  # cut before the name: text, no call
+    (PING + "\n" + '<tool_call>\n{"name": "get_w', True, False),  # a whole call, then one cut before its name
+    ('{"name": "get_weather", "arguments": {"city": "Par', True, False),  # an untagged call object, cut
+    (PARIS, False, False),
+    ('{"name": "get_weather", "arguments": {"city": "x"}}', False, False),
+    ("The weather is fine.", False, False),
+])
+def test_the_parser_says_when_the_output_ended_inside_a_call(output, unclosed, unclosed_call):
+    """What a chat needs to tell a call cut by the token limit from a broken one."""
+    for step in (1, 7, 1000):
+        parser = ToolCallParser(loose_names=LOOSE)
+        for i in range(0, len(output), step):
+            parser.feed(output[i:i + step])
+        parser.finish()
+        assert (parser.unclosed, parser.unclosed_call) == (unclosed, unclosed_call)
+        if unclosed_call:
+            assert parser.calls[-1].arguments == '{"city": "Par'

@@ -52,6 +52,20 @@ def test_states_and_reasons(manager: ToolManager) -> None:
     assert lines["missing"] == "missing · failed: command not found: no-such-command-for-localbatch"
 
 
+def test_a_missing_working_directory_is_not_called_a_missing_command(tmp_path) -> None:
+    """The OS names the missing file; the reason names the command, or the `cwd` when that is it."""
+    config = ToolsConfig(servers=(ServerConfig("nowhere", command=sys.executable, cwd=str(tmp_path / "gone")),
+                                  ServerConfig("nosuch", command="nosuchcmd", args=("--flag",))), builtin=False)
+    m = ToolManager(config)
+    m.start()
+    try:
+        assert m.wait_settled(20)
+        assert [s.line() for s in m.servers()] == [f"nowhere · failed: working directory not found: {tmp_path / 'gone'}",
+                                                   "nosuch · failed: command not found: nosuchcmd"]
+    finally:
+        m.close()
+
+
 def test_offered_tools(manager: ToolManager) -> None:
     offered = {t.offered_name: t for t in manager.offered_tools()}
     assert "files__read_file" in offered and "fx__echo" in offered

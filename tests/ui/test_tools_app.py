@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from textual.widgets import OptionList
+from textual.widgets import OptionList, Static
 
 from app.tools.approval import REFUSED_TEXT
 from app.tools.manager import ServerState
@@ -65,13 +65,13 @@ async def answer_card(pilot: Any, pane: Any, key: str) -> ApprovalCard:
 
 async def test_approve_refuse_always_auto_approve_limit_and_restart(tmp_path: Path) -> None:
     engine = ToolTemplateEngine(model_name="fake", max_model_len=8192, script=model)
-    broken = '[mcp_servers.bad]\ncommand = "localbatch-no-such-server"\n'
+    broken = '[mcp_servers.bad]\ncommand = "lb-nosuchcommand"\n'
     app, _ = make_app(tmp_path, engine, config(broken, auto_approve='["big"]'), tools=True)
     async with app.run_test(size=SIZE) as pilot:
         screen = await chat_screen(pilot)
         pane = screen.active_pane()
         await ready(pilot, app)
-        assert app.tools.server("bad").line() == "bad · failed: command not found: localbatch-no-such-server"
+        assert app.tools.server("bad").line() == "bad · failed: command not found: lb-nosuchcommand"
 
         # The tools view lists the servers, their state and their tools.
         await pilot.press("f10")
@@ -80,7 +80,18 @@ async def test_approve_refuse_always_auto_approve_limit_and_restart(tmp_path: Pa
                 for i in range(app.screen.query_one(OptionList).option_count)]
         assert rows[0].startswith("● fx · ready · 6 tools") and any("echo · Repeat the text." in r for r in rows)
         assert any("big (runs without asking)" in r for r in rows)
-        assert any("✗ bad · failed: command not found" in r for r in rows)
+        assert any("✗ bad · failed: command not found: lb-nosuchcommand" in r for r in rows)
+        # Each line of a row stays one line on screen, in a 64-column terminal too (a wrapped reason
+        # put its command on the next line, where it read as the command line).
+        await pilot.resize_terminal(64, SIZE[1])
+        await pilot.pause(0.2)
+        view = app.screen.query_one(OptionList)
+        painted = [view.render_line(y).text.rstrip() for y in range(view.size.height)]
+        assert "✗ bad · failed: command not found: lb-nosuchcommand" in painted
+        assert "    lb-nosuchcommand" in painted
+        assert any(line.startswith("    /") and line.endswith("…") for line in painted)  # fx's command line, cut
+        await pilot.resize_terminal(*SIZE)
+        await pilot.pause(0.2)
         await pilot.press("escape")
         await until(pilot, lambda: app.screen is screen)
 
@@ -139,6 +150,51 @@ async def test_approve_refuse_always_auto_approve_limit_and_restart(tmp_path: Pa
         await until(pilot, lambda: len(pane.query(MessageView)) == count)
         views = list(pane.query(MessageView))
         assert "→ fx__echo({\"text\": \"hi\"})" in views[1]._content and views[2].role == "tool"
+
+
+async def test_an_edit_card_shows_the_change_in_the_file(tmp_path: Path, monkeypatch: Any) -> None:
+    """The built-in server's apply_edit: the card shows the file's diff with context and line
+    numbers; an edit that would fail says why in one line over the arguments' diff."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "a.py").write_text("".join(f"line {i}\n" for i in range(1, 13)))
+    monkeypatch.chdir(project)  # the built-in server serves the app's working directory
+    edits = {"seven": {"path": "a.py", "search": "line 7\n", "replace": "line seven\n"},
+             "seventy": {"path": "a.py", "search": "line 70\n", "replace": "x\n"}}
+
+    def editing(prompt: Any) -> list[str]:
+        turn = FakeTokenizer().decode(prompt).rsplit("<user>", 1)[-1]
+        if "<tool>" in turn:
+            return ["Done"]
+        call = {"name": "files__apply_edit", "arguments": edits[turn.split("\n", 1)[0].strip()]}
+        return ["<tool_call>", json.dumps(call), "</tool_call>"]
+
+    engine = ToolTemplateEngine(model_name="fake", max_model_len=8192, script=editing)
+    app, _ = make_app(tmp_path, engine, "[tools]\nbuiltin = true\n", tools=True)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await chat_screen(pilot)
+        pane = screen.active_pane()
+        await ready(pilot, app, "files")
+        await type_and_send(pilot, "seven")
+        await until(pilot, lambda: bool(pane.query(ApprovalCard)), timeout=10)
+        card = pane.query_one(ApprovalCard)
+        assert card.card.note is None and not card.query(".approval-note")
+        await pilot.press("escape")
+        assert card.card.diff == ("--- a/a.py\n+++ b/a.py\n@@ -4,7 +4,7 @@\n line 4\n line 5\n line 6\n"
+                                  "-line 7\n+line seven\n line 8\n line 9\n line 10\n")
+        await idle(pilot, screen)
+        await type_and_send(pilot, "seventy")
+        await until(pilot, lambda: bool(pane.query(ApprovalCard)), timeout=10)
+        card = pane.query_one(ApprovalCard)
+        said = "search text not found in the file; read the file and copy the text exactly"
+        assert card.card.note == said and card.card.diff == "--- a/a.py\n+++ b/a.py\n@@ -1 +1 @@\n-line 70\n+x\n"
+        note = card.query_one(".approval-note", Static)
+        assert str(note.content) == f"⚠ If run, it fails: {said}" and note.size.height >= 1
+        await pilot.press("enter")
+        await idle(pilot, screen)
+        assert stored(app, pane)[-2] == ("tool", f"Error executing tool apply_edit: {said}")
+        assert (project / "a.py").read_text().count("line") == 12
+        await app.action_quit()
 
 
 async def test_a_call_being_written_shows_as_a_line_not_as_json(tmp_path: Path) -> None:

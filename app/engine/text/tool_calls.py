@@ -142,6 +142,10 @@ class ToolCallParser:
     _open: _OpenCall | None = None
     _start_decided: bool = False  # past the reply's opening (loose calls are looked for there only)
     _loose: str | None = None  # the reply so far, once it opened as an untagged call
+    # The output ended inside a <tool_call> or an untagged call object (`finish` kept it as far as
+    # it got); `unclosed_call`: it had got to be a call (its name complete), the last of `calls`.
+    unclosed: bool = False
+    unclosed_call: bool = False
 
     def feed(self, text: str) -> list[Event]:
         events: list[Event] = []
@@ -167,6 +171,7 @@ class ToolCallParser:
             text, self._loose = (self._loose if self._loose is not None else self._pending), None
             loose = _loose_call(text, self.loose_names)
             if loose is None:
+                self.unclosed = self.unclosed or _unfinished_object(text)
                 self._pending = ""
                 return self.feed(text) + self.finish()
             name, arguments, rest = loose
@@ -176,8 +181,9 @@ class ToolCallParser:
                 events.append(Text(rest.strip()))
             return events
         if self._open is not None:
-            call, self._open = self._open, None
+            call, self._open, before = self._open, None, len(self.calls)
             self._close(call, events, closed=False)
+            self.unclosed, self.unclosed_call = True, call.args_start is not None or len(self.calls) > before
         elif self._pending.strip():
             events.append(Text(self._pending))
         self._pending = ""
@@ -344,6 +350,19 @@ def _loose_call(text: str, names: frozenset[str]) -> tuple[str, str, str] | None
     if rest.startswith("```"):
         rest = rest[3:]
     return *call, rest
+
+
+def _unfinished_object(text: str) -> bool:
+    """Whether `text` opens as an untagged call object that does not end (the output stopped in it)."""
+    opening = _LOOSE_OPEN.match(text)
+    if opening is None:
+        return False
+    start = text.index("{", opening.start())
+    try:
+        json.JSONDecoder().raw_decode(text, start + text.startswith("{{", start))
+    except ValueError:
+        return True
+    return False
 
 
 def collect(text: str, loose_names: frozenset[str] = frozenset()) -> tuple[str | None, list[ParsedCall]]:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from app.engine.api.engine_client import EngineClient
 from app.engine.api.tool_use import CallStart, Text, ToolCallParser
 from app.engine.types.outputs import StreamDelta
 from app.engine.types.timing import ReplyClock
+from app.tools.guidance import cut_call_cause
 from app.ui.format import first_line
 from app.ui.store import STREAMING, ChatStore, MessageRecord
 
@@ -61,6 +62,9 @@ class ReplyEnd:
     finish_reason: str
     error: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    # The token limit ended the reply inside its last call, or (no calls) inside a call block
+    # before its name: why (`cut_call_cause`).
+    cut_call: str | None = None
 
 
 class Reply:
@@ -115,7 +119,7 @@ class Reply:
                     self.commit(sink.text, STREAMING)
                     self._committed_at = now
                 if delta.finish_reason:
-                    return _with_calls(ReplyEnd(delta.finish_reason, delta.error), parser, sink)
+                    return _with_calls(ReplyEnd(delta.finish_reason, delta.error), parser, sink, params.max_tokens)
             return _with_calls(ReplyEnd("stop"), parser, sink)
         except asyncio.CancelledError:
             # A stop cancelled us on purpose: the reply ends here and is still committed.
@@ -156,12 +160,16 @@ def _write_text(events: list[Any], sink: ReplySink) -> None:
             sink.calling(event.name)
 
 
-def _with_calls(end: ReplyEnd, parser: ToolCallParser | None, sink: ReplySink) -> ReplyEnd:
+def _with_calls(end: ReplyEnd, parser: ToolCallParser | None, sink: ReplySink,
+                max_tokens: int | None = None) -> ReplyEnd:
     """`end` with the calls the parser found (what it held back written out first); a reply
-    that failed or was stopped runs none of them."""
+    that failed or was stopped runs none of them. One that hit its token limit (`max_tokens`)
+    inside a call says so (`cut_call`)."""
     if parser is None:
         return end
     _write_text(parser.finish(), sink)
+    cut_last = parser.unclosed_call or not parser.calls  # else an unnamed block after whole calls: they run
+    cut = cut_call_cause(max_tokens) if end.finish_reason == "length" and parser.unclosed and cut_last else None
     if not parser.calls or end.error or end.finish_reason in ("abort", "error"):
-        return end
-    return ReplyEnd(end.finish_reason, end.error, [call.openai() for call in parser.calls])
+        return replace(end, cut_call=cut)
+    return ReplyEnd(end.finish_reason, end.error, [call.openai() for call in parser.calls], cut)

@@ -85,7 +85,7 @@ class ToolRunner(Protocol):
 
     def new_turn(self) -> None: ...
 
-    async def run(self, calls: list[dict[str, Any]]) -> list[tuple[str, str, str]]: ...
+    async def run(self, calls: list[dict[str, Any]], cut: str | None = None) -> list[tuple[str, str, str]]: ...
 
 
 class ChatSession:
@@ -202,11 +202,14 @@ class ChatSession:
         runner = self.tool_runner
         while True:
             end = await self._turn(reply, view, max_delay_s)
+            if end.cut_call is not None and not end.tool_calls:  # cut before it was a call: nothing to answer
+                view.note(f"{end.cut_call[:1].upper()}{end.cut_call[1:]}; no call ran (raise max tokens in the "
+                          "chat's settings)")
             if not end.tool_calls or runner is None or reply.stop_requested:
                 return
             self.running_tools = True
             try:
-                results = await runner.run(end.tool_calls)
+                results = await runner.run(end.tool_calls, end.cut_call)
                 for call_id, name, content in results:
                     view.tool_result(self.add_tool_result(call_id, name, content))
             finally:

@@ -56,10 +56,11 @@ class ChatTools:
     def limit_message(self) -> str:
         return self.loop.steps.message
 
-    async def run(self, calls: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
+    async def run(self, calls: Sequence[Mapping[str, Any]], cut: str | None = None) -> list[tuple[str, str, str]]:
         """(tool_call_id, name, content) per call, in order; none when the step limit stops the
         loop (`limit_reached`). A cancel (esc) ends the round: the calls not finished are answered
-        as cancelled (`cancelled`), and the task goes on (the results are stored)."""
+        as cancelled (`cancelled`), and the task goes on (the results are stored). `cut`: the
+        reply's token limit ended its last call (`ToolLoop.run_one`)."""
         self.limit_reached = self.cancelled = False
         parsed = [ParsedCall(c.get("id") or "", c["function"]["name"], c["function"].get("arguments") or "")
                   for c in calls]
@@ -67,12 +68,12 @@ class ChatTools:
             self.limit_reached = True
             return []
         out: list[tuple[str, str, str]] = []
-        for call in parsed:
+        for i, call in enumerate(parsed):
             if self.cancelled:
                 out.append((call.id, call.name, CANCELLED_TEXT))
                 continue
             try:
-                message = await self.loop.run_one(call, self.ask)
+                message = await self.loop.run_one(call, self.ask, cut if i == len(parsed) - 1 else None)
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is not None:
