@@ -177,68 +177,39 @@ typedef void (*panel_rows_fn)(const gemm_args *, char *, int64_t, int, int64_t, 
 #define PANEL_MIN_ROWS 32  /* prefill: from this many rows the pairs go through panels */
 #define PANEL_BLOCK_BYTES (1024 * 1024) /* x levels per block of rows on the panels' path (L2) */
 
-#define ROW_SPLIT_TILES 32 /* prefill: below this many weight tiles a thread, the threads split the rows */
-
-/* Rows r0 .. r1-1 of x quantized (x_at's blocks of 8). */
-static inline void quantize_rows(const gemm_args *a, const float *x, int64_t r0, int64_t r1) {
-    const int64_t G = a->G;
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t g = 0; g < G; g++)
-            quantize_group(x + r * a->K + g * QK, a->xq + x_at(r, a->K) + g * QK * TILE, a->xd + tab_at(r, G) + g * TILE,
-                           a->xs + tab_at(r, G) + g * TILE, a->xb + tab_at(r, G) + g * TILE);
-}
-
-/* Tiles t0 .. t1-1 of one part against rows r0 .. r1-1, in blocks of `block` rows. */
-static inline void part_rows(const gemm_args *a, int64_t t0, int64_t t1, int64_t r0, int64_t r1, int64_t block, int panel,
-                             char *mine, tile_rows_fn tile_rows, tile_rows_fn pair_rows, panel_rows_fn panel_rows) {
-    for (int64_t b = r0; b < r1; b += block) {
-        const int64_t end = b + block < r1 ? b + block : r1;
-        int64_t t = t0;
-        if (panel) {
-            for (; t + 3 < t1; t += 4) panel_rows(a, mine, t, 4, b, end);
-            if (t + 1 < t1) panel_rows(a, mine, t, 2, b, end), t += 2;
-        }
-        if (pair_rows && r1 - r0 >= PAIR_MIN_ROWS)
-            for (; t + 1 < t1; t += 2) pair_rows(a, t, b, end);
-        for (; t < t1; t++) tile_rows(a, t, b, end);
-    }
-}
-
-/* Quantize x, then every tile of each part. Each thread owns a contiguous share of each part's
- * weight tiles; x is walked in blocks of rows whose levels fit in L2 while the thread's weights
- * pass over each block, each tile staying in L1 for the block's rows. A prompt's narrow matrix
- * (few tiles a thread) is split by rows instead: each thread quantizes and multiplies its own
- * blocks of 8 rows against every tile, with no barrier between (one thread's share of tiles was
- * short next to the wait for the other). Every output's arithmetic is its own row's either way. */
+/* Quantize x once, then every tile of each part. Each thread owns a contiguous share of each
+ * part's weight tiles; x is walked in blocks of rows whose levels fit in L2 while the thread's
+ * weights pass over each block, each tile staying in L1 for the block's rows. */
 static inline void run_gemm(const gemm_args *parts, int nparts, const float *x, int nthreads, tile_rows_fn tile_rows,
                             tile_rows_fn pair_rows, panel_rows_fn panel_rows, char *panels) {
     const gemm_args *a = parts;
     const int64_t M = a->M, G = a->G;
-    int64_t tiles = 0;
-    for (int p = 0; p < nparts; p++) tiles += (parts[p].N + TILE - 1) / TILE;
-    const int by_rows = nthreads > 1 && M >= PANEL_MIN_ROWS * nthreads && tiles < ROW_SPLIT_TILES * nthreads;
-    int64_t block = ((panel_rows && M >= PANEL_MIN_ROWS) ? PANEL_BLOCK_BYTES : ROW_BLOCK_BYTES) / a->K / TILE * TILE;
+    const int panel = panel_rows && M >= PANEL_MIN_ROWS;
+    int64_t block = (panel ? PANEL_BLOCK_BYTES : ROW_BLOCK_BYTES) / a->K / TILE * TILE;
     if (block < TILE) block = TILE;
     /* the pairs take 16 rows a pass: a wide K's block (down's) gets them, its levels still in L2 */
     if (pair_rows && block < PAIR_BLOCK_ROWS) block = PAIR_BLOCK_ROWS;
 #pragma omp parallel num_threads(nthreads)
     {
-        const int th = omp_get_thread_num(), nt = omp_get_num_threads();
-        char *mine = panels + th * 2 * G * PANEL_GROUP_BYTES;
-        if (by_rows) {
-            const int64_t blocks = (M + TILE - 1) / TILE, b0 = blocks * th / nt, b1 = blocks * (th + 1) / nt;
-            const int64_t r0 = b0 * TILE, r1 = b1 * TILE < M ? b1 * TILE : M;
-            quantize_rows(a, x, r0, r1);
-            for (int p = 0; p < nparts; p++)
-                part_rows(&parts[p], 0, (parts[p].N + TILE - 1) / TILE, r0, r1, block, panel_rows && r1 - r0 >= PANEL_MIN_ROWS, mine,
-                          tile_rows, pair_rows, panel_rows);
-        } else {
 #pragma omp for schedule(static)
-            for (int64_t r = 0; r < M; r++) quantize_rows(a, x, r, r + 1);
-            for (int p = 0; p < nparts; p++) {
-                const int64_t n = (parts[p].N + TILE - 1) / TILE;
-                part_rows(&parts[p], n * th / nt, n * (th + 1) / nt, 0, M, block, panel_rows && M >= PANEL_MIN_ROWS, mine,
-                          tile_rows, pair_rows, panel_rows);
+        for (int64_t r = 0; r < M; r++)
+            for (int64_t g = 0; g < G; g++)
+                quantize_group(x + r * a->K + g * QK, a->xq + x_at(r, a->K) + g * QK * TILE, a->xd + tab_at(r, G) + g * TILE,
+                               a->xs + tab_at(r, G) + g * TILE, a->xb + tab_at(r, G) + g * TILE);
+        int th = omp_get_thread_num(), nt = omp_get_num_threads();
+        for (int p = 0; p < nparts; p++) {
+            const int64_t tiles = (parts[p].N + TILE - 1) / TILE, t0 = tiles * th / nt, t1 = tiles * (th + 1) / nt;
+            for (int64_t b = 0; b < M; b += block) {
+                int64_t end = b + block < M ? b + block : M;
+                int64_t t = t0;
+                char *mine = panels + th * 2 * G * PANEL_GROUP_BYTES;
+                if (panel) {
+                    for (; t + 3 < t1; t += 4) panel_rows(&parts[p], mine, t, 4, b, end);
+                    if (t + 1 < t1) panel_rows(&parts[p], mine, t, 2, b, end), t += 2;
+                }
+                if (pair_rows && M >= PAIR_MIN_ROWS)
+                    for (; t + 1 < t1; t += 2) pair_rows(&parts[p], t, b, end);
+                for (; t < t1; t++) tile_rows(&parts[p], t, b, end);
             }
         }
     }

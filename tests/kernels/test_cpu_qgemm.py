@@ -295,9 +295,9 @@ def test_the_vnni_panels_give_the_avx2_bits_across_blocks(make, each_isa):
 
 @pytest.mark.parametrize("isa", ["AVX2", _VNNI])
 @pytest.mark.parametrize("make", [_q4k, _q5_0, _q6, _q8], ids=["q4k", "q5_0", "q6", "q8"])
-def test_a_narrow_matrix_splits_its_rows_between_threads_with_the_same_bits(make, isa, each_isa):
-    """A prompt on a matrix of few tiles (100 weight rows: 13 tiles) at 2 threads: the threads take
-    blocks of 8 rows each (77 rows: 40 and 37), each against every tile; the same bits as 1 thread."""
+def test_a_narrow_matrix_at_two_threads_gives_the_one_thread_bits(make, isa, each_isa):
+    """A prompt on a matrix of few tiles (100 weight rows: 13 tiles, 6 and 7 a thread) at 2 threads,
+    alone and as a SplitWeight's part: the same bits as 1 thread."""
     each_isa(isa)
     w = make(100, 96)
     x = torch.randn(77, w.in_features)
