@@ -33,6 +33,8 @@ RESEARCH: dict[str, Research] = {
                           "How fast is the Triton paged attention against torch's SDPA on the same work? (CUDA)"),
     "decode_roofline": Research("benchmarks.kernels.decode_roofline",
                                 "How close is a decode step to the memory roofline (weight + KV bytes over copy bandwidth)?"),
+    "q8k_panel": Research("benchmarks.kernels.q8k_panel",
+                          "Would llama.cpp's Q8_K activations lift the VNNI panels' Q4_K and Q6_K toward the int8 peak?"),
     "profile_step": Research("benchmarks.kernels.profile_step",
                              "Where does a CPU decode step's time go (torch profiler or cProfile)?"),
     "contention": Research("benchmarks.engine.contention",

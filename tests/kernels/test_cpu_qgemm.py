@@ -294,6 +294,27 @@ def test_the_vnni_panels_give_the_avx2_bits_across_blocks(make, each_isa):
 
 
 @pytest.mark.parametrize("isa", ["AVX2", _VNNI])
+@pytest.mark.parametrize("make", [_q4k, _q5_0, _q6, _q8], ids=["q4k", "q5_0", "q6", "q8"])
+def test_a_narrow_matrix_at_two_threads_gives_the_one_thread_bits(make, isa, each_isa):
+    """A prompt on a matrix of few tiles (100 weight rows: 13 tiles, 6 and 7 a thread) at 2 threads,
+    alone and as a SplitWeight's part: the same bits as 1 thread."""
+    each_isa(isa)
+    w = make(100, 96)
+    x = torch.randn(77, w.in_features)
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = w(x)
+        torch.set_num_threads(2)
+        assert torch.equal(w(x), one)
+        assert torch.equal(w(x[:64]), one[:64])
+        split = SplitWeight([w, _q8(24, w.in_features, seed=3)])
+        assert torch.equal(split(x)[:, :100], one)
+    finally:
+        torch.set_num_threads(saved)
+
+
+@pytest.mark.parametrize("isa", ["AVX2", _VNNI])
 def test_a_split_weight_is_its_parts_side_by_side(isa, each_isa):
     """Parts in three formats (a Q6_K part of 40 rows: a tile cut at the boundary) in one call: the
     same bits as each part alone, side by side, whatever the rows; after `consolidate` too. On each
