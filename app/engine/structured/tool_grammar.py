@@ -64,29 +64,32 @@ def _auto(tools: Sequence[FunctionSpec], tags: list[dict[str, Any]], parallel: b
     opens a checked call."""
     free = {"type": "triggered_tags", "triggers": [CALL_OPEN], "tags": tags, "at_least_one": False,
             "stop_after_first": not parallel}
-    bare = {"type": "or", "elements": [_bare_call(t) for t in tools]}
+    bare, doubled = ({"type": "or", "elements": [_bare_call(t, braces) for t in tools]} for braces in (1, 2))
     return {"type": "or", "elements": [
         {"type": "sequence", "elements": [{"type": "regex", "pattern": r"\s*"}, _calls(tags, parallel), free]},
         {"type": "sequence", "elements": [{"type": "regex", "pattern": rf"\s*({_FENCE})?\{{\s*"}, bare, free]},
+        {"type": "sequence", "elements": [{"type": "regex", "pattern": rf"\s*({_FENCE})?\{{\s*\{{\s*"}, doubled, free]},
         {"type": "sequence", "elements": [{"type": "regex", "pattern": _text_opening()}, free]},
         {"type": "regex", "pattern": r"\s*"},  # an empty reply
     ]}
 
 
-def _bare_call(tool: FunctionSpec) -> dict[str, Any]:
-    """A bare call object's rest after `{`, spaced as the model likes (a model that writes it over
-    several lines, forced onto one, loses its way after the call)."""
+def _bare_call(tool: FunctionSpec, braces: int) -> dict[str, Any]:
+    """A bare call object's rest after its opening brace(s), spaced as the model likes (a model
+    that writes it over several lines, forced onto one, loses its way after the call). Doubled
+    braces: Qwen's template shows the call format as `{{"name": ...}}`, and small models copy it."""
     name = re.escape(json.dumps(tool.name))
     return {"type": "sequence", "elements": [
         {"type": "regex", "pattern": rf'{_BARE_KEY}\s*:\s*{name}\s*,\s*"arguments"\s*:\s*'},
         {"type": "json_schema", "json_schema": tool.parameters_schema},
-        {"type": "regex", "pattern": r"\s*\}"},
+        {"type": "regex", "pattern": r"\s*\}" * braces},
     ]}
 
 
 def _text_opening() -> str:
     """A regex for the opening of a reply that is neither a tagged call nor a bare call object."""
-    not_object = rf"\{{\s*{_differs_from(_BARE_KEY, _SPACE)}"  # `{` and then not `"name"`
+    # `{` (or `{{`) and then not `"name"`
+    not_object = rf"\{{\s*({_differs_from(_BARE_KEY, _SPACE + '{')}|\{{\s*{_differs_from(_BARE_KEY, _SPACE)})"
     fence = [
         f"`{_differs_from('``')}",  # inline code, not a fence
         r"```[^\s{j`]",  # a fence of another language
