@@ -167,3 +167,12 @@ def test_below_the_floor_the_chunk_is_a_block():
     budget.observe(0, 100, fake_step_s(0, 100))
     budget.observe(4, 0, fake_step_s(4, 0))  # 50 ms: 10 ms left for 2 ms tokens, 5 of them
     assert budget.cap(4, 4) == 16
+
+
+def test_chunks_of_a_small_block_are_measured():
+    """With 4-token blocks the least chunk is 4 tokens: those steps must still teach the cost."""
+    budget = PrefillBudget(64, 0.1, min_chunk=4)
+    budget.observe(4, 0, 0.040)
+    assert budget.cap(4, 4) == 4
+    budget.observe(4, 4, 0.044)
+    assert abs(budget.cap(4, 4) - 60) <= 1
