@@ -16,15 +16,17 @@ tokens, output tokens, logprobs, drafts and finish reason. `schedule()` decides 
 included); `update_from_output()` applies what the runner computed: the new tokens, the accepted
 drafts, the computed-token counts, the stops (asking the output processor, which keeps the text),
 and gives back the blocks of the sequences that finished. The block manager writes only block
-tables; the speculator and the output processor return what they found.
+tables; the speculator and the output processor return what they found. It also owns the prefill
+budget (core/step_budget.py), which caps prompt tokens beside decodes: the engine reports each
+step's measured time through `observe_step()`.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from itertools import islice
 from dataclasses import dataclass
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from app.engine.core.block_manager import BlockManager

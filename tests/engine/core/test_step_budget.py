@@ -1,5 +1,6 @@
-"""The prompt-token budget beside running decodes: learned from step times, sized for the latency
-target, applied by the scheduler only while replies are waiting on the step."""
+"""The prompt-token budget beside running decodes: learned from step times (fed by hand or by a
+fake step-time model here, never the machine's clock), sized for the latency target, applied by
+the scheduler only while replies are waiting on the step."""
 
 from __future__ import annotations
 
