@@ -57,7 +57,8 @@ class PrefillBudget:
         if num_decode_tokens:
             self.mixed_steps += 1
         base = self.decode_time(num_decode_tokens)
-        if num_prefill_tokens >= min(MIN_SAMPLE, self.min_chunk) and base is not None:  # the least chunk is measured too
+        # A step of the least chunk teaches the cost too: a cap stuck at it would never learn it fell.
+        if num_prefill_tokens >= min(MIN_SAMPLE, self.min_chunk) and base is not None:
             sample = max(seconds - base, 0.0) / num_prefill_tokens
             if self.token_s is not None:
                 self.token_dev = _ema(self.token_dev, abs(sample - self.token_s))
