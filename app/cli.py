@@ -18,8 +18,9 @@ from app.engine.types.speculative_config import SpeculativeConfig
 
 ENGINE_FLAGS: dict[str, tuple[type, str]] = {
     "max_num_batched_tokens": (int, "token budget of one step (default 512 on CPU, 8192 on CUDA)"),
-    "itl_target_ms": (float, ("while replies stream, size prompt chunks so a step takes about this long "
-                              "(default: 2 decode steps, at least 60 ms; 0: only --max-num-batched-tokens)")),
+    "itl_target_ms": (float, ("while replies stream, size prompt chunks so a step stays under this "
+                              "(default on CPU: 2 decode steps, at least 60 ms; on GPU off; 0: only "
+                              "--max-num-batched-tokens)")),
     "long_prefill_token_threshold": (int, ("a prompt with more tokens than this left to read waits for shorter "
                                            "ones (default: max-num-batched-tokens / 4; 0: first come, first served)")),
     "max_num_seqs": (int, "most sequences running at once (default 64)"),

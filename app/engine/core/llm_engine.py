@@ -60,12 +60,10 @@ class LLMEngine:
         num_blocks = self.worker.determine_num_blocks()
         self.block_manager = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_caching, plan.kv_spec)
         self.speculator = self._build_speculator(num_blocks)
-        target = None if cfg.itl_target_ms is None else cfg.itl_target_ms / 1e3
-        self.prefill_budget = PrefillBudget(plan.max_num_batched_tokens, target)
         self.outputs = OutputProcessor(plan.tokenizer, plan.max_model_len)
         self.scheduler = Scheduler(SchedulerConfig(plan.max_num_batched_tokens, cfg.max_num_seqs, cfg.max_waiting,
                                                    plan.long_prefill_token_threshold),
-                                   self.block_manager, self.speculator, self.prefill_budget.cap, self.outputs)
+                                   self.block_manager, self.speculator, self._prefill_budget(), self.outputs)
         self.worker.initialize_kv_cache(num_blocks)
         self.block_manager.disk = open_disk_tier(cfg, self.worker)  # the prefix cache's disk tier
         self.metrics = EngineMetrics.of(self.worker)
@@ -73,6 +71,15 @@ class LLMEngine:
         pool_tokens = plan.kv_spec.max_tokens(num_blocks, plan.max_num_batched_tokens)  # a chunk's window blocks too
         self.inputs = InputProcessor(plan.tokenizer, plan.model_config.vocab_size, plan.max_model_len, pool_tokens)
         self.worker.warm_up(progress)
+
+    def _prefill_budget(self) -> PrefillBudget:
+        """The prompt-token budget beside decodes, the scheduler's; by default on a CPU only (a GPU's
+        decode steps take milliseconds: a 60 ms floor would cut its chunks for no gain measured)."""
+        ms = self.config.itl_target_ms
+        if ms is None and self.worker.setup.device.type != "cpu":
+            ms = 0
+        target = None if ms is None else ms / 1e3
+        return PrefillBudget(self.plan.max_num_batched_tokens, target, min_chunk=self.config.block_size)
 
     def _build_speculator(self, num_blocks: int) -> Speculator | None:
         config = self.config.speculative_config
@@ -149,7 +156,7 @@ class LLMEngine:
         elapsed = time.perf_counter() - start
         self._unfinished_since = start + elapsed if self.has_unfinished() else None
         self.metrics.record_step(batch, output.sampled, elapsed, gap)
-        self.prefill_budget.observe(batch.num_decode_tokens, batch.total_tokens - batch.num_decode_tokens, elapsed)
+        self.scheduler.observe_step(batch, elapsed)
         if self.speculator is not None:
             self.speculator.observe(batch, elapsed)
         if self.thread_tuner is not None and batch.seqs and all(n == 1 for n in batch.num_tokens):

@@ -16,20 +16,23 @@ tokens, output tokens, logprobs, drafts and finish reason. `schedule()` decides 
 included); `update_from_output()` applies what the runner computed: the new tokens, the accepted
 drafts, the computed-token counts, the stops (asking the output processor, which keeps the text),
 and gives back the blocks of the sequences that finished. The block manager writes only block
-tables; the speculator and the output processor return what they found.
+tables; the speculator and the output processor return what they found. It also owns the prefill
+budget (core/step_budget.py), which caps prompt tokens beside decodes: the engine reports each
+step's measured time through `observe_step()`.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from itertools import islice
 from dataclasses import dataclass
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from app.engine.core.block_manager import BlockManager
 from app.engine.core.output_processor import OutputProcessor
 from app.engine.core.sequence import Sequence, SequenceStatus
+from app.engine.core.step_budget import PrefillBudget
 from app.engine.types.batch import ScheduledBatch
 from app.engine.types.errors import QueueFullError, RequestError
 from app.engine.types.outputs import TopLogprobs, WaitingFor
@@ -54,19 +57,16 @@ SHORT_LOOKAHEAD = 16
 
 # (decoding sequence, decodes this step) -> draft slots to reserve for it: the speculator's lookahead
 Lookahead = Callable[[Sequence, int], int]
-# sequences waiting on this step (decodes, short prompts) -> prompt tokens it may carry in all
-# (step_budget.PrefillBudget.cap)
-PrefillCap = Callable[[int], int]
 
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, speculator: Speculator | None = None,
-                 prefill_cap: PrefillCap | None = None, outputs: OutputProcessor | None = None) -> None:
+                 prefill_budget: PrefillBudget | None = None, outputs: OutputProcessor | None = None) -> None:
         self.config = config
         self.bm = block_manager
         self.speculator = speculator
         self.lookahead: Lookahead | None = speculator.lookahead if speculator is not None else None
-        self.prefill_cap = prefill_cap
+        self.prefill_budget = prefill_budget  # prompt tokens beside decodes, learned from step times
         self.outputs = outputs if outputs is not None else OutputProcessor(None)
         self.requests: dict[str, Sequence] = {}  # every unfinished request, by id
         self.waiting: deque[Sequence] = deque()
@@ -98,11 +98,13 @@ class Scheduler:
         prefills = [s for s in self.running if not s.is_decoding]
         budget = self._schedule_running(batch, decodes, budget, len(decodes))
         for long in (False, True):
-            if self.prefill_cap is not None and batch.seqs:
+            if self.prefill_budget is not None and batch.seqs:
                 # Replies (or short prompts, soon replies) are waiting on this step: what is left
                 # of the prompt-token cap beside them.
-                prompt_tokens = sum(n for s, n in zip(batch.seqs, batch.num_tokens, strict=True) if not s.is_decoding)
-                budget = min(budget, max(0, self.prefill_cap(len(batch.seqs)) - prompt_tokens))
+                decode_tokens = sum(n for s, n in zip(batch.seqs, batch.num_tokens, strict=True) if s.is_decoding)
+                prompt_tokens = batch.total_tokens - decode_tokens
+                cap = self.prefill_budget.cap(decode_tokens, len(batch.seqs))
+                budget = min(budget, max(0, cap - prompt_tokens))
             running = [s for s in prefills if self._is_long(s.num_uncomputed_tokens) == long]
             budget = self._schedule_running(batch, running, budget, len(decodes))
             if not batch.preempted:
@@ -218,6 +220,11 @@ class Scheduler:
         return any(r.num_computed_tokens < end <= r.num_tokens and r.token_ids[:end] == prefix for r in self.running)
 
     # ---- after the step ------------------------------------------------------------------------
+    def observe_step(self, batch: ScheduledBatch, seconds: float) -> None:
+        """A step's measured time, for the prefill budget's step-time model."""
+        if self.prefill_budget is not None:
+            self.prefill_budget.observe(batch.num_decode_tokens, batch.total_tokens - batch.num_decode_tokens, seconds)
+
     def update_from_output(self, batch: ScheduledBatch, output: StepOutput) -> list[Sequence]:
         """Apply a step's output to its sequences: prompt logprobs, new tokens (a speculating
         sequence's kept drafts and one more) and their logprobs, computed tokens, stops; finished

@@ -17,8 +17,8 @@ DEFAULT_KV_DISK_CACHE_BYTES = 4 << 30
 @dataclass
 class EngineConfig:
     max_num_batched_tokens: int | None = None  # None: 512 on CPU, 8192 on CUDA
-    # While replies stream, prompt chunks are sized so that a step takes about this long
-    # (core/step_budget.py). None: 2 decode steps, at least 60 ms; 0: only max_num_batched_tokens.
+    # While replies stream, prompt chunks are sized so that a step stays under this (core/step_budget.py).
+    # None: on a CPU 2 decode steps, at least 60 ms; on a GPU off. 0: only max_num_batched_tokens.
     itl_target_ms: float | None = None
     # A prompt with more tokens than this left to read is long: short prompts (a chat's next
     # message) are read before long ones (a pasted file). None: max_num_batched_tokens / 4; 0: in order.
