@@ -720,9 +720,8 @@ static inline __attribute__((always_inline)) void attend_tile(const float *q, fl
                 memset(ys[v], 0, sizeof(float) * d);
         }
     }
-    const uint16_t *qb[MAX_TILE_VECS];
     if (b)
-        bf16_queries(qb, qs, nr * per, d, b);
+        bf16_queries(qs, nr * per, d, b);
     key_offsets(blocks, block_size, row_stride, first, chunk_keys(first, last), offs[0], slots[0]);
     for (int64_t c0 = first, a = 0; c0 <= last; c0 += KEY_CHUNK, a++) {
         const int n = chunk_keys(c0, last);
@@ -737,8 +736,7 @@ static inline __attribute__((always_inline)) void attend_tile(const float *q, fl
             chunk_scales(kv->v_scale, slot, n, kv_heads, g, vsc);
         }
         if (b)
-            tile_chunk_bf16(qb, ys, ss, m, l, lasts, nr, per, c0, n, ksc, vsc, kv, off, kvo, kind, d, scale, softcap,
-                            xf, b);
+            tile_chunk_bf16(b->q, ys, ss, m, l, lasts, nr, per, c0, n, ksc, vsc, kv, off, kvo, kind, d, scale, softcap, b);
         else
             tile_chunk(qs, ys, ss, m, l, lasts, nr, per, c0, n, ksc, vsc, kv, off, kvo, kind, d, scale, softcap, xf,
                        soff);
@@ -885,7 +883,7 @@ int paged_attention(const float *q, float *out, int64_t num_tokens, int heads, i
     const int64_t items = plan_work(rows, num_tokens, cu_seqlens_q, num_seqs, heads, kv_heads, splits, bf16, NULL);
     /* a thread's bf16 scratch: a tile's queries, a chunk's keys, its value pairs (bf16_scratch) */
     const int64_t dp = (d + 31) / 32 * 32, dv = (d + 15) / 16 * 16;
-    const int64_t bf16_per = bf16 ? (MAX_TILE_VECS + KEY_CHUNK) * dp + KEY_CHUNK * dv : 0;
+    const int64_t bf16_per = bf16 ? (MAX_TILE_VECS + 2 * KEY_CHUNK) * dp + KEY_CHUNK * dv : 0;
     struct work *work = malloc(sizeof(struct work) * items);
     float *acc = slots > 0 ? malloc(sizeof(float) * slots * heads * d) : NULL;
     float *ml = slots > 0 ? malloc(sizeof(float) * slots * heads * 2) : NULL;
@@ -904,7 +902,8 @@ int paged_attention(const float *q, float *out, int64_t num_tokens, int heads, i
         const int th = omp_get_thread_num();
         float *x = xf + (int64_t)th * KEY_CHUNK * d;
         uint16_t *mine = bfs + th * bf16_per;
-        struct bf16_scratch scratch = {mine, mine + MAX_TILE_VECS * dp, mine + (MAX_TILE_VECS + KEY_CHUNK) * dp};
+        struct bf16_scratch scratch = {(uint32_t *)mine, (uint32_t *)(mine + (MAX_TILE_VECS + KEY_CHUNK) * dp),
+                                       mine + MAX_TILE_VECS * dp, mine + (MAX_TILE_VECS + 2 * KEY_CHUNK) * dp};
         const struct bf16_scratch *b = bf16 ? &scratch : NULL;
         if (kv->kind == KV_F16)
             attend_item(q, out, acc, ml, rows, w, heads, group, d, kv, KV_F16, blocks, block_size, row_stride, scale,

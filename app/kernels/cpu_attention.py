@@ -12,11 +12,12 @@ caches, CUDA tensors, machines without AVX2 or a C compiler, and `LOCALBATCH_CPU
 and attended as the reference attends it (scores times the keys' scales, weights times the
 values'), in fp32: the C kernel widens each int8 element exactly.
 
-Where the CPU has AVX512_BF16 (`bf16_attention`), the dot products run in bf16 instead (vdpbf16ps,
-fp32 sums): queries and keys rounded to bf16 for Q.K, the softmax's weights and the values for P.V,
-every row through the tiles (decode rows too: a row's numbers must not depend on whether it came in
-a prompt chunk or alone). `reference_bf16.unified_attention_bf16_ref` states that arithmetic;
-`LOCALBATCH_CPU_ATTENTION_BF16=0` (or `LOCALBATCH_CPU_ISA=avx2`) keeps fp32, as on AVX2-only CPUs.
+With `LOCALBATCH_CPU_ATTENTION_BF16=1`, where the CPU has AVX512_BF16 (`bf16_attention`), the dot
+products run in bf16 instead (vdpbf16ps, fp32 sums): queries and keys rounded to bf16 for Q.K, the
+softmax's weights and the values for P.V, every row through the tiles (decode rows too: a row's
+numbers must not depend on whether it came in a prompt chunk or alone).
+`reference_bf16.unified_attention_bf16_ref` states that arithmetic. Off by default: as fast as fp32
+on a prompt and slower on a decode (docs/tuning.md); `LOCALBATCH_CPU_ISA=avx2` keeps fp32 too.
 """
 
 from __future__ import annotations
@@ -84,8 +85,8 @@ def bf16_supported() -> bool:
 
 
 def bf16_attention(settings: KernelSettings | None = None) -> bool:
-    """Whether the C attention's dot products run in bf16: the CPU has AVX512_BF16 and neither
-    `LOCALBATCH_CPU_ATTENTION_BF16=0` nor `LOCALBATCH_CPU_ISA=avx2` keeps fp32."""
+    """Whether the C attention's dot products run in bf16: `LOCALBATCH_CPU_ATTENTION_BF16=1`, the CPU
+    has AVX512_BF16, and `LOCALBATCH_CPU_ISA=avx2` does not keep an AVX2 machine's kernels."""
     settings = settings or KernelSettings.from_env()
     return settings.attention_bf16 and settings.isa != "avx2" and bf16_supported()
 
@@ -94,7 +95,8 @@ def math_name(settings: KernelSettings | None = None) -> str:
     """The C attention's arithmetic in words (`localbatch doctor`)."""
     if bf16_attention(settings):
         return "bf16 dot products (AVX512_BF16), fp32 softmax"
-    why = "" if bf16_supported() else ": no AVX512_BF16 here"
+    settings = settings or KernelSettings.from_env()
+    why = ": no AVX512_BF16 here" if settings.attention_bf16 and not bf16_supported() else ""
     return f"fp32 (FMA){why}"
 
 
