@@ -14,7 +14,9 @@
  * KEY_PARTITION keys merged at the end: its result depends on its own row, position and cache
  * contents only, never on the batch around it, how the prompt was chunked, or how the work was
  * split between threads. A prompt chunk's rows go as tiles (attend_tile) that share each chunk's
- * widened keys and values and compute each row exactly as it is computed alone (attend).
+ * widened keys and values and compute each row exactly as it is computed alone (attend). With `bf16`
+ * (CPUs with AVX512_BF16, asked for) every row goes as tiles, of one row where it would go alone, with
+ * the dot products in bf16 (cpu_attention_bf16.h): one arithmetic for a position whichever way it comes.
  */
 #include "cpu_kernels.h"
 #include "cpu_simd.h"

@@ -3,17 +3,17 @@
  * (nearest even) for Q.K, the softmax's weights and the values for P.V; every product is exact in
  * fp32 and summed in fp32. The softmax itself (max, exp, sums, rescaling) is the fp32 path's.
  *
- * Each score and each output element is summed in one fixed order whatever vectors or keys share the
- * registers with it (a score: its 16 lanes over the head size in steps of 32, then hsum4_ps's tree;
- * an output element: key pairs in order, the pair's odd key first, as vdpbf16ps adds them), so a row
- * computed in a tile, alone, or split by heads gives the same bits. reference_bf16.py is the torch
- * statement of this arithmetic. */
+ * Each score and each output element is one lane's sum in one fixed order whatever vectors or keys
+ * share the registers with it (a score: its key's lane, element pairs in order; an output element:
+ * key pairs in order; in each pair the odd one first, as vdpbf16ps adds them), so a row computed in
+ * a tile, alone, or split by heads gives the same bits. reference_bf16.py is the torch statement of
+ * this arithmetic (up to those orders). */
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512bf16")
 
-/* A thread's bf16 scratch: a tile's queries (MAX_TILE_VECS rows of dp), a chunk's keys (KEY_CHUNK rows
- * of dp, then turned: dp / 2 rows of KEY_CHUNK dwords) and value pairs (KEY_CHUNK / 2 pairs of dv).
- * dp: d rounded up to 32; dv: to 16. */
+/* A thread's bf16 scratch: a tile's queries turned (dp / 2 rows of up to MAX_TILE_VECS dwords), a
+ * chunk's keys (KEY_CHUNK rows of dp bf16, then turned: dp / 2 rows of KEY_CHUNK dwords) and value
+ * pairs (KEY_CHUNK / 2 pairs of dv). dp: d rounded up to 32; dv: to 16. */
 struct bf16_scratch {
     uint32_t *q, *kt;
     uint16_t *k, *v;
@@ -26,10 +26,6 @@ static inline int round_up(int x, int m) {
 /* The lanes of elements e..e+15 that lie below d. */
 static inline __mmask16 lanes16(int e, int d) {
     return e + 16 <= d ? (__mmask16)0xFFFF : e < d ? (__mmask16)((1u << (d - e)) - 1) : (__mmask16)0;
-}
-
-static inline __m512 load16(const float *x, int e, int d) {
-    return _mm512_maskz_loadu_ps(lanes16(e, d), x + e);
 }
 
 /* Sixteen pool elements from element i + e on, those below d (0 past it), as fp32 (exact): the pool
