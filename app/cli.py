@@ -242,7 +242,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from app.engine.runtime.kernel_plan import doctor_plan
     from app.engine.runtime.kv_pool import resolve_kv_cache_dtype
     from app.kernels.cpu_info import cpu_model
-    from app.kernels import cpu_build, cpu_qgemm, triton_available
+    from app.kernels import cpu_attention, cpu_build, cpu_qgemm, triton_available
 
     flags = cpu_build.cpu_flags()
     wanted = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16")
@@ -254,7 +254,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         ("python / torch", f"{platform.python_version()} / {torch.__version__}"),
         ("CPU", f"{cpu}, {os.cpu_count()} threads; {' '.join(f for f in wanted if f in flags) or 'no x86 flags'}"),
         ("C compiler", kernels.compiler or "none found (install gcc or set CC)"),
-        ("C kernels", f"{built}, GEMM tiles {cpu_qgemm.isa()}: {kernels.path}" if kernels.lib is not None
+        ("C kernels", f"{built}, GEMM tiles {cpu_qgemm.isa()}, attention {cpu_attention.math_name()}: {kernels.path}"
+         if kernels.lib is not None
          else f"off: {kernels.reason}"),
         ("CUDA", torch.cuda.get_device_name(0) if triton_available() else "not available"),
         ("--device auto", f"{setup.device.type} · {str(setup.dtype).removeprefix('torch.')} · {setup.backend}"),

@@ -182,6 +182,10 @@ def test_doctor_says_what_the_engine_will_run(capsys):
     for key in ("python / torch", "CPU", "C compiler", "C kernels", "CUDA", "--device auto", "models"):
         assert key in out
     assert "cpu · " in out or "cuda · " in out
+    from app.kernels import cpu_attention
+
+    if cpu_attention.library() is not None:  # the attention's arithmetic is named
+        assert f"attention {cpu_attention.math_name()}" in out
 
 
 def test_the_backend_is_named_and_says_why_the_c_kernels_are_off(monkeypatch):

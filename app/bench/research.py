@@ -31,6 +31,9 @@ class Research:
 RESEARCH: dict[str, Research] = {
     "attention": Research("benchmarks.kernels.attention",
                           "How fast is the Triton paged attention against torch's SDPA on the same work? (CUDA)"),
+    "cpu_attention": Research("benchmarks.kernels.cpu_attention",
+                              "How fast is the C paged attention with fp32 against bf16 dot products (AVX512_BF16), "
+                              "on a prompt's chunks and a decode?"),
     "decode_roofline": Research("benchmarks.kernels.decode_roofline",
                                 "How close is a decode step to the memory roofline (weight + KV bytes over copy bandwidth)?"),
     "q8k_panel": Research("benchmarks.kernels.q8k_panel",

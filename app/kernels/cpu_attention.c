@@ -14,7 +14,9 @@
  * KEY_PARTITION keys merged at the end: its result depends on its own row, position and cache
  * contents only, never on the batch around it, how the prompt was chunked, or how the work was
  * split between threads. A prompt chunk's rows go as tiles (attend_tile) that share each chunk's
- * widened keys and values and compute each row exactly as it is computed alone (attend).
+ * widened keys and values and compute each row exactly as it is computed alone (attend). With `bf16`
+ * (CPUs with AVX512_BF16, asked for) every row goes as tiles, of one row where it would go alone, with
+ * the dot products in bf16 (cpu_attention_bf16.h): one arithmetic for a position whichever way it comes.
  */
 #include "cpu_kernels.h"
 #include "cpu_simd.h"
@@ -623,26 +625,25 @@ static inline int keys_seen(const int64_t *lasts, int r, int r_f, int64_t c0, in
     return r < r_f ? (int)(lasts[r] - c0 + 1) : n;
 }
 
-/* One tile's query vectors against one chunk (c0, n keys): scores, online softmax, values. Rows
- * r_c.. see the chunk; of them rows r_f.. see all of it, the others (the diagonal) their first keys. */
-static inline __attribute__((always_inline)) void tile_chunk(const float *const *qs, float *const *ys, float *const *ss,
-                                                             float *m, float *l, const int64_t *lasts, int nr,
-                                                             int group, int64_t c0, int n, const float *ksc,
-                                                             const float *vsc, const kv_pools *kv, const int64_t *off,
-                                                             int64_t kvo, int kind, int d, float scale, float softcap,
-                                                             float *xf, const int64_t *soff) {
-    int r_c = 0, r_f;
-    while (lasts[r_c] < c0)
-        r_c++;
-    for (r_f = r_c; r_f < nr && lasts[r_f] < c0 + n - 1; r_f++)
+/* Of a tile's rows (lasts), the first that sees chunk (c0, n keys), *r_c, and the first that sees all
+ * of it, returned: rows r_c.. see the chunk, those before the second (the diagonal) their first keys. */
+static inline int tile_rows_seeing(const int64_t *lasts, int nr, int64_t c0, int n, int *r_c) {
+    int r_f;
+    for (*r_c = 0; lasts[*r_c] < c0; ++*r_c)
         ;
-    const float sc = kind == KV_I8 ? 1.0f : scale;  /* as chunk_scores */
-    widen_chunk(xf, kv->k, off, kvo, n, d, kind);
-    for (int r = r_c; r < r_f; r++)
-        tile_scores(qs + r * group, ss + r * group, group, xf, soff, keys_seen(lasts, r, r_f, c0, n), d, sc);
-    tile_scores(qs + r_f * group, ss + r_f * group, (nr - r_f) * group, xf, soff, n, d, sc);
-    for (int v = r_c * group; v < nr * group; v++) {
-        const int nv = keys_seen(lasts, v / group, r_f, c0, n);
+    for (r_f = *r_c; r_f < nr && lasts[r_f] < c0 + n - 1; r_f++)
+        ;
+    return r_f;
+}
+
+/* The online softmax of a tile's vectors r_c * per .. over one chunk (their scores in ss, `per` vectors a
+ * row): an int8 pool's key scales and the softcap applied, exp, the sums; the weights come out times an
+ * int8 pool's value scales, 0 past each row's last key. */
+static ALWAYS_INLINE void tile_softmax(float *const *ys, float *const *ss, float *m, float *l, const int64_t *lasts,
+                                       int nr, int per, int r_c, int r_f, int64_t c0, int n, const float *ksc,
+                                       const float *vsc, int kind, int d, float scale, float softcap) {
+    for (int v = r_c * per; v < nr * per; v++) {
+        const int nv = keys_seen(lasts, v / per, r_f, c0, n);
         float *sv = ss[v];
         if (kind == KV_I8)
             for (int j = 0; j < nv; j++)
@@ -654,28 +655,50 @@ static inline __attribute__((always_inline)) void tile_chunk(const float *const 
         for (int j = nv; j < n; j++)  /* a diagonal row's keys it does not see: adding 0 keeps its sum's bits */
             sv[j] = 0.0f;
     }
-    chunk_sums(ss + r_c * group, (nr - r_c) * group, n, l + r_c * group);
-    for (int v = r_c * group; kind == KV_I8 && v < nr * group; v++) {
-        const int nv = keys_seen(lasts, v / group, r_f, c0, n);
+    chunk_sums(ss + r_c * per, (nr - r_c) * per, n, l + r_c * per);
+    for (int v = r_c * per; kind == KV_I8 && v < nr * per; v++) {
+        const int nv = keys_seen(lasts, v / per, r_f, c0, n);
         for (int j = 0; j < nv; j++)
             ss[v][j] *= vsc[j];
     }
-    widen_chunk(xf, kv->v, off, kvo, n, d, kind);
-    for (int r = r_c; r < r_f; r++)
-        tile_values(ys + r * group, ss + r * group, group, xf, soff, keys_seen(lasts, r, r_f, c0, n), d);
-    tile_values(ys + r_f * group, ss + r_f * group, (nr - r_f) * group, xf, soff, n, d);
 }
 
-/* Rows t0..t1-1 of one sequence (first position the same for all) x the query heads of KV head g,
- * against partition p of their keys: what attend computes for each of those rows and heads alone.
- * Rows whose keys end before the partition are left alone. xf: KEY_CHUNK x d floats of scratch. */
+/* One tile's query vectors (`per` a row) against one chunk (c0, n keys): scores, online softmax, values.
+ * Rows r_c.. see the chunk; of them rows r_f.. see all of it, the others (the diagonal) their first keys. */
+static inline __attribute__((always_inline)) void tile_chunk(const float *const *qs, float *const *ys, float *const *ss,
+                                                             float *m, float *l, const int64_t *lasts, int nr,
+                                                             int per, int64_t c0, int n, const float *ksc,
+                                                             const float *vsc, const kv_pools *kv, const int64_t *off,
+                                                             int64_t kvo, int kind, int d, float scale, float softcap,
+                                                             float *xf, const int64_t *soff) {
+    int r_c;
+    const int r_f = tile_rows_seeing(lasts, nr, c0, n, &r_c);
+    const float sc = kind == KV_I8 ? 1.0f : scale;  /* as chunk_scores */
+    widen_chunk(xf, kv->k, off, kvo, n, d, kind);
+    for (int r = r_c; r < r_f; r++)
+        tile_scores(qs + r * per, ss + r * per, per, xf, soff, keys_seen(lasts, r, r_f, c0, n), d, sc);
+    tile_scores(qs + r_f * per, ss + r_f * per, (nr - r_f) * per, xf, soff, n, d, sc);
+    tile_softmax(ys, ss, m, l, lasts, nr, per, r_c, r_f, c0, n, ksc, vsc, kind, d, scale, softcap);
+    widen_chunk(xf, kv->v, off, kvo, n, d, kind);
+    for (int r = r_c; r < r_f; r++)
+        tile_values(ys + r * per, ss + r * per, per, xf, soff, keys_seen(lasts, r, r_f, c0, n), d);
+    tile_values(ys + r_f * per, ss + r_f * per, (nr - r_f) * per, xf, soff, n, d);
+}
+
+#include "cpu_attention_bf16.h"
+
+/* Rows t0..t1-1 of one sequence (first position the same for all) x query heads i0..i1-1 of KV head g's
+ * group, against partition p of their keys: what attend computes for each of those rows and heads alone
+ * (b: NULL), or their bf16 arithmetic (b: the thread's bf16 scratch). Rows whose keys end before the
+ * partition are left alone. xf: KEY_CHUNK x d floats of scratch. */
 static inline __attribute__((always_inline)) void attend_tile(const float *q, float *out, float *acc, float *ml,
                                                               const struct row_plan *rows, int64_t t0, int64_t t1,
-                                                              int p, int g, int heads, int group, int d,
-                                                              const kv_pools *kv, int kind, const int32_t *blocks,
-                                                              int block_size, int64_t row_stride, float scale,
-                                                              float softcap, float *xf) {
-    const int nr = (int)(t1 - t0), kv_heads = (int)(row_stride / d);
+                                                              int p, int g, int i0, int i1, int heads, int group,
+                                                              int d, const kv_pools *kv, int kind,
+                                                              const int32_t *blocks, int block_size,
+                                                              int64_t row_stride, float scale, float softcap,
+                                                              float *xf, const struct bf16_scratch *b) {
+    const int nr = (int)(t1 - t0), kv_heads = (int)(row_stride / d), per = i1 - i0;
     const int64_t first = rows[t0].first + (int64_t)p * KEY_PARTITION, kvo = (int64_t)g * d;
     const int64_t esize = kind == KV_F32 ? 4 : kind == KV_F16 ? 2 : 1;
     int64_t last = first + KEY_PARTITION - 1 < rows[t1 - 1].last ? first + KEY_PARTITION - 1 : rows[t1 - 1].last;
@@ -688,8 +711,8 @@ static inline __attribute__((always_inline)) void attend_tile(const float *q, fl
     for (int r = 0; r < nr; r++) {
         const struct row_plan *rp = &rows[t0 + r];
         lasts[r] = rp->last;
-        for (int i = 0; i < group; i++) {
-            const int v = r * group + i, h = g * group + i;
+        for (int i = 0; i < per; i++) {
+            const int v = r * per + i, h = g * group + i0 + i;
             qs[v] = q + ((t0 + r) * heads + h) * (int64_t)d;
             ys[v] = rp->parts > 1 ? acc + ((rp->slot + p) * heads + h) * (int64_t)d
                                   : out + ((t0 + r) * heads + h) * (int64_t)d;
@@ -699,6 +722,8 @@ static inline __attribute__((always_inline)) void attend_tile(const float *q, fl
                 memset(ys[v], 0, sizeof(float) * d);
         }
     }
+    if (b)
+        bf16_queries(qs, nr * per, d, b);
     key_offsets(blocks, block_size, row_stride, first, chunk_keys(first, last), offs[0], slots[0]);
     for (int64_t c0 = first, a = 0; c0 <= last; c0 += KEY_CHUNK, a++) {
         const int n = chunk_keys(c0, last);
@@ -712,15 +737,18 @@ static inline __attribute__((always_inline)) void attend_tile(const float *q, fl
             chunk_scales(kv->k_scale, slot, n, kv_heads, g, ksc);
             chunk_scales(kv->v_scale, slot, n, kv_heads, g, vsc);
         }
-        tile_chunk(qs, ys, ss, m, l, lasts, nr, group, c0, n, ksc, vsc, kv, off, kvo, kind, d, scale, softcap, xf,
-                   soff);
+        if (b)
+            tile_chunk_bf16(b->q, ys, ss, m, l, lasts, nr, per, c0, n, ksc, vsc, kv, off, kvo, kind, d, scale, softcap, b);
+        else
+            tile_chunk(qs, ys, ss, m, l, lasts, nr, per, c0, n, ksc, vsc, kv, off, kvo, kind, d, scale, softcap, xf,
+                       soff);
     }
-    for (int v = 0; v < nr * group; v++) {
-        const struct row_plan *rp = &rows[t0 + v / group];
+    for (int v = 0; v < nr * per; v++) {
+        const struct row_plan *rp = &rows[t0 + v / per];
         if (rp->last < first)
             continue;
         if (rp->parts > 1) {
-            float *m_l = ml + ((rp->slot + p) * heads + g * group + v % group) * 2;
+            float *m_l = ml + ((rp->slot + p) * heads + g * group + i0 + v % per) * 2;
             m_l[0] = m[v], m_l[1] = l[v];
         } else {
             scale_vec(ys[v], 1.0f / l[v], d);
@@ -739,7 +767,7 @@ static int head_splits(int64_t num_tokens, int64_t parts, int heads, int threads
 }
 
 /* A work item: a row's partition and query heads h0..h1 (t1 == t0 + 1, g < 0), or a tile's rows
- * t0..t1-1, their partition p and KV head g. */
+ * t0..t1-1, their partition p and query heads h0..h1 of KV head g's group (g >= 0). */
 struct work {
     int64_t t0, t1;
     int p, g, h0, h1;
@@ -753,24 +781,41 @@ static int tiled(const struct row_plan *rows, int64_t t0, int64_t t1) {
     return t1 - t0 >= TILE_ROWS && rows[t1 - 1].first == 0;
 }
 
-/* The work items (written when `items` is not NULL); returns their count. */
+/* Tiles of up to `step` rows t0..t1-1, each x its partitions x KV heads x the group's heads in parts of
+ * `per`, from item n on (written when `items` is not NULL); returns the next item's index. */
+static int64_t plan_tiles(const struct row_plan *rows, int64_t t0, int64_t t1, int64_t step, int kv_heads, int group,
+                          int per, int64_t n, struct work *items) {
+    for (int64_t a = t0; a < t1; a += step) {
+        int64_t b = a + step < t1 ? a + step : t1;
+        for (int p = 0; p < rows[b - 1].parts; p++)
+            for (int g = 0; g < kv_heads; g++)
+                for (int i0 = 0; i0 < group; i0 += per, n++)
+                    if (items)
+                        items[n] = (struct work){a, b, p, g, i0, i0 + per < group ? i0 + per : group};
+    }
+    return n;
+}
+
+/* The work items (written when `items` is not NULL); returns their count. bf16: every row goes in a
+ * tile (the bf16 arithmetic is the tiles'), of one row where a window starts rows at their own
+ * positions, each KV head's query heads split as the rows' heads would be (head_splits). */
 static int64_t plan_work(const struct row_plan *rows, int64_t num_tokens, const int32_t *cu_seqlens_q, int num_seqs,
-                         int heads, int kv_heads, int splits, struct work *items) {
+                         int heads, int kv_heads, int splits, int bf16, struct work *items) {
     const int group = heads / kv_heads, per = (heads + splits - 1) / splits;
     const int tile_rows = MAX_TILE_VECS / group < TILE_ROWS ? MAX_TILE_VECS / group : TILE_ROWS;
+    const int group_splits = (splits + kv_heads - 1) / kv_heads < group ? (splits + kv_heads - 1) / kv_heads : group;
     int64_t n = 0;
     for (int sq = 0; sq < num_seqs; sq++) {
         int64_t t0 = cu_seqlens_q[sq], t1 = cu_seqlens_q[sq + 1] < num_tokens ? cu_seqlens_q[sq + 1] : num_tokens;
         if (t0 >= t1)
             continue;
+        if (bf16) {
+            n = plan_tiles(rows, t0, t1, rows[t1 - 1].first == 0 ? tile_rows : 1, kv_heads, group,
+                           (group + group_splits - 1) / group_splits, n, items);
+            continue;
+        }
         if (tile_rows >= 2 && tiled(rows, t0, t1)) {
-            for (int64_t a = t0; a < t1; a += tile_rows) {
-                int64_t b = a + tile_rows < t1 ? a + tile_rows : t1;
-                for (int p = 0; p < rows[b - 1].parts; p++)
-                    for (int g = 0; g < kv_heads; g++, n++)
-                        if (items)
-                            items[n] = (struct work){a, b, p, g, 0, 0};
-            }
+            n = plan_tiles(rows, t0, t1, tile_rows, kv_heads, group, group, n, items);
             continue;
         }
         for (int64_t t = t0; t < t1; t++)
@@ -800,26 +845,36 @@ static inline __attribute__((always_inline)) void attend_row(const float *q, flo
 static ALWAYS_INLINE void attend_item(const float *q, float *out, float *acc, float *ml, const struct row_plan *rows,
                                       const struct work *w, int heads, int group, int d, const kv_pools *kv, int kind,
                                       const int32_t *blocks, int block_size, int64_t row_stride, float scale,
-                                      float softcap, float *xf) {
+                                      float softcap, float *xf, const struct bf16_scratch *b) {
     if (w->g >= 0)
-        attend_tile(q, out, acc, ml, rows, w->t0, w->t1, w->p, w->g, heads, group, d, kv, kind, blocks, block_size,
-                    row_stride, scale, softcap, xf);
+        attend_tile(q, out, acc, ml, rows, w->t0, w->t1, w->p, w->g, w->h0, w->h1, heads, group, d, kv, kind, blocks,
+                    block_size, row_stride, scale, softcap, xf, b);
     else
         attend_row(q, out, acc, ml, &rows[w->t0], w->t0, w->p, w->h0, w->h1, heads, group, d, kv, kind, blocks,
                    block_size, row_stride, scale, softcap);
 }
 
+/* Whether paged_attention's `bf16` can run here: 1 where the CPU has AVX512_BF16, else 0. */
+int attention_bf16_supported(void) {
+    static int known = -1;
+    if (known < 0)
+        known = bf16_supported();
+    return known;
+}
+
 /* Returns 0, or -1 when the partitions' scratch cannot be allocated (nothing written then).
  * Work items are (query row, partition, part of the heads: head_splits), or for a sequence's
- * several rows (tiled) (tile of rows, partition, KV head). `window` 0: none; `softcap` 0: none. */
+ * several rows (tiled) (tile of rows, partition, KV head). `window` 0: none; `softcap` 0: none.
+ * `bf16` (taken only where attention_bf16_supported): every row in tiles with bf16 dot products. */
 int paged_attention(const float *q, float *out, int64_t num_tokens, int heads, int kv_heads, int d,
                     const kv_pools *kv, int block_size, const int32_t *block_table, int64_t max_blocks,
                     const int32_t *cu_seqlens_q, const int32_t *seq_lens, int num_seqs, float scale, int64_t window,
-                    float softcap, int threads) {
+                    float softcap, int threads, int bf16) {
     if (cu_seqlens_q[num_seqs] < num_tokens)  /* padding rows past the last sequence: left as they are */
         num_tokens = cu_seqlens_q[num_seqs];
     if (num_tokens <= 0)
         return 0;
+    bf16 = bf16 && attention_bf16_supported();
     const int group = heads / kv_heads;
     const int64_t row_stride = (int64_t)kv_heads * d;
     struct row_plan *rows = malloc(sizeof(struct row_plan) * num_tokens);
@@ -827,31 +882,40 @@ int paged_attention(const float *q, float *out, int64_t num_tokens, int heads, i
         return -1;
     int64_t parts, slots = plan_rows(rows, num_tokens, cu_seqlens_q, seq_lens, num_seqs, window, &parts);
     const int splits = head_splits(num_tokens, parts, heads, threads);
-    const int64_t items = plan_work(rows, num_tokens, cu_seqlens_q, num_seqs, heads, kv_heads, splits, NULL);
+    const int64_t items = plan_work(rows, num_tokens, cu_seqlens_q, num_seqs, heads, kv_heads, splits, bf16, NULL);
+    /* a thread's bf16 scratch: a tile's queries, a chunk's keys, its value pairs (bf16_scratch) */
+    const int64_t dp = (d + 31) / 32 * 32, dv = (d + 15) / 16 * 16;
+    const int64_t bf16_per = bf16 ? (MAX_TILE_VECS + 2 * KEY_CHUNK) * dp + KEY_CHUNK * dv : 0;
     struct work *work = malloc(sizeof(struct work) * items);
     float *acc = slots > 0 ? malloc(sizeof(float) * slots * heads * d) : NULL;
     float *ml = slots > 0 ? malloc(sizeof(float) * slots * heads * 2) : NULL;
     float *xf = malloc(sizeof(float) * KEY_CHUNK * d * threads);  /* each thread's widened chunk */
-    if (!work || !xf || (slots > 0 && (!acc || !ml))) {
-        free(acc), free(ml), free(xf), free(work), free(rows);
+    uint16_t *bfs = bf16 ? malloc(sizeof(uint16_t) * bf16_per * threads) : NULL;
+    if (!work || !xf || (slots > 0 && (!acc || !ml)) || (bf16 && !bfs)) {
+        free(acc), free(ml), free(xf), free(bfs), free(work), free(rows);
         return -1;
     }
-    plan_work(rows, num_tokens, cu_seqlens_q, num_seqs, heads, kv_heads, splits, work);
+    plan_work(rows, num_tokens, cu_seqlens_q, num_seqs, heads, kv_heads, splits, bf16, work);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t it = 0; it < items; it++) {
         const struct work *w = &work[it];
         const struct row_plan *r = &rows[w->t0];
         const int32_t *blocks = block_table + (int64_t)r->seq * max_blocks;
-        float *x = xf + (int64_t)omp_get_thread_num() * KEY_CHUNK * d;
+        const int th = omp_get_thread_num();
+        float *x = xf + (int64_t)th * KEY_CHUNK * d;
+        uint16_t *mine = bfs + th * bf16_per;
+        struct bf16_scratch scratch = {(uint32_t *)mine, (uint32_t *)(mine + (MAX_TILE_VECS + KEY_CHUNK) * dp),
+                                       mine + MAX_TILE_VECS * dp, mine + (MAX_TILE_VECS + 2 * KEY_CHUNK) * dp};
+        const struct bf16_scratch *b = bf16 ? &scratch : NULL;
         if (kv->kind == KV_F16)
             attend_item(q, out, acc, ml, rows, w, heads, group, d, kv, KV_F16, blocks, block_size, row_stride, scale,
-                        softcap, x);
+                        softcap, x, b);
         else if (kv->kind == KV_I8)
             attend_item(q, out, acc, ml, rows, w, heads, group, d, kv, KV_I8, blocks, block_size, row_stride, scale,
-                        softcap, x);
+                        softcap, x, b);
         else
             attend_item(q, out, acc, ml, rows, w, heads, group, d, kv, KV_F32, blocks, block_size, row_stride, scale,
-                        softcap, x);
+                        softcap, x, b);
     }
     if (slots > 0) {
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -861,7 +925,7 @@ int paged_attention(const float *q, float *out, int64_t num_tokens, int heads, i
                 merge_partitions(r, out + it * d, acc, ml, heads, (int)(it % heads), d);
         }
     }
-    free(acc), free(ml), free(xf), free(work), free(rows);
+    free(acc), free(ml), free(xf), free(bfs), free(work), free(rows);
     return 0;
 }
 

@@ -11,6 +11,13 @@ caches, CUDA tensors, machines without AVX2 or a C compiler, and `LOCALBATCH_CPU
 (for comparisons). An int8 cache is stored as `kv_quant.quantize_kv_ref` stores it, bit for bit,
 and attended as the reference attends it (scores times the keys' scales, weights times the
 values'), in fp32: the C kernel widens each int8 element exactly.
+
+With `LOCALBATCH_CPU_ATTENTION_BF16=1`, where the CPU has AVX512_BF16 (`bf16_attention`), the dot
+products run in bf16 instead (vdpbf16ps, fp32 sums): queries and keys rounded to bf16 for Q.K, the
+softmax's weights and the values for P.V, every row through the tiles (decode rows too: a row's
+numbers must not depend on whether it came in a prompt chunk or alone).
+`reference_bf16.unified_attention_bf16_ref` states that arithmetic. Off by default: as fast as fp32
+on a prompt and slower on a decode (docs/tuning.md); `LOCALBATCH_CPU_ISA=avx2` keeps fp32 too.
 """
 
 from __future__ import annotations
@@ -51,10 +58,11 @@ def kv_pools(k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor
 def _library() -> ctypes.CDLL | None:
     i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
     return cpu_build.load({
-        "paged_attention": [ptr, ptr, i64, i32, i32, i32, ptr, i32, ptr, i64, ptr, ptr, i32, f32, i64, f32, i32],
+        "paged_attention": [ptr, ptr, i64, i32, i32, i32, ptr, i32, ptr, i64, ptr, ptr, i32, f32, i64, f32, i32, i32],
+        "attention_bf16_supported": [],
         "store_kv": [ptr, ptr, ptr, i64, i32, i32, ptr],
         "rope_store_kv": [ptr, i64, i32, i32, i32, ptr, f32, ptr, ptr, i32, ptr, ptr, ptr],
-    }, restypes={"paged_attention": ctypes.c_int})
+    }, restypes={"paged_attention": ctypes.c_int, "attention_bf16_supported": ctypes.c_int})
 
 
 def library() -> ctypes.CDLL | None:
@@ -66,6 +74,30 @@ def available(settings: KernelSettings | None = None) -> bool:
     """The kernels are built here and not turned off (`LOCALBATCH_CPU_ATTENTION=torch`). What they
     take is the registry's to say (`registry.paged_c`, `registry.rope_c`)."""
     return (settings or KernelSettings.from_env()).c_attention and _library() is not None
+
+
+@functools.lru_cache(maxsize=1)
+def bf16_supported() -> bool:
+    """The CPU runs the bf16 dot products (AVX512_BF16 and the AVX-512 they use, as the C library's
+    cpuid check confirms; /proc/cpuinfo's `avx512_bf16` alone is not trusted: some VMs list what faults)."""
+    lib = _library()
+    return lib is not None and lib.attention_bf16_supported() == 1
+
+
+def bf16_attention(settings: KernelSettings | None = None) -> bool:
+    """Whether the C attention's dot products run in bf16: `LOCALBATCH_CPU_ATTENTION_BF16=1`, the CPU
+    has AVX512_BF16, and `LOCALBATCH_CPU_ISA=avx2` does not keep an AVX2 machine's kernels."""
+    settings = settings or KernelSettings.from_env()
+    return settings.attention_bf16 and settings.isa != "avx2" and bf16_supported()
+
+
+def math_name(settings: KernelSettings | None = None) -> str:
+    """The C attention's arithmetic in words (`localbatch doctor`)."""
+    if bf16_attention(settings):
+        return "bf16 dot products (AVX512_BF16), fp32 softmax"
+    settings = settings or KernelSettings.from_env()
+    why = ": no AVX512_BF16 here" if settings.attention_bf16 and not bf16_supported() else ""
+    return f"fp32 (FMA){why}"
 
 
 def int64_slots(slot_mapping: torch.Tensor) -> torch.Tensor:
@@ -106,10 +138,13 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 def unified_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor, meta: AttentionMetadata,
     scale: float, sliding_window: int | None = None, softcap: float | None = None,
-    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None, bf16: bool | None = None,
 ) -> torch.Tensor:
     """`unified_attention_ref` for an fp32, fp16 or int8 cache (the registry chose the C attention); writes and
-    returns `out`."""
+    returns `out`. `bf16`: the bf16 dot products (`unified_attention_bf16_ref`); None: `bf16_attention()`,
+    read per call (a model passes its plan's)."""
+    if bf16 is None:
+        bf16 = bf16_attention()
     num_tokens, heads, head_dim = q.shape
     kv_heads = k_cache.shape[2]
     cu, lens, table = int32_metadata(meta)
@@ -119,7 +154,7 @@ def unified_attention(
     failed = _library().paged_attention(
         q.data_ptr(), target.data_ptr(), num_tokens, heads, kv_heads, head_dim,
         ctypes.byref(kv_pools(k_cache, v_cache, k_scale, v_scale)), k_cache.shape[1], table.data_ptr(), table.shape[1],
-        cu.data_ptr(), lens.data_ptr(), meta.num_seqs, scale, sliding_window or 0, softcap or 0.0, threads,
+        cu.data_ptr(), lens.data_ptr(), meta.num_seqs, scale, sliding_window or 0, softcap or 0.0, threads, bf16,
     )
     if failed:
         raise MemoryError(f"no memory for the attention's scratch over {num_tokens} rows")

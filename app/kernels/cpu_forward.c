@@ -33,6 +33,7 @@ typedef struct {
 typedef struct {
     int64_t M, hidden, heads, kv_heads, head_dim, ffn, block_size;
     int64_t act, neox, threads;
+    int64_t attn_bf16; /* paged_attention's bf16 dot products (cpu_attention.bf16_attention) */
     float eps, scale;
     const float *cos[MAX_ROPES], *sin[MAX_ROPES];
     const meta_desc *metas; /* one per KV cache group */
@@ -61,7 +62,8 @@ int forward_layers(const layer_desc *layers, int64_t n, const step_desc *s) {
                       s->cos[L->rope], s->sin[L->rope], (int)s->neox, s->q, m->slots, &L->kv);
         if (paged_attention(s->q, s->attn, M, (int)s->heads, (int)s->kv_heads, (int)s->head_dim, &L->kv,
                             (int)s->block_size, m->block_table, m->max_blocks,
-                            m->cu_seqlens_q, m->seq_lens, (int)m->num_seqs, s->scale, L->window, 0.0f, (int)s->threads))
+                            m->cu_seqlens_q, m->seq_lens, (int)m->num_seqs, s->scale, L->window, 0.0f, (int)s->threads,
+                            (int)s->attn_bf16))
             return -1;
         if (qgemm(L->o, s->attn, M, s->h, (int)s->threads))
             return -1;

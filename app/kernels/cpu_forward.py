@@ -12,7 +12,7 @@ import functools
 import torch
 
 from app.kernels import cpu_build, cpu_ops
-from app.kernels.cpu_attention import KVPools, int32_metadata, int64_slots, kv_pools
+from app.kernels.cpu_attention import KVPools, bf16_attention, int32_metadata, int64_slots, kv_pools
 from app.kernels.cpu_qgemm import C_FORMS
 from app.kernels.kv_cache import KVCacheLayer
 from app.kernels.metadata import AttentionMetadata
@@ -34,7 +34,7 @@ class _Layer(ctypes.Structure):
 
 class _Step(ctypes.Structure):
     _fields_ = [(name, _i64) for name in ("M", "hidden", "heads", "kv_heads", "head_dim", "ffn", "block_size", "act",
-                                         "neox", "threads")] + [
+                                         "neox", "threads", "attn_bf16")] + [
         ("eps", _f32), ("scale", _f32), ("cos", _ptr * MAX_ROPES), ("sin", _ptr * MAX_ROPES), ("metas", _ptr)] + [
         (name, _ptr) for name in ("x", "h", "normed", "qkv", "q", "attn", "gate_up", "act_out")]
 
@@ -116,7 +116,7 @@ class OneCallLayers:
         step = _Step(M=m, hidden=cfg.hidden_size, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
                      head_dim=cfg.head_dim, ffn=self.ffn, block_size=kv_caches[0].k.shape[1],
                      act=cpu_ops.GLU_ACTIVATIONS[cfg.hidden_act], neox=self.layers[0].rope.style == "neox",
-                     threads=threads, eps=cfg.rms_norm_eps,
+                     threads=threads, attn_bf16=bf16_attention(self.layers[0].plan.settings), eps=cfg.rms_norm_eps,
                      scale=cfg.attn_scale, metas=ctypes.addressof(metas_c), **pointers)
         for i, rope in enumerate(self.ropes):
             cos, sin = (t.contiguous() for t in tables[rope])

@@ -40,7 +40,8 @@ typedef struct {
 int paged_attention(const float *q, float *out, int64_t num_tokens, int heads, int kv_heads, int d,
                     const kv_pools *kv, int block_size, const int32_t *block_table, int64_t max_blocks,
                     const int32_t *cu_seqlens_q, const int32_t *seq_lens, int num_seqs, float scale, int64_t window,
-                    float softcap, int threads);
+                    float softcap, int threads, int bf16);
+int attention_bf16_supported(void);
 void rope_store_kv(const float *qkv, int64_t num_tokens, int heads, int kv_heads, int d, const float *norm_w,
                    float eps, const float *cos, const float *sin, int neox, float *q_out, const int64_t *slots,
                    const kv_pools *kv);

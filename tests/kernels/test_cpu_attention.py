@@ -57,10 +57,11 @@ FP32_CASES.update({
 })
 
 
-def c_attention(*args, k_scale=None, v_scale=None) -> torch.Tensor:
+def c_attention(*args, k_scale=None, v_scale=None, bf16=False) -> torch.Tensor:
+    """The C kernel; fp32 dot products unless `bf16` (test_cpu_attention_bf16.py holds those)."""
     q, k_cache = args[0], args[1]
     assert kernels.attention_backend(q, k_cache, k_scale) == "c"
-    return cpu_attention.unified_attention(*args, k_scale=k_scale, v_scale=v_scale)
+    return cpu_attention.unified_attention(*args, k_scale=k_scale, v_scale=v_scale, bf16=bf16)
 
 
 def scales(inputs: dict) -> dict:
@@ -96,24 +97,25 @@ def test_attention_is_the_same_on_any_thread_count(threads: int, name: str) -> N
 
 
 def _run(inputs: dict, cu: list[int], seq_lens: list[int], rows: slice, blocks: list[int], window=None,
-         softcap=None) -> torch.Tensor:
+         softcap=None, bf16=False) -> torch.Tensor:
     meta = kernels.AttentionMetadata(
         torch.tensor(cu, dtype=torch.int32), torch.tensor(seq_lens, dtype=torch.int32),
         inputs["block_table"][blocks],
     )
     q = inputs["q"][rows].contiguous()
     out = torch.empty_like(q)
-    return c_attention(q, inputs["k_cache"], inputs["v_cache"], out, meta, 0.2, window, softcap, **scales(inputs))
+    return c_attention(q, inputs["k_cache"], inputs["v_cache"], out, meta, 0.2, window, softcap, **scales(inputs),
+                       bf16=bf16)
 
 
-def _batched(inputs: dict, threads: int, window=None, softcap=None) -> torch.Tensor:
+def _batched(inputs: dict, threads: int, window=None, softcap=None, bf16=False) -> torch.Tensor:
     """Every row of `inputs` in one call on `threads` threads (the torch setting restored after)."""
     previous = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
         out = torch.empty_like(inputs["q"])
         return c_attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], out, attention_metadata(inputs), 0.2,
-                           window, softcap, **scales(inputs))
+                           window, softcap, **scales(inputs), bf16=bf16)
     finally:
         torch.set_num_threads(previous)
 

@@ -48,3 +48,18 @@ def test_a_bias_beyond_qkv_keeps_the_layers_one_by_one(tiny_gguf_factory):
     assert cpu_forward.takes_layers(layers)
     layers[0].o_proj.bias = layers[0].qkv.bias[: layers[0].o_proj.packed.out_features].clone()
     assert not cpu_forward.takes_layers(layers)  # forward_layers adds q, k and v's biases only
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_one_call_takes_the_bf16_attention_as_the_layers_do(arch, tiny_gguf_factory, monkeypatch):
+    """LOCALBATCH_CPU_ATTENTION_BF16=1, read into the model's plan: the one call and the layers one by one
+    both run the bf16 attention (the same bits), which differs from the fp32 one."""
+    from app.kernels import cpu_attention
+
+    if not cpu_attention.bf16_supported():
+        pytest.skip("this CPU lacks AVX512_BF16: the bf16 attention cannot run here")
+    path = tiny_gguf_factory(arch)
+    fp32 = _generate(path, True)
+    monkeypatch.setenv("LOCALBATCH_CPU_ATTENTION_BF16", "1")
+    bf16 = _generate(path, True)
+    assert bf16 == _generate(path, False) and bf16 != fp32

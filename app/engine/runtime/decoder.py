@@ -143,7 +143,8 @@ class DecoderLayer:
         q = self.rope_store(self.qkv(x), rope, kv, meta)
         out = torch.empty_like(q)
         if self.plan.attention is Attention.C:
-            cpu_attention.unified_attention(q, kv.k, kv.v, out, meta, cfg.attn_scale, self.window, None, **kv.scales)
+            cpu_attention.unified_attention(q, kv.k, kv.v, out, meta, cfg.attn_scale, self.window, None, **kv.scales,
+                                            bf16=cpu_attention.bf16_attention(self.plan.settings))
         else:
             self.plan.unified_attention(q, kv.k, kv.v, out, meta, cfg.attn_scale, self.window, **kv.scales)
         return self.o_proj(out.view(x.shape[0], self.q_size))

@@ -161,7 +161,8 @@ def test_the_doctor_prints_the_settings_and_each_models_plan(tiny_gguf_factory, 
     monkeypatch.setenv("LOCALBATCH_CPU_ATTENTION", "torch")
     rows = doctor_plan(torch.device("cpu"), torch.float32, torch.float16, {"tiny": tiny_gguf_factory("qwen2")})
     assert rows[0] == ("settings", "LOCALBATCH_CPU_ATTENTION=torch (of LOCALBATCH_LINEAR_KERNEL, "
-                                   "LOCALBATCH_CPU_QUANT_KERNELS, LOCALBATCH_CPU_ATTENTION, LOCALBATCH_CPU_ISA)")
+                                   "LOCALBATCH_CPU_QUANT_KERNELS, LOCALBATCH_CPU_ATTENTION, "
+                                   "LOCALBATCH_CPU_ATTENTION_BF16, LOCALBATCH_CPU_ISA)")
     key, plan = rows[1]
     assert key == "plan" and plan.startswith("tiny: attention torch (not triton: CUDA only; not c: "
                                              "LOCALBATCH_CPU_ATTENTION=torch) · row ops ")
