@@ -105,7 +105,7 @@ FENCED = '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "x
                     '{"city": "x"}', '{ "a": 1}', "<b>x</b>", "", " hi",
                     FENCED, f"```{BARE}```", '```json\n{"city": "x"}\n```', "```python\nx = 1\n```", "`x`",
                     f"Try:\n```json\n{BARE_NOPE}\n```", "{" + BARE + "}", "```json\n{" + FENCED[8:-4] + "}\n```",
-                    '{{"city": "x"}}', "{{ }}", "{{{"],
+                    '{{"city": "x"}}', "{{ }}", "{{{", "{" + BARE + "}}"],
      [TOWN, BARE_NOPE, f" {BARE_NOPE}", BARE_NOPE.replace('"name"', ' "name"'), BARE_TOWN, f"Hi {TOWN}",
       PING.replace("ping", "pong"), f"```json\n{BARE_NOPE}\n```", FENCED.replace("get_weather", "get_time"),
       FENCED.replace("city", "town"), "{" + BARE_NOPE + "}", "{ {" + BARE_TOWN[1:] + "}", "{" + BARE]),
@@ -160,6 +160,7 @@ def _streamed(text: str, names: frozenset[str], step: int = 1) -> tuple[str, lis
 
 @pytest.mark.parametrize("reply", [
     '{{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}}',
+    '{{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}}}',  # a brace too many
     '```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Paris", "unit": "celsius"}\n}\n```',
     '  {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}',
 ])

@@ -77,12 +77,13 @@ def _auto(tools: Sequence[FunctionSpec], tags: list[dict[str, Any]], parallel: b
 def _bare_call(tool: FunctionSpec, braces: int) -> dict[str, Any]:
     """A bare call object's rest after its opening brace(s), spaced as the model likes (a model
     that writes it over several lines, forced onto one, loses its way after the call). Doubled
-    braces: Qwen's template shows the call format as `{{"name": ...}}`, and small models copy it."""
+    braces: Qwen's template shows the call format as `{{"name": ...}}`, and small models copy it,
+    closing it with a brace more at times (taken as part of the call, not left as a reply's text)."""
     name = re.escape(json.dumps(tool.name))
     return {"type": "sequence", "elements": [
         {"type": "regex", "pattern": rf'{_BARE_KEY}\s*:\s*{name}\s*,\s*"arguments"\s*:\s*'},
         {"type": "json_schema", "json_schema": tool.parameters_schema},
-        {"type": "regex", "pattern": r"\s*\}" * braces},
+        {"type": "regex", "pattern": r"\s*\}" if braces == 1 else r"\s*\}\s*\}(\s*\})?"},
     ]}
 
 

@@ -344,8 +344,9 @@ def _loose_call(text: str, names: frozenset[str]) -> tuple[str, str, str] | None
     call = _call_of(obj)
     if call is None or call[0] not in names:
         return None
-    if doubled and text[end:].lstrip().startswith("}"):
-        end = text.index("}", end) + 1
+    for _ in range(2 if doubled else 0):  # `}}` closing `{{`, and a brace too many at times
+        if text[end:].lstrip().startswith("}"):
+            end = text.index("}", end) + 1
     rest = text[end:].lstrip()
     if rest.startswith("```"):
         rest = rest[3:]
