@@ -5,8 +5,9 @@ function's `parameters` schema.
 - "auto": free text until the model writes `<tool_call>`; from there the call must be complete
   and valid (a "triggered tag"), so a model may answer or call. A reply that opens with a bare
   call object (`{"name": ...`, small models drop the tags; the parser takes it as a call) is held
-  to the same rule: one of the branches below, chosen by the reply's first characters. Only the
-  reply's opening counts: a `{"name": ...}` later in the text stays free.
+  to the same rule, in a ```json fence or not: one of the branches below, chosen by the reply's
+  first characters; such a reply ends with its call. Only the reply's opening counts: a
+  `{"name": ...}` later in the text stays free.
 - "required": one or more calls and nothing else, back to back. No separator between them: a
   newline would be the likeliest token after `</tool_call>` and, allowed only as a separator,
   would commit a small model to another call (SmolLM2 then repeated calls until max_tokens);
@@ -37,6 +38,9 @@ from app.engine.text.tool_calls import (
 _BARE_KEY = '"name"'
 _SPACE = r"\s"
 _FENCE = r"```(json)?\s*"  # a Markdown code fence a bare call object may come in
+# A reply that opens with a bare call object is that call: after it, only its fence's close (free
+# text there let the 0.5B write the same call again and again until its token cap).
+_BARE_END = {"type": "regex", "pattern": r"\s*(```\s*)?"}
 
 
 def tool_structural_tag(tools: Sequence[FunctionSpec], choice: ToolChoiceSpec, parallel: bool,
@@ -67,8 +71,9 @@ def _auto(tools: Sequence[FunctionSpec], tags: list[dict[str, Any]], parallel: b
     bare, doubled = ({"type": "or", "elements": [_bare_call(t, braces) for t in tools]} for braces in (1, 2))
     return {"type": "or", "elements": [
         {"type": "sequence", "elements": [{"type": "regex", "pattern": r"\s*"}, _calls(tags, parallel), free]},
-        {"type": "sequence", "elements": [{"type": "regex", "pattern": rf"\s*({_FENCE})?\{{\s*"}, bare, free]},
-        {"type": "sequence", "elements": [{"type": "regex", "pattern": rf"\s*({_FENCE})?\{{\s*\{{\s*"}, doubled, free]},
+        {"type": "sequence", "elements": [{"type": "regex", "pattern": rf"\s*({_FENCE})?\{{\s*"}, bare, _BARE_END]},
+        {"type": "sequence", "elements": [{"type": "regex", "pattern": rf"\s*({_FENCE})?\{{\s*\{{\s*"}, doubled,
+                                          _BARE_END]},
         {"type": "sequence", "elements": [{"type": "regex", "pattern": _text_opening()}, free]},
         {"type": "regex", "pattern": r"\s*"},  # an empty reply
     ]}
