@@ -64,8 +64,8 @@ def tool_structural_tag(tools: Sequence[FunctionSpec], choice: ToolChoiceSpec, p
 def _auto(tools: Sequence[FunctionSpec], tags: list[dict[str, Any]], parallel: bool) -> dict[str, Any]:
     """Text and calls, by how the reply opens (leading whitespace aside): with `<tool_call>`, a
     tagged call; with `{` then `"name"` (in a ```` ```json ```` fence or not), a bare call object
-    of an offered tool; otherwise text. Each branch goes on as free text in which `<tool_call>`
-    opens a checked call."""
+    of an offered tool, which ends the reply; otherwise text. The tagged and text branches go on as
+    free text in which `<tool_call>` opens a checked call."""
     free = {"type": "triggered_tags", "triggers": [CALL_OPEN], "tags": tags, "at_least_one": False,
             "stop_after_first": not parallel}
     bare, doubled = ({"type": "or", "elements": [_bare_call(t, braces) for t in tools]} for braces in (1, 2))
