@@ -39,7 +39,7 @@ def test_fallback_prompt_and_constraint() -> None:
     assert isinstance(request.prompt, list) and request.prompt[0]["role"] == "system"
     assert '"name": "files__read_file"' in request.prompt[0]["content"]
     fmt = request.params.structural_tag["format"]
-    free = fmt["elements"][2]["elements"][-1]  # "auto": the branch of a reply that opens with text
+    free = fmt["elements"][-2]["elements"][-1]  # "auto": the branch of a reply that opens with text
     assert free["type"] == "triggered_tags" and free["tags"][0]["content"]["json_schema"] == TOOL["function"]["parameters"]
     assert request.params.max_tokens == 8 and request.tool_names == {"files__read_file"}
     assert request.parser().loose_names == {"files__read_file"}
