@@ -134,6 +134,26 @@ static q6block Q6B[W][G / 8] __attribute__((aligned(64)));
 static int32_t XH[M / 8][G][8];              /* halves' sums (int16 pair), current */
 static int32_t XB16[M / 8][G / 8][8][8];     /* per-16 sums as int16 pairs, q8k */
 
+/* A Q6_K group's two 16-level dots per weight vector and row: `dot` over its first four steps,
+ * `hi` over the last four (their sub-scales differ); both kernels below share it. */
+AI void q6_group_dots(int b, int o, int g, __m512i dot[W][R], __m512i hi[W][R]) {
+#pragma GCC unroll 8
+    for (int w = 0; w < W; w++)
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) dot[w][i] = hi[w][i] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int s = 0; s < 8; s++) {
+        __m512i v0 = _mm512_load_si512(&Q6P[0][g].v[s]), v1 = _mm512_load_si512(&Q6P[1][g].v[s]);
+        const int off = 16 * (s / 4) + 4 * (s % 4);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m512i xv = bc(&X[b][g][o + i][off]);
+            if (s >= 4) { hi[0][i] = _mm512_dpbusd_epi32(hi[0][i], v0, xv); hi[1][i] = _mm512_dpbusd_epi32(hi[1][i], v1, xv); }
+            else { dot[0][i] = _mm512_dpbusd_epi32(dot[0][i], v0, xv); dot[1][i] = _mm512_dpbusd_epi32(dot[1][i], v1, xv); }
+        }
+    }
+}
+
 __attribute__((noinline)) static void q6cur(void) {
     for (int r = 0; r < M; r += R) {
         const int b = r / 8, o = r % 8;
@@ -141,21 +161,7 @@ __attribute__((noinline)) static void q6cur(void) {
         for (int i = 0; i < W * R; i++) acc[i] = _mm512_setzero_ps();
         for (int g = 0; g < G; g++) {
             __m512i dot[W][R], hi[W][R];
-#pragma GCC unroll 8
-            for (int w = 0; w < W; w++)
-#pragma GCC unroll 8
-                for (int i = 0; i < R; i++) dot[w][i] = hi[w][i] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-            for (int s = 0; s < 8; s++) {
-                __m512i v0 = _mm512_load_si512(&Q6P[0][g].v[s]), v1 = _mm512_load_si512(&Q6P[1][g].v[s]);
-                const int off = 16 * (s / 4) + 4 * (s % 4);
-#pragma GCC unroll 8
-                for (int i = 0; i < R; i++) {
-                    __m512i xv = bc(&X[b][g][o + i][off]);
-                    if (s >= 4) { hi[0][i] = _mm512_dpbusd_epi32(hi[0][i], v0, xv); hi[1][i] = _mm512_dpbusd_epi32(hi[1][i], v1, xv); }
-                    else { dot[0][i] = _mm512_dpbusd_epi32(dot[0][i], v0, xv); dot[1][i] = _mm512_dpbusd_epi32(dot[1][i], v1, xv); }
-                }
-            }
+            q6_group_dots(b, o, g, dot, hi);
 #pragma GCC unroll 8
             for (int w = 0; w < W; w++) {
                 const __m512i scp = _mm512_load_si512(&Q6P[w][g].scp), sclo = _mm512_load_si512(&Q6P[w][g].sclo), schi = _mm512_load_si512(&Q6P[w][g].schi);
@@ -185,21 +191,7 @@ __attribute__((noinline)) static void q6q8k(void) {
                 for (int i = 0; i < R; i++) isum[w][i] = _mm512_setzero_si512();
             for (int g = kb * 8; g < kb * 8 + 8; g++) {
                 __m512i dot[W][R], hi[W][R];
-#pragma GCC unroll 8
-                for (int w = 0; w < W; w++)
-#pragma GCC unroll 8
-                    for (int i = 0; i < R; i++) dot[w][i] = hi[w][i] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-                for (int s = 0; s < 8; s++) {
-                    __m512i v0 = _mm512_load_si512(&Q6P[0][g].v[s]), v1 = _mm512_load_si512(&Q6P[1][g].v[s]);
-                    const int off = 16 * (s / 4) + 4 * (s % 4);
-#pragma GCC unroll 8
-                    for (int i = 0; i < R; i++) {
-                        __m512i xv = bc(&X[b][g][o + i][off]);
-                        if (s >= 4) { hi[0][i] = _mm512_dpbusd_epi32(hi[0][i], v0, xv); hi[1][i] = _mm512_dpbusd_epi32(hi[1][i], v1, xv); }
-                        else { dot[0][i] = _mm512_dpbusd_epi32(dot[0][i], v0, xv); dot[1][i] = _mm512_dpbusd_epi32(dot[1][i], v1, xv); }
-                    }
-                }
+                q6_group_dots(b, o, g, dot, hi);
 #pragma GCC unroll 8
                 for (int w = 0; w < W; w++) {
                     const __m512i sclo = _mm512_load_si512(&Q6P[w][g].sclo), schi = _mm512_load_si512(&Q6P[w][g].schi);
