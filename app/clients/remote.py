@@ -123,7 +123,7 @@ class RemoteEngine:
 
     async def stream(
         self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *, max_delay_s: float = 0.0,
-        tools: list[dict[str, Any]] | None = None,
+        tools: list[dict[str, Any]] | None = None, tool_choice: str = "auto",
     ) -> AsyncIterator[StreamDelta]:
         """`tools` (OpenAI entries, with chat messages) go in the request's `tools` field; the
         calls the server streams back come as `<tool_call>{"name": ..., "arguments": ...}</tool_call>`
@@ -133,7 +133,7 @@ class RemoteEngine:
         request_id = request_id or f"remote-{uuid.uuid4().hex[:12]}"
         path, body = self._request_body(prompt, params)
         if tools:
-            body["tools"] = tools
+            body["tools"], body["tool_choice"] = tools, tool_choice
         live = _Live(started=time.monotonic())
         self._live[request_id] = live
         self._ensure_metrics_task()

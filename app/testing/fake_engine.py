@@ -335,7 +335,8 @@ class FakeEngine:
         return self.frozen_stats if self.frozen_stats is not None else self._snapshot
 
     def stream(self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *,
-               max_delay_s: float = 0.0, tools: list[dict[str, Any]] | None = None) -> AsyncIterator[StreamDelta]:
+               max_delay_s: float = 0.0, tools: list[dict[str, Any]] | None = None,
+               tool_choice: str = "auto") -> AsyncIterator[StreamDelta]:
         """Validates and queues at once (errors are raised here, before any delta). Deltas are
         never held: `max_delay_s` is only recorded."""
         if tools:

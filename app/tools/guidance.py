@@ -13,6 +13,12 @@ from typing import Any
 
 from app.tools.config import BUILTIN_NAME
 
+# A call the user cancelled (esc while it ran): an error to the model, not the tool's failure.
+CANCELLED_TEXT = "Error: the user cancelled this call before it finished."
+# A built-in read made again right after itself (`ToolLoop.repeats`): not run, and not a failure.
+REPEATED_TEXT = ("Error: you made this call just before and its result, above, has not changed; answer from it, "
+                 "or make a different call.")
+
 # With the built-in code tools (`files__...`) offered. Measured against other wordings on the
 # benchmark's tasks (docs/tools.md): naming the `<tool_call>` block and "no explanation before it"
 # is what made Qwen2.5-Coder 1.5B call instead of describing the call.
@@ -53,6 +59,32 @@ def with_guidance(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping
     else:
         out.insert(0, {"role": "system", "content": guidance})
     return out
+
+
+def next_tool_choice(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The tool_choice of the reply that follows `messages`: "required" right after a round of
+    calls that all failed (a tool's error, not the user's refusal or cancel), unless the round
+    before it failed too; else "auto". Why: told that a guessed path does not exist, small models
+    describe the search they would make instead of making it (docs/tools.md); once per streak,
+    so a tool that keeps failing does not hold the model in calls."""
+    last = _last_round(messages, len(messages))
+    if not last or not all(_failed(m) for m in last):
+        return "auto"
+    before = _last_round(messages, len(messages) - len(last) - 1)
+    return "auto" if before and all(_failed(m) for m in before) else "required"
+
+
+def _last_round(messages: Sequence[Mapping[str, Any]], end: int) -> list[Mapping[str, Any]]:
+    """The `tool` messages that end `messages[:end]` (those answering one reply's calls)."""
+    start = end
+    while start > 0 and messages[start - 1].get("role") == "tool":
+        start -= 1
+    return list(messages[start:end])
+
+
+def _failed(message: Mapping[str, Any]) -> bool:
+    content = str(message.get("content") or "")
+    return content.startswith("Error") and not content.startswith((CANCELLED_TEXT, REPEATED_TEXT))
 
 
 def cut_call_cause(max_tokens: int | None) -> str:

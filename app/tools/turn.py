@@ -3,7 +3,7 @@ to the user (a `CallCard`) unless it may run without asking, runs or is refused,
 as the `tool` message that answers it. The chat session drives it; the UI only answers `ask`.
 
     loop = ToolLoop(manager, ApprovalPolicy(), StepLimit(config.step_limit))
-    loop.steps.reset()                                  # on each user message
+    loop.new_turn()                                     # on each user message
     messages = await loop.run(parser.calls, ask)        # ask(card) -> Decision, shown by the UI
     # None: the step limit is reached (loop.steps.message says so); else the tool messages"""
 
@@ -19,6 +19,7 @@ from app.engine.api.tool_use import ParsedCall
 from app.tools.approval import REFUSED_TEXT, ApprovalPolicy, Decision, StepLimit
 from app.tools.edits import unified_diff
 from app.tools.errors import ToolInputError, refusal_line
+from app.tools.guidance import REPEATED_TEXT
 from app.tools.manager import ToolInfo
 from app.tools.results import ToolResult, error_result
 from app.tools.workdir import Workdir
@@ -60,15 +61,35 @@ class ToolLoop:
         self.tools = tools
         self.policy = policy or ApprovalPolicy()
         self.steps = steps or StepLimit()
+        self.last_reads: list[tuple[str, str]] = []  # the last round, when it was only built-in reads
 
-    async def run(self, calls: Sequence[ParsedCall], ask: Ask) -> list[dict[str, Any]] | None:
+    def new_turn(self) -> None:
+        """A user message: the step count starts again, and no round is repeated yet."""
+        self.steps.reset()
+        self.last_reads = []
+
+    def repeats(self, calls: Sequence[ParsedCall]) -> bool:
+        """Whether `calls` are the built-in tools' reads (list, read, search) of the round just
+        before, again: no edit came between, so their result is the one above (a small model
+        kept from ending its reply repeats its last call instead). Records this round."""
+        keys = [(call.name, _canonical(call.arguments)) for call in calls]
+        reads = all(_builtin_read(self.tools.find(call.name)) for call in calls)
+        again = reads and keys == self.last_reads
+        self.last_reads = keys if reads else []
+        return again
+
+    async def run(self, calls: Sequence[ParsedCall], ask: Ask, cut: str | None = None) -> list[dict[str, Any]] | None:
         """The `tool` messages answering `calls`, in order; None when the step limit stops the loop
-        (nothing runs). Cancelling the awaiting task cancels the call in flight."""
+        (nothing runs). Cancelling the awaiting task cancels the call in flight. `cut`: the reply's
+        token limit ended its last call (`run_one`)."""
         if not calls:
             return []
         if not self.steps.take():
             return None
-        return [await self.run_one(call, ask) for call in calls]
+        if self.repeats(calls):
+            return [ToolResult(REPEATED_TEXT, is_error=True).message(call.id, call.name) for call in calls]
+        last = len(calls) - 1
+        return [await self.run_one(call, ask, cut if i == last else None) for i, call in enumerate(calls)]
 
     async def run_one(self, call: ParsedCall, ask: Ask, cut: str | None = None) -> dict[str, Any]:
         """One call of a round `steps.take()` admitted: asked, run or refused; its `tool` message.
@@ -91,6 +112,17 @@ class ToolLoop:
                 return ToolResult(REFUSED_TEXT, is_error=True).message(call.id, call.name)
         result = await self.tools.call_async(call.name, arguments)
         return result.message(call.id, call.name)
+
+
+def _builtin_read(tool: ToolInfo | None) -> bool:
+    return tool is not None and tool.root is not None and tool.name != "apply_edit"
+
+
+def _canonical(arguments: str) -> str:
+    try:
+        return json.dumps(json.loads(arguments or "{}"), sort_keys=True)
+    except ValueError:
+        return arguments
 
 
 def edit_preview(arguments: Mapping[str, Any]) -> str | None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from app.tools.edits import apply_unified_diff, replace_once, unified_diff
 from app.tools.errors import ToolInputError
+from app.tools.outline import defined_name, enclosing, outline
 
 MAX_LIST = 1000  # files one listing may return
 DEFAULT_LIST = 200
@@ -68,17 +69,30 @@ class Workdir:
     # --- list_files -----------------------------------------------------------------------------
 
     def list_files(self, path: str = ".", pattern: str | None = None, limit: int = DEFAULT_LIST) -> str:
-        """Files under `path` (not ignored by .gitignore), matching the glob `pattern`, at most `limit`."""
+        """Files under `path` (not ignored by .gitignore), matching the glob `pattern`, at most
+        `limit`, and how many; a file's `path`: its outline (a model lists a file to see its functions)."""
         base = self.resolve(path)
+        if base.is_file():
+            return self._outline(base)
         if not base.is_dir():
             raise ToolInputError(f"{path!r} is not a directory") if base.exists() else self._missing(path)
         limit = max(1, min(int(limit), MAX_LIST))
         files = [f for f in self.files(base) if pattern is None or _glob_match(f, pattern)]
-        shown = files[:limit]
-        lines = shown or [f"(no files{' matching ' + repr(pattern) if pattern else ''})"]
+        if not files:
+            return f"(no files{' matching ' + repr(pattern) if pattern else ''})"
         if len(files) > limit:
-            lines.append(f"... {len(files) - limit} more files (narrow with path or pattern)")
-        return "\n".join(lines)
+            more = f"... {len(files) - limit} more: {_count(len(files), 'file')} in all (narrow with path or pattern)"
+            return "\n".join([*files[:limit], more])
+        return "\n".join(files + [f"({_count(len(files), 'file')})"])
+
+    def _outline(self, real: Path) -> str:
+        rel = self.relative(real)
+        lines = self._text(real, rel).splitlines()
+        found = outline(lines)
+        if not found:
+            return f"{rel} is a file of {_count(len(lines), 'line')}, with no definitions; read_file reads it"
+        head = f"{rel} is a file of {_count(len(lines), 'line')}; its {_count(len(found), 'definition')}:"
+        return "\n".join([head] + [f"{n}: {text}" for n, text in found])
 
     def files(self, base: Path | None = None) -> list[str]:
         """Every file under `base` not ignored, as sorted paths relative to the root."""
@@ -124,7 +138,9 @@ class Workdir:
     def search(self, pattern: str, path: str = ".", glob: str | None = None, context: int = 2,
                max_matches: int = DEFAULT_MATCHES, ignore_case: bool = False) -> str:
         """Lines matching the regular expression `pattern`, grep-style: `file:line: text` for a
-        match, `file-line- text` for context, `--` between groups."""
+        match, `file-line- text` for context, `--` between groups, `file=line= text` for the
+        definition that holds the match below it when it is not in view (as `git grep -p`), and a
+        last line that counts the matches."""
         try:
             regex = re.compile(pattern, re.IGNORECASE if ignore_case else 0)
         except re.error as e:
@@ -139,7 +155,7 @@ class Workdir:
         else:
             raise self._missing(path)
         out: list[str] = []
-        found = 0
+        found, in_files = 0, 0
         for rel in candidates:
             if glob is not None and not _glob_match(rel, glob):
                 continue
@@ -151,12 +167,29 @@ class Workdir:
                 continue
             if found + len(hits) > max_matches:
                 hits = hits[:max_matches - found]
-            found += len(hits)
+            found, in_files = found + len(hits), in_files + 1
             out += _grep_groups(rel, lines, hits, context)
             if found >= max_matches:
                 out.append(f"... stopped at {max_matches} matches (narrow with path, glob or pattern)")
-                break
-        return "\n".join(out) if out else f"no matches for {pattern!r}"
+                return "\n".join(out)
+        if not out:
+            return f"no matches for {pattern!r}" + self._defined_near_miss(pattern, candidates, glob)
+        return "\n".join(out + [f"({_count(found, 'match', 'matches')} in {_count(in_files, 'file')})"])
+
+    def _defined_near_miss(self, pattern: str, candidates: list[str], glob: str | None) -> str:
+        """For a search that found nothing: where the names in `pattern` are defined (a model
+        searches `quarter(11)`, a call, as a regular expression), as "; quarter is defined at
+        shop/dates.py:16: def quarter(month):"; "" when none is."""
+        words = set(re.findall(r"[A-Za-z_]\w{2,}", pattern))
+        found: list[str] = []
+        for rel in candidates:
+            if not words or len(found) >= MAX_SUGGESTIONS or (glob is not None and not _glob_match(rel, glob)):
+                continue
+            for i, line in enumerate(self._searchable(self.root / rel) or []):
+                name = defined_name(line) if len(found) < MAX_SUGGESTIONS else None
+                if name in words:
+                    found.append(f"{name} is defined at {rel}:{i + 1}: {_cut(line.strip())}")
+        return f" (as a regular expression); {'; '.join(found)}" if found else ""
 
     # --- apply_edit -----------------------------------------------------------------------------
 
@@ -191,7 +224,7 @@ class Workdir:
         creating = not real.exists()
         if creating:
             if search not in (None, "") or (diff is not None and "--- /dev/null" not in diff):
-                raise ToolInputError(f"{path!r} does not exist (to create it, give an empty search)")
+                raise ToolInputError(f"{self._missing(path)} (to create it, give an empty search)")
             if not real.parent.is_dir():
                 raise ToolInputError(f"the directory of {path!r} does not exist")
             before = ""
@@ -255,18 +288,31 @@ def _glob_match(rel: str, pattern: str) -> bool:
 
 def _grep_groups(rel: str, lines: list[str], hits: list[int], context: int) -> list[str]:
     out: list[str] = []
+    shown: set[int] = set()
     shown_to = -1
     hit_set = set(hits)
     for i in hits:
         lo, hi = max(0, i - context), min(len(lines) - 1, i + context)
         if lo > shown_to + 1 and out:
             out.append("--")
+        holder = enclosing(lines, i)
+        if holder is not None and holder not in shown and holder < max(lo, shown_to + 1):
+            out.append(f"{rel}={holder + 1}= {_cut(lines[holder])}")
+            shown.add(holder)
         for j in range(max(lo, shown_to + 1), hi + 1):
             mark = ":" if j in hit_set else "-"
-            text = lines[j] if len(lines[j]) <= MAX_LINE_CHARS else lines[j][:MAX_LINE_CHARS] + "..."
-            out.append(f"{rel}{mark}{j + 1}{mark} {text}")
+            out.append(f"{rel}{mark}{j + 1}{mark} {_cut(lines[j])}")
+            shown.add(j)
         shown_to = max(shown_to, hi)
     return out
+
+
+def _cut(line: str) -> str:
+    return line if len(line) <= MAX_LINE_CHARS else line[:MAX_LINE_CHARS] + "..."
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def _git_files(base: Path) -> list[str] | None:

@@ -29,7 +29,7 @@ from app.engine.text.tool_calls import CALL_OPEN
 from app.engine.types.errors import LocalbatchError
 from app.engine.types.sampling_params import SamplingParams
 from app.tools.approval import ApprovalPolicy, Decision, StepLimit
-from app.tools.guidance import with_guidance
+from app.tools.guidance import cut_call_cause, next_tool_choice, with_guidance
 from app.tools.turn import CallCard, ToolLoop, ToolRunner
 
 from .tasks import Task, check, copy_fixture
@@ -51,6 +51,7 @@ class Reply:
 class Agent(Protocol):
     mode: str  # "on", "off", "url"
     model: str
+    max_tokens: int
 
     async def turn(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[dict[str, Any]]) -> Reply: ...
 
@@ -63,12 +64,14 @@ class EngineAgent:
         self.engine = engine
         self.mode = "first" if first_required else "on" if constrained else "off"
         self.model = engine.model_name
+        self.max_tokens = max_tokens
         self.params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
 
     async def turn(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[dict[str, Any]]) -> Reply:
         try:
             first = self.mode == "first" and not any(m.get("role") == "tool" for m in messages)
-            request = tool_request(self.engine, messages, tools, self.params, "required" if first else "auto")
+            request = tool_request(self.engine, messages, tools, self.params,
+                                   "required" if first else next_tool_choice(messages))
         except LocalbatchError as e:
             return Reply("", [], error=str(e))
         params = self.params if self.mode == "off" else request.params
@@ -112,7 +115,8 @@ class OpenAIAgent:
             pass
 
     async def turn(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[dict[str, Any]]) -> Reply:
-        body = {"model": self.model, "messages": list(messages), "tools": list(tools), "tool_choice": "auto",
+        body = {"model": self.model, "messages": list(messages), "tools": list(tools),
+                "tool_choice": next_tool_choice(messages),
                 "temperature": 0.0, "max_tokens": self.max_tokens, "stream": False}
         try:
             response = await self.client.post(f"{self.base}/v1/chat/completions", json=body)
@@ -227,7 +231,9 @@ async def run_task(agent: Agent, task: Task, tools: ToolRunner, offered: Sequenc
             break
         messages.append({"role": "assistant", "content": reply.content,
                          "tool_calls": [c.openai() for c in reply.calls]})
-        results = await loop.run(reply.calls, approve_all)
+        # A call the token cap ended is answered as the chat answers it.
+        cut = cut_call_cause(agent.max_tokens) if reply.finish_reason == "length" else None
+        results = await loop.run(reply.calls, approve_all, cut)
         if results is None:
             run.stopped = "step limit"
             break

@@ -56,8 +56,13 @@ async def test_tools_go_through_the_remote_servers_tools_field() -> None:
         remote = RemoteEngine(srv.url + "/v1", "fake-model")
         try:
             deltas = [d async for d in remote.stream(USER, SamplingParams(max_tokens=200), tools=[tool])]
+            auto = engine.submitted[-1].params.structural_tag
+            [d async for d in remote.stream(USER, SamplingParams(max_tokens=200), tools=[tool], tool_choice="required")]
         finally:
             await remote.aclose()
+    # tool_choice reaches the server: "required" is calls only, "auto" text or calls.
+    assert auto["format"]["type"] == "or"
+    assert engine.submitted[-1].params.structural_tag["format"]["type"] == "tags_with_separator"
     content, calls = collect("".join(d.text for d in deltas), frozenset({"files__read_file"}))
     assert content == "Reading." and [(c.name, c.arguments) for c in calls] == [("files__read_file", '{"path": "a.py"}')]
     assert engine.submitted[-1].params.structural_tag is not None  # the server constrained the call

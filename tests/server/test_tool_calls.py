@@ -102,13 +102,14 @@ FENCED = '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "x
 
 @pytest.mark.parametrize(("choice", "parallel", "accepted", "refused"), [
     ("auto", True, ["Sunny.", f"Checking {PING}", PING, f"{PING} done", BARE, f"{BARE}\n", f"Hi {BARE_NOPE}",
-                    '{"city": "x"}', '{ "a": 1}', "<b>x</b>", "", " hi",
+                    '{"city": "x"}', '{ "a": 1}', "<b>x</b>", " hi",
                     FENCED, f"```{BARE}```", '```json\n{"city": "x"}\n```', "```python\nx = 1\n```", "`x`",
                     f"Try:\n```json\n{BARE_NOPE}\n```", "{" + BARE + "}", f"{FENCED}\n","```json\n{" + FENCED[8:-4] + "}\n```",
                     '{{"city": "x"}}', "{{ }}", "{{{", "{" + BARE + "}}"],
      [TOWN, BARE_NOPE, f" {BARE_NOPE}", BARE_NOPE.replace('"name"', ' "name"'), BARE_TOWN, f"Hi {TOWN}",
       PING.replace("ping", "pong"), f"```json\n{BARE_NOPE}\n```", FENCED.replace("get_weather", "get_time"),
-      FENCED.replace("city", "town"), f"{BARE}\nok", f"{BARE}\n{BARE}", f"{FENCED}\nok", "{" + BARE_NOPE + "}", "{ {" + BARE_TOWN[1:] + "}", "{" + BARE]),
+      FENCED.replace("city", "town"), f"{BARE}\nok", f"{BARE}\n{BARE}", f"{FENCED}\nok", "{" + BARE_NOPE + "}", "{ {" + BARE_TOWN[1:] + "}", "{" + BARE,
+      "", " \n"]),  # never an empty reply
     ("required", True, [PING, f"{PING}{PARIS}"], ["Sunny.", f"Hi {PING}", f"{PING}\n"]),
     ("required", False, [PING], [f"{PING}{PING}"]),
     (NamedToolChoice.model_validate({"type": "function", "function": {"name": "get_weather"}}), True,

@@ -94,7 +94,7 @@ def test_tool_choice_becomes_a_structural_tag(client: httpx.Client, engine: Fake
     fmt = tag_format(engine)
     if kind == "triggered_tags":  # "auto": a branch per opening; the text's is triggered_tags
         assert fmt["type"] == "or"
-        fmt = fmt["elements"][-2]["elements"][-1]  # the text branch (the last: an empty reply)
+        fmt = fmt["elements"][-1]["elements"][-1]  # the text branch, the last (no empty reply)
     assert fmt["type"] == kind and fmt["at_least_one"] is at_least_one and fmt["stop_after_first"] is one_call
     assert [t["begin"] for t in fmt["tags"]] == [f'<tool_call>\n{{"name": "{n}", "arguments": ' for n in names]
     schemas = {t["begin"]: t["content"]["json_schema"] for t in fmt["tags"]}

@@ -8,6 +8,8 @@ import pytest
 from app.engine.api.tool_use import FunctionSpec, NamedChoice, tool_request
 from app.engine.types.errors import RequestError
 from app.engine.types.sampling_params import SamplingParams
+from app.tools.approval import REFUSED_TEXT
+from app.tools.guidance import CANCELLED_TEXT, next_tool_choice
 
 TOOL = {"type": "function", "function": {"name": "files__read_file", "description": "Read a file.",
                                          "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}
@@ -39,7 +41,7 @@ def test_fallback_prompt_and_constraint() -> None:
     assert isinstance(request.prompt, list) and request.prompt[0]["role"] == "system"
     assert '"name": "files__read_file"' in request.prompt[0]["content"]
     fmt = request.params.structural_tag["format"]
-    free = fmt["elements"][-2]["elements"][-1]  # "auto": the branch of a reply that opens with text
+    free = fmt["elements"][-1]["elements"][-1]  # "auto": the branch of a reply that opens with text
     assert free["type"] == "triggered_tags" and free["tags"][0]["content"]["json_schema"] == TOOL["function"]["parameters"]
     assert request.params.max_tokens == 8 and request.tool_names == {"files__read_file"}
     assert request.parser().loose_names == {"files__read_file"}
@@ -59,3 +61,24 @@ def test_choices_and_other_constraints() -> None:
     assert json_answer.params.structural_tag["format"]["type"] == "or" and not json_answer.params.json_object
     with pytest.raises(RequestError, match="regex cannot be combined with tools"):
         tool_request(Plain(), MESSAGES, [TOOL], SamplingParams(regex="a+"))
+
+
+def test_a_failed_round_is_followed_by_a_call_once() -> None:
+    def rnd(*contents: str) -> list[dict]:
+        calls = [{"id": f"c{i}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                 for i in range(len(contents))]
+        return [{"role": "assistant", "content": "", "tool_calls": calls}] + [
+            {"role": "tool", "tool_call_id": f"c{i}", "content": c} for i, c in enumerate(contents)]
+
+    user = [{"role": "user", "content": "What is TAX_RATE?"}]
+    missing = "Error executing tool read_file: 'config.py' does not exist"
+    assert next_tool_choice(user) == "auto"
+    assert next_tool_choice(user + rnd(missing)) == "required"
+    assert next_tool_choice(user + rnd(missing, "TAX_RATE = 0.2")) == "auto"  # one call of the round worked
+    assert next_tool_choice(user + rnd("ok") + rnd(missing)) == "required"
+    assert next_tool_choice(user + rnd(missing) + rnd(missing)) == "auto"  # once per streak
+    assert next_tool_choice(user + rnd(missing) + rnd(missing) + rnd("ok") + rnd(missing)) == "required"
+    assert next_tool_choice(user + rnd(REFUSED_TEXT)) == "auto"  # the user said no
+    assert next_tool_choice(user + rnd(CANCELLED_TEXT)) == "auto"
+    assert next_tool_choice(user + rnd(missing) + [{"role": "assistant", "content": "It is missing."},
+                                                   {"role": "user", "content": "Look again"}]) == "auto"

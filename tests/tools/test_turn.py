@@ -12,7 +12,7 @@ from mcp import Client
 from app.engine.api.tool_use import ParsedCall
 from app.tools.approval import REFUSED_TEXT, ApprovalPolicy, Decision, StepLimit
 from app.tools.builtin_server import build_server
-from app.tools.guidance import cut_call_cause
+from app.tools.guidance import REPEATED_TEXT, cut_call_cause, next_tool_choice
 from app.tools.manager import ToolInfo
 from app.tools.results import ToolResult
 from app.tools.turn import ToolLoop, card_preview, edit_preview
@@ -63,6 +63,36 @@ async def test_round_of_calls() -> None:
     assert await loop.run([], ask) == []
 
 
+async def test_a_builtin_read_made_again_right_after_itself_is_not_run() -> None:
+    """Only the built-in server's reads (their result cannot change without an edit between), and
+    only the round just before; a new user message forgets it. Not a failure: no call is forced."""
+    builtin = {name: ToolInfo("files", name.split("__")[1], name, "", {}, True, True, root="/w")
+               for name in ("files__read_file", "files__search", "files__apply_edit")}
+    other = ToolInfo("fx", "status", "fx__status", "", {}, True, True)
+
+    class Tools(Runner):
+        def find(self, offered: str) -> ToolInfo | None:
+            return builtin.get(offered) or (other if offered == "fx__status" else None)
+
+    runner = Tools()
+    loop = ToolLoop(runner, ApprovalPolicy(), StepLimit(20))
+    read, search = call("files__read_file", path="a.py"), call("files__search", pattern="x")
+    spaced = ParsedCall("id_2", "files__read_file", '{ "path" : "a.py" }')
+    assert [m["content"] for m in await loop.run([read], refuse_all)] == ["ran files__read_file"]
+    assert [m["content"] for m in await loop.run([spaced], refuse_all)] == [REPEATED_TEXT]
+    assert next_tool_choice([{"role": "tool", "content": REPEATED_TEXT}]) == "auto"
+    await loop.run([search], refuse_all)
+    await loop.run([read], refuse_all)  # not the round just before: runs
+    poll = call("fx__status")
+    await loop.run([poll], refuse_all)
+    await loop.run([poll], refuse_all)  # another server's tool may answer differently each time
+    loop.new_turn()
+    await loop.run([read], refuse_all)
+    await loop.run([read], refuse_all)
+    assert [name for name, _ in runner.ran] == ["files__read_file", "files__search", "files__read_file",
+                                                "fx__status", "fx__status", "files__read_file"]
+
+
 def test_edit_preview() -> None:
     assert edit_preview({"diff": "@@ -1 +1 @@\n-a\n+b\n"}) == "@@ -1 +1 @@\n-a\n+b\n"
     assert edit_preview({"path": "x"}) is None
@@ -81,6 +111,9 @@ async def test_a_call_cut_by_the_token_limit_is_told_so() -> None:
     whole = ParsedCall("c2", "files__read_file", '{"path": "a.py"}')
     assert (await loop.run_one(whole, refuse_all, cause))["content"] == "ran files__read_file"
     assert cut_call_cause(None) == "the call was cut at the end of the context"
+    # A round: only its last call can be the cut one.
+    contents = [m["content"] for m in await loop.run([cut, cut], refuse_all, cause)]
+    assert contents == ["Error: the arguments are not a JSON object", out["content"]]
 
 
 async def refuse_all(card) -> Decision:

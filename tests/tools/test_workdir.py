@@ -74,7 +74,7 @@ def test_gitignore_in_a_repository(tmp_path: Path) -> None:
     (tmp_path / "build" / "out.c").write_text("x")
     (tmp_path / "run.log").write_text("x")
     (tmp_path / "main.c").write_text("int main;\n")
-    assert Workdir.open(tmp_path).list_files().splitlines() == [".gitignore", "main.c"]
+    assert Workdir.open(tmp_path).list_files().splitlines() == [".gitignore", "main.c", "(2 files)"]
 
 
 def test_gitignore_without_git(tmp_path: Path) -> None:
@@ -87,9 +87,9 @@ def test_gitignore_without_git(tmp_path: Path) -> None:
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "main.c").write_text("int main;\n")
     work = Workdir.open(tmp_path)
-    assert work.list_files().splitlines() == [".gitignore", "src/main.c"]
-    assert work.list_files("src").splitlines() == ["src/main.c"]
-    assert work.list_files(pattern="*.c").splitlines() == ["src/main.c"]
+    assert work.list_files().splitlines() == [".gitignore", "src/main.c", "(2 files)"]
+    assert work.list_files("src").splitlines() == ["src/main.c", "(1 file)"]
+    assert work.list_files(pattern="*.c").splitlines() == ["src/main.c", "(1 file)"]
 
 
 def test_listing_is_bounded(tmp_path: Path) -> None:
@@ -97,8 +97,8 @@ def test_listing_is_bounded(tmp_path: Path) -> None:
         (tmp_path / f"f{i:02}.txt").write_text("x")
     lines = Workdir.open(tmp_path).list_files(limit=10).splitlines()
     assert lines[:10] == [f"f{i:02}.txt" for i in range(10)]
-    assert lines[10] == "... 20 more files (narrow with path or pattern)"
-    assert len(Workdir.open(tmp_path).list_files(limit=10**9).splitlines()) == 30 <= MAX_LIST
+    assert lines[10:] == ["... 20 more: 30 files in all (narrow with path or pattern)"]
+    assert len(Workdir.open(tmp_path).list_files(limit=10**9).splitlines()) == 31 <= MAX_LIST
 
 
 def test_a_missing_path_names_the_files_it_may_mean(tree) -> None:
@@ -143,12 +143,45 @@ def test_search_with_context_and_bounds(tree) -> None:
     work, _ = tree
     out = work.search(r"def \w+", path="pkg", context=1)
     assert out.splitlines() == ["pkg/mod.py:1: def add(a, b):", "pkg/mod.py-2-     return a + b",
-                                "--", "pkg/mod.py-4- ", "pkg/mod.py:5: def sub(a, b):", "pkg/mod.py-6-     return a - b"]
+                                "--", "pkg/mod.py-4- ", "pkg/mod.py:5: def sub(a, b):", "pkg/mod.py-6-     return a - b",
+                                "(2 matches in 1 file)"]
     assert work.search("return", max_matches=1, context=0).splitlines()[-1].startswith("... stopped at 1 matches")
     assert "README.md:1: hello" in work.search("HELLO", ignore_case=True)
     assert work.search("hello", glob="*.py") == "no matches for 'hello'"
     with pytest.raises(ToolInputError, match="not a valid regular expression"):
         work.search("(unclosed")
+
+
+def test_search_names_the_definition_that_holds_a_match(tree) -> None:
+    work, _ = tree
+    (work.root / "pkg" / "shop.py").write_text(
+        "RATE = 2\n\n\nclass Cart:\n    def total(self, items):\n        n = 0\n        for x in items:\n"
+        "            n += x * RATE\n        return n\n")
+    # As `git grep -p`: the holder once, above the first match it holds; none at the top level.
+    assert work.search("RATE", path="pkg/shop.py", context=0).splitlines() == [
+        "pkg/shop.py:1: RATE = 2", "--", "pkg/shop.py=5=     def total(self, items):",
+        "pkg/shop.py:8:             n += x * RATE", "(2 matches in 1 file)"]
+    assert work.search(r"n \+=|return n", path="pkg/shop.py", context=0).splitlines()[:3] == [
+        "pkg/shop.py=5=     def total(self, items):", "pkg/shop.py:8:             n += x * RATE",
+        "pkg/shop.py:9:         return n"]
+    # In view already (context): not repeated.
+    assert not any(line.startswith("pkg/mod.py=") for line in work.search("return a", path="pkg/mod.py", context=1).splitlines())
+
+
+def test_a_search_that_finds_nothing_names_where_its_names_are_defined(tree) -> None:
+    work, _ = tree
+    missed = work.search("sub(2, 1)")  # inner_link.py, a link to pkg/mod.py, is named too
+    assert missed.startswith("no matches for 'sub(2, 1)' (as a regular expression); sub is defined at ")
+    assert "; sub is defined at pkg/mod.py:5: def sub(a, b):" in missed
+    assert work.search("mul(2, 1)") == "no matches for 'mul(2, 1)'"
+    assert work.search("sub(2, 1)", glob="*.md") == "no matches for 'sub(2, 1)'"
+
+
+def test_listing_a_file_gives_its_outline(tree) -> None:
+    work, _ = tree
+    assert work.list_files("pkg/mod.py").splitlines() == [
+        "pkg/mod.py is a file of 6 lines; its 2 definitions:", "1: def add(a, b):", "5: def sub(a, b):"]
+    assert work.list_files("README.md") == "README.md is a file of 1 line, with no definitions; read_file reads it"
 
 
 def test_search_replace_edit(tree) -> None:

@@ -192,7 +192,11 @@ async def test_an_edit_card_shows_the_change_in_the_file(tmp_path: Path, monkeyp
         assert str(note.content) == f"⚠ If run, it fails: {said}" and note.size.height >= 1
         await pilot.press("enter")
         await idle(pilot, screen)
-        assert stored(app, pane)[-2] == ("tool", f"Error executing tool apply_edit: {said}")
+        # The failed edit's reply must call again (the fake calls list_files, auto-approved, and
+        # it fails too); after two failed rounds the reply is free.
+        assert stored(app, pane)[-4] == ("tool", f"Error executing tool apply_edit: {said}")
+        assert stored(app, pane)[-2][1].startswith("Error executing tool list_files")
+        assert [s.params.structural_tag["format"]["type"] for s in engine.submitted[-2:]] == ["tags_with_separator", "or"]
         assert (project / "a.py").read_text().count("line") == 12
         await app.action_quit()
 
@@ -244,11 +248,14 @@ async def test_a_server_that_never_starts_crashes_or_hangs(tmp_path: Path) -> No
         assert app.tools.server("quiet").line() == "quiet · failed: did not answer within 1 s"
 
         await type_and_send(pilot, "call hang")  # times out; the server stays
+        # The reply after a failed round must call (the fake calls fx__echo, which asks): refused.
+        await until(pilot, lambda: isinstance(app.focused, ApprovalCard), timeout=10)
+        await pilot.press("escape")
         await idle(pilot, screen)
-        assert stored(app, pane)[-2] == ("tool", "Error: fx__hang did not answer within 1 s")
+        assert stored(app, pane)[2] == ("tool", "Error: fx__hang did not answer within 1 s")
 
         await type_and_send(pilot, "call crash")  # the server dies during the call
-        await until(pilot, lambda: len(stored(app, pane)) >= 8, timeout=10)
+        await until(pilot, lambda: len(stored(app, pane)) >= 10, timeout=10)
         await idle(pilot, screen)
         assert stored(app, pane)[-2] == ("tool", "Error: the MCP server 'fx' exited during the call")
         assert app.tools.server("fx").state is ServerState.FAILED

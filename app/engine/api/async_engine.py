@@ -95,7 +95,7 @@ class AsyncEngine:
     # ---- EngineClient -------------------------------------------------------------------------
     async def stream(
         self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *, max_delay_s: float = 0.0,
-        tools: list[dict[str, Any]] | None = None,
+        tools: list[dict[str, Any]] | None = None, tool_choice: str = "auto",
     ) -> AsyncIterator[StreamDelta]:
         if tools:
             raise RequestError(TOOLS_IN_PROMPT, param="tools")

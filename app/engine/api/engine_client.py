@@ -47,7 +47,7 @@ class EngineClient(Protocol):
 
     def stream(
         self, prompt: Prompt, params: SamplingParams, request_id: str | None = None, *, max_delay_s: float = 0.0,
-        tools: list[dict[str, Any]] | None = None,
+        tools: list[dict[str, Any]] | None = None, tool_choice: str = "auto",
     ) -> AsyncIterator[StreamDelta]:
         """Submit a request and iterate its deltas; the last one has `finish_reason` set.
 
@@ -56,7 +56,8 @@ class EngineClient(Protocol):
         last delta never wait.
 
         `tools` (OpenAI tool entries, with chat messages) are for an engine whose server renders
-        and constrains them itself (`is_remote`: they go in its `tools` field). An in-process
+        and constrains them itself (`is_remote`: they go in its `tools` field, `tool_choice` in
+        its own: "auto" or "required"). An in-process
         engine refuses them: its tools go into the prompt and params through `tool_use.tool_request`.
 
         Raises `RequestError` (invalid request, prompt longer than the context: nothing was queued)

@@ -75,7 +75,6 @@ def _auto(tools: Sequence[FunctionSpec], tags: list[dict[str, Any]], parallel: b
         {"type": "sequence", "elements": [{"type": "regex", "pattern": rf"\s*({_FENCE})?\{{\s*\{{\s*"}, doubled,
                                           _BARE_END]},
         {"type": "sequence", "elements": [{"type": "regex", "pattern": _text_opening()}, free]},
-        {"type": "regex", "pattern": r"\s*"},  # an empty reply
     ]}
 
 

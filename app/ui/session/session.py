@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from app.engine.api.engine_client import EngineClient
 from app.engine.api.tool_use import ToolCallParser, tool_request
-from app.tools.guidance import with_guidance
+from app.tools.guidance import next_tool_choice, with_guidance
 from app.ui.attach import split_message
 from app.ui.session.context_fit import ContextBudget, ContextPlan
 from app.ui.session.draft import Draft
@@ -134,10 +134,11 @@ class ChatSession:
         if not tools:
             return prompt, params, None
         prompt = with_guidance(prompt, tools)
+        choice = next_tool_choice(prompt)
         if self._engine.is_remote:
             return prompt, params, ToolCallParser(loose_names=frozenset(t["function"]["name"] for t in tools)), \
-                {"tools": tools}
-        turn = tool_request(self._engine, prompt, tools, params)
+                {"tools": tools, "tool_choice": choice}
+        turn = tool_request(self._engine, prompt, tools, params, choice)
         return turn.prompt, turn.params, turn.parser()
 
     def chat_tokens(self, recount: bool = False) -> int:

@@ -11,11 +11,10 @@ from typing import Any, Protocol
 
 from app.engine.api.tool_use import ParsedCall
 from app.tools.approval import ApprovalPolicy, Decision, StepLimit
+from app.tools.guidance import CANCELLED_TEXT, REPEATED_TEXT
 from app.tools.manager import ToolInfo
 from app.tools.results import ToolResult
 from app.tools.turn import Ask, CallCard, ToolLoop
-
-CANCELLED_TEXT = "Error: the user cancelled this call before it finished."
 
 
 class ToolSource(Protocol):
@@ -50,7 +49,7 @@ class ChatTools:
 
     def new_turn(self) -> None:
         """A user message: the step count starts again."""
-        self.loop.steps.reset()
+        self.loop.new_turn()
 
     @property
     def limit_message(self) -> str:
@@ -67,6 +66,8 @@ class ChatTools:
         if not self.loop.steps.take():
             self.limit_reached = True
             return []
+        if self.loop.repeats(parsed):
+            return [(call.id, call.name, REPEATED_TEXT) for call in parsed]
         out: list[tuple[str, str, str]] = []
         for i, call in enumerate(parsed):
             if self.cancelled:
