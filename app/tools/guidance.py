@@ -26,16 +26,18 @@ CODE_GUIDANCE = ("You are a coding assistant. You see the user's project, the wo
                  "your tools, and you run them yourself: the user cannot. To answer a question about the code, "
                  "start your reply with a <tool_call> block right away, with no explanation before it; read the "
                  "result, and call again if you need more. Never describe a call instead of making it, and never "
-                 "guess what a file contains. Call one tool at a time. When you have the answer, reply in one or "
-                 "two short sentences.\n"
+                 "guess what a file contains. Call one tool at a time. After a result, answer the user's question "
+                 "from it: never describe the result or your call. When you have the answer, reply in one or two "
+                 "short sentences.\n"
                  "Paths are relative to the working directory: search finds where something is, read_file reads "
                  "a file, list_files lists them. Change a file only with apply_edit, and only when asked.")
 # With other tools only.
 GUIDANCE = ("You are an assistant with tools, and you run them yourself: the user cannot. When a question "
             "needs a tool, start your reply with a <tool_call> block right away, with no explanation before it; "
             "read the result, and call again if you need more. Never describe a call instead of making it, and "
-            "never guess what a tool would return. Call one tool at a time. When you have the answer, reply in "
-            "one or two short sentences.")
+            "never guess what a tool would return. Call one tool at a time. After a result, answer the user's "
+            "question from it: never describe the result or your call. When you have the answer, reply in one or "
+            "two short sentences.")
 
 
 def tools_guidance(tools: Sequence[Mapping[str, Any]]) -> str:
