@@ -16,6 +16,9 @@ from app.tools.config import BUILTIN_NAME
 # A call the user cancelled (esc while it ran): an error to the model, not the tool's failure.
 CANCELLED_TEXT = "Error: the user cancelled this call before it finished."
 # A built-in read made again right after itself (`ToolLoop.repeats`): not run, and not a failure.
+# How a call the reply's token limit cut is answered (`cut_call_cause`): not forced again under the
+# same limit.
+CUT_CALL = "the call was cut at"
 REPEATED_TEXT = ("Error: you made this call just before and its result, above, has not changed; answer from it, "
                  "or make a different call.")
 
@@ -65,7 +68,8 @@ def with_guidance(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping
 
 def next_tool_choice(messages: Sequence[Mapping[str, Any]]) -> str:
     """The tool_choice of the reply that follows `messages`: "required" right after a round of
-    calls that all failed (a tool's error, not the user's refusal or cancel), unless the round
+    calls that all failed (a tool's error; not the user's refusal or cancel, a repeated read, nor a
+    call the token limit cut, which a forced call under the same limit would repeat), unless the round
     before it failed too; else "auto". Why: told that a guessed path does not exist, small models
     describe the search they would make instead of making it (docs/tools.md); once per streak,
     so a tool that keeps failing does not hold the model in calls."""
@@ -86,11 +90,11 @@ def _last_round(messages: Sequence[Mapping[str, Any]], end: int) -> list[Mapping
 
 def _failed(message: Mapping[str, Any]) -> bool:
     content = str(message.get("content") or "")
-    return content.startswith("Error") and not content.startswith((CANCELLED_TEXT, REPEATED_TEXT))
+    return content.startswith("Error") and not content.startswith((CANCELLED_TEXT, REPEATED_TEXT, f"Error: {CUT_CALL}"))
 
 
 def cut_call_cause(max_tokens: int | None) -> str:
     """Why a call its reply's token limit ended does not run, naming the cap (the model reads it
     as the call's error, the chat shows it)."""
     limit = f"the {max_tokens}-token limit of a reply" if max_tokens else "the end of the context"
-    return f"the call was cut at {limit}"
+    return f"{CUT_CALL} {limit}"

@@ -9,7 +9,7 @@ from app.engine.api.tool_use import FunctionSpec, NamedChoice, tool_request
 from app.engine.types.errors import RequestError
 from app.engine.types.sampling_params import SamplingParams
 from app.tools.approval import REFUSED_TEXT
-from app.tools.guidance import CANCELLED_TEXT, next_tool_choice
+from app.tools.guidance import CANCELLED_TEXT, cut_call_cause, next_tool_choice
 
 TOOL = {"type": "function", "function": {"name": "files__read_file", "description": "Read a file.",
                                          "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}
@@ -80,5 +80,6 @@ def test_a_failed_round_is_followed_by_a_call_once() -> None:
     assert next_tool_choice(user + rnd(missing) + rnd(missing) + rnd("ok") + rnd(missing)) == "required"
     assert next_tool_choice(user + rnd(REFUSED_TEXT)) == "auto"  # the user said no
     assert next_tool_choice(user + rnd(CANCELLED_TEXT)) == "auto"
+    assert next_tool_choice(user + rnd(f"Error: {cut_call_cause(4)}; write a shorter call")) == "auto"
     assert next_tool_choice(user + rnd(missing) + [{"role": "assistant", "content": "It is missing."},
                                                    {"role": "user", "content": "Look again"}]) == "auto"
