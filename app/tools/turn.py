@@ -19,7 +19,7 @@ from app.engine.api.tool_use import ParsedCall
 from app.tools.approval import REFUSED_TEXT, ApprovalPolicy, Decision, StepLimit
 from app.tools.edits import unified_diff
 from app.tools.errors import ToolInputError, refusal_line
-from app.tools.guidance import REPEATED_TEXT
+from app.tools.guidance import CANCELLED_TEXT, REPEATED_TEXT
 from app.tools.manager import ToolInfo
 from app.tools.results import ToolResult, error_result
 from app.tools.workdir import Workdir
@@ -62,6 +62,7 @@ class ToolLoop:
         self.policy = policy or ApprovalPolicy()
         self.steps = steps or StepLimit()
         self.last_reads: list[tuple[str, str]] = []  # the last round, when it was only built-in reads
+        self.cancelled = False  # the last round was cancelled (its awaiting task, during a call)
 
     def new_turn(self) -> None:
         """A user message: the step count starts again, and no round is repeated yet."""
@@ -80,16 +81,29 @@ class ToolLoop:
 
     async def run(self, calls: Sequence[ParsedCall], ask: Ask, cut: str | None = None) -> list[dict[str, Any]] | None:
         """The `tool` messages answering `calls`, in order; None when the step limit stops the loop
-        (nothing runs). Cancelling the awaiting task cancels the call in flight. `cut`: the reply's
-        token limit ended its last call (`run_one`)."""
+        (nothing runs). Cancelling the awaiting task during a call cancels that call and ends the
+        round: the calls not finished are answered as cancelled (`cancelled`), and the task goes
+        on. `cut`: the reply's token limit ended its last call (`run_one`)."""
+        self.cancelled = False
         if not calls:
             return []
         if not self.steps.take():
             return None
         if self.repeats(calls):
             return [ToolResult(REPEATED_TEXT, is_error=True).message(call.id, call.name) for call in calls]
-        last = len(calls) - 1
-        return [await self.run_one(call, ask, cut if i == last else None) for i, call in enumerate(calls)]
+        out = []
+        for i, call in enumerate(calls):
+            if not self.cancelled:
+                try:
+                    out.append(await self.run_one(call, ask, cut if i == len(calls) - 1 else None))
+                    continue
+                except asyncio.CancelledError:
+                    task = asyncio.current_task()
+                    if task is not None:
+                        task.uncancel()
+                    self.cancelled = True
+            out.append(ToolResult(CANCELLED_TEXT, is_error=True).message(call.id, call.name))
+        return out
 
     async def run_one(self, call: ParsedCall, ask: Ask, cut: str | None = None) -> dict[str, Any]:
         """One call of a round `steps.take()` admitted: asked, run or refused; its `tool` message.

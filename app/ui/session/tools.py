@@ -5,13 +5,11 @@ the app's `ToolManager`. The view answers `ask` (the approval card); tests give 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from app.engine.api.tool_use import ParsedCall
 from app.tools.approval import ApprovalPolicy, Decision, StepLimit
-from app.tools.guidance import CANCELLED_TEXT, REPEATED_TEXT
 from app.tools.manager import ToolInfo
 from app.tools.results import ToolResult
 from app.tools.turn import Ask, CallCard, ToolLoop
@@ -60,27 +58,8 @@ class ChatTools:
         loop (`limit_reached`). A cancel (esc) ends the round: the calls not finished are answered
         as cancelled (`cancelled`), and the task goes on (the results are stored). `cut`: the
         reply's token limit ended its last call (`ToolLoop.run_one`)."""
-        self.limit_reached = self.cancelled = False
         parsed = [ParsedCall(c.get("id") or "", c["function"]["name"], c["function"].get("arguments") or "")
                   for c in calls]
-        if not self.loop.steps.take():
-            self.limit_reached = True
-            return []
-        if self.loop.repeats(parsed):
-            return [(call.id, call.name, REPEATED_TEXT) for call in parsed]
-        out: list[tuple[str, str, str]] = []
-        for i, call in enumerate(parsed):
-            if self.cancelled:
-                out.append((call.id, call.name, CANCELLED_TEXT))
-                continue
-            try:
-                message = await self.loop.run_one(call, self.ask, cut if i == len(parsed) - 1 else None)
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None:
-                    task.uncancel()
-                self.cancelled = True
-                out.append((call.id, call.name, CANCELLED_TEXT))
-                continue
-            out.append((call.id, call.name, message["content"]))
-        return out
+        messages = await self.loop.run(parsed, self.ask, cut)
+        self.limit_reached, self.cancelled = messages is None, self.loop.cancelled
+        return [(m["tool_call_id"], m["name"], m["content"]) for m in messages or []]
