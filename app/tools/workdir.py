@@ -156,6 +156,9 @@ class Workdir:
             raise self._missing(path)
         out: list[str] = []
         found, in_files = 0, 0
+        # Until something matches: where the pattern's names are defined, for the no-match answer
+        # (a model searches `quarter(11)`, a call, as a regular expression).
+        words, defined = set(re.findall(r"[A-Za-z_]\w{2,}", pattern)), []
         for rel in candidates:
             if glob is not None and not _glob_match(rel, glob):
                 continue
@@ -164,6 +167,8 @@ class Workdir:
                 continue
             hits = [i for i, line in enumerate(lines) if regex.search(line)]
             if not hits:
+                if not found and len(defined) < MAX_SUGGESTIONS:
+                    defined += _definitions_of(words, rel, lines)
                 continue
             if found + len(hits) > max_matches:
                 hits = hits[:max_matches - found]
@@ -173,23 +178,9 @@ class Workdir:
                 out.append(f"... stopped at {max_matches} matches (narrow with path, glob or pattern)")
                 return "\n".join(out)
         if not out:
-            return f"no matches for {pattern!r}" + self._defined_near_miss(pattern, candidates, glob)
+            near = f" (as a regular expression); {'; '.join(defined[:MAX_SUGGESTIONS])}" if defined else ""
+            return f"no matches for {pattern!r}{near}"
         return "\n".join(out + [f"({_count(found, 'match', 'matches')} in {_count(in_files, 'file')})"])
-
-    def _defined_near_miss(self, pattern: str, candidates: list[str], glob: str | None) -> str:
-        """For a search that found nothing: where the names in `pattern` are defined (a model
-        searches `quarter(11)`, a call, as a regular expression), as "; quarter is defined at
-        shop/dates.py:16: def quarter(month):"; "" when none is."""
-        words = set(re.findall(r"[A-Za-z_]\w{2,}", pattern))
-        found: list[str] = []
-        for rel in candidates:
-            if not words or len(found) >= MAX_SUGGESTIONS or (glob is not None and not _glob_match(rel, glob)):
-                continue
-            for i, line in enumerate(self._searchable(self.root / rel) or []):
-                name = defined_name(line) if len(found) < MAX_SUGGESTIONS else None
-                if name in words:
-                    found.append(f"{name} is defined at {rel}:{i + 1}: {_cut(line.strip())}")
-        return f" (as a regular expression); {'; '.join(found)}" if found else ""
 
     # --- apply_edit -----------------------------------------------------------------------------
 
@@ -305,6 +296,12 @@ def _grep_groups(rel: str, lines: list[str], hits: list[int], context: int) -> l
             shown.add(j)
         shown_to = max(shown_to, hi)
     return out
+
+
+def _definitions_of(words: set[str], rel: str, lines: list[str]) -> list[str]:
+    """"NAME is defined at FILE:LINE: TEXT" for each definition in `lines` of a name in `words`."""
+    return [f"{name} is defined at {rel}:{i + 1}: {_cut(line.strip())}" for i, line in enumerate(lines)
+            if any(w in line for w in words) and (name := defined_name(line)) in words]
 
 
 def _cut(line: str) -> str:
