@@ -563,7 +563,7 @@ static void merge_partitions(const struct row_plan *r, float *out, const float *
  * chunk of keys together, its keys and values widened to fp32 once for all of them (alone, each row
  * widens each of them again, and the conversions take the FMA ports), from L1. Each vector's
  * arithmetic is attend's for that row, bit for bit. */
-#define TILE_ROWS 8
+#define TILE_ROWS 16
 #define MAX_TILE_VECS 128  /* a tile's query vectors (rows x query heads of the KV head) */
 
 /* Scores (times `sc`) of query vectors qs[0..nv) against keys 0..n-1 of a widened chunk (rows at
@@ -663,26 +663,39 @@ static ALWAYS_INLINE void tile_softmax(float *const *ys, float *const *ss, float
     }
 }
 
+#include "cpu_attention_avx512.h"
+
 /* One tile's query vectors (`per` a row) against one chunk (c0, n keys): scores, online softmax, values.
- * Rows r_c.. see the chunk; of them rows r_f.. see all of it, the others (the diagonal) their first keys. */
+ * Rows r_c.. see the chunk; of them rows r_f.. see all of it, the others (the diagonal) their first keys.
+ * kp: NULL, or KEY_CHUNK x d floats for the keys' pairs: the zmm loops (the same bits). */
 static inline __attribute__((always_inline)) void tile_chunk(const float *const *qs, float *const *ys, float *const *ss,
                                                              float *m, float *l, const int64_t *lasts, int nr,
                                                              int per, int64_t c0, int n, const float *ksc,
                                                              const float *vsc, const kv_pools *kv, const int64_t *off,
                                                              int64_t kvo, int kind, int d, float scale, float softcap,
-                                                             float *xf, const int64_t *soff) {
+                                                             float *xf, float *kp, const int64_t *soff) {
     int r_c;
     const int r_f = tile_rows_seeing(lasts, nr, c0, n, &r_c);
     const float sc = kind == KV_I8 ? 1.0f : scale;  /* as chunk_scores */
     widen_chunk(xf, kv->k, off, kvo, n, d, kind);
-    for (int r = r_c; r < r_f; r++)
-        tile_scores(qs + r * per, ss + r * per, per, xf, soff, keys_seen(lasts, r, r_f, c0, n), d, sc);
-    tile_scores(qs + r_f * per, ss + r_f * per, (nr - r_f) * per, xf, soff, n, d, sc);
+    if (kp)
+        widen_pairs(kp, xf, n / 8 * 8, d);
+    for (int r = r_c; r <= r_f && r < nr; r++) {  /* the diagonal's rows one by one, then the rest together */
+        const int k = r < r_f ? keys_seen(lasts, r, r_f, c0, n) : n, nv = (r < r_f ? 1 : nr - r_f) * per;
+        if (kp)
+            tile_scores_avx512(qs + r * per, ss + r * per, nv, xf, kp, soff, k, d, sc);
+        else
+            tile_scores(qs + r * per, ss + r * per, nv, xf, soff, k, d, sc);
+    }
     tile_softmax(ys, ss, m, l, lasts, nr, per, r_c, r_f, c0, n, ksc, vsc, kind, d, scale, softcap);
     widen_chunk(xf, kv->v, off, kvo, n, d, kind);
-    for (int r = r_c; r < r_f; r++)
-        tile_values(ys + r * per, ss + r * per, per, xf, soff, keys_seen(lasts, r, r_f, c0, n), d);
-    tile_values(ys + r_f * per, ss + r_f * per, (nr - r_f) * per, xf, soff, n, d);
+    for (int r = r_c; r <= r_f && r < nr; r++) {
+        const int k = r < r_f ? keys_seen(lasts, r, r_f, c0, n) : n, nv = (r < r_f ? 1 : nr - r_f) * per;
+        if (kp)
+            tile_values_avx512(ys + r * per, ss + r * per, nv, xf, soff, k, d);
+        else
+            tile_values(ys + r * per, ss + r * per, nv, xf, soff, k, d);
+    }
 }
 
 #include "cpu_attention_bf16.h"
@@ -690,14 +703,16 @@ static inline __attribute__((always_inline)) void tile_chunk(const float *const 
 /* Rows t0..t1-1 of one sequence (first position the same for all) x query heads i0..i1-1 of KV head g's
  * group, against partition p of their keys: what attend computes for each of those rows and heads alone
  * (b: NULL), or their bf16 arithmetic (b: the thread's bf16 scratch). Rows whose keys end before the
- * partition are left alone. xf: KEY_CHUNK x d floats of scratch. */
+ * partition are left alone. xf: KEY_CHUNK x d floats of scratch; kp: NULL, or as many for the zmm loops'
+ * key pairs (tile_chunk). */
 static inline __attribute__((always_inline)) void attend_tile(const float *q, float *out, float *acc, float *ml,
                                                               const struct row_plan *rows, int64_t t0, int64_t t1,
                                                               int p, int g, int i0, int i1, int heads, int group,
                                                               int d, const kv_pools *kv, int kind,
                                                               const int32_t *blocks, int block_size,
                                                               int64_t row_stride, float scale, float softcap,
-                                                              float *xf, const struct bf16_scratch *b) {
+                                                              float *xf, float *kp,
+                                                              const struct bf16_scratch *b) {
     const int nr = (int)(t1 - t0), kv_heads = (int)(row_stride / d), per = i1 - i0;
     const int64_t first = rows[t0].first + (int64_t)p * KEY_PARTITION, kvo = (int64_t)g * d;
     const int64_t esize = kind == KV_F32 ? 4 : kind == KV_F16 ? 2 : 1;
@@ -741,7 +756,7 @@ static inline __attribute__((always_inline)) void attend_tile(const float *q, fl
             tile_chunk_bf16(b->q, ys, ss, m, l, lasts, nr, per, c0, n, ksc, vsc, kv, off, kvo, kind, d, scale, softcap, b);
         else
             tile_chunk(qs, ys, ss, m, l, lasts, nr, per, c0, n, ksc, vsc, kv, off, kvo, kind, d, scale, softcap, xf,
-                       soff);
+                       kp, soff);
     }
     for (int v = 0; v < nr * per; v++) {
         const struct row_plan *rp = &rows[t0 + v / per];
@@ -845,10 +860,10 @@ static inline __attribute__((always_inline)) void attend_row(const float *q, flo
 static ALWAYS_INLINE void attend_item(const float *q, float *out, float *acc, float *ml, const struct row_plan *rows,
                                       const struct work *w, int heads, int group, int d, const kv_pools *kv, int kind,
                                       const int32_t *blocks, int block_size, int64_t row_stride, float scale,
-                                      float softcap, float *xf, const struct bf16_scratch *b) {
+                                      float softcap, float *xf, float *kp, const struct bf16_scratch *b) {
     if (w->g >= 0)
         attend_tile(q, out, acc, ml, rows, w->t0, w->t1, w->p, w->g, w->h0, w->h1, heads, group, d, kv, kind, blocks,
-                    block_size, row_stride, scale, softcap, xf, b);
+                    block_size, row_stride, scale, softcap, xf, kp, b);
     else
         attend_row(q, out, acc, ml, &rows[w->t0], w->t0, w->p, w->h0, w->h1, heads, group, d, kv, kind, blocks,
                    block_size, row_stride, scale, softcap);
@@ -889,7 +904,10 @@ int paged_attention(const float *q, float *out, int64_t num_tokens, int heads, i
     struct work *work = malloc(sizeof(struct work) * items);
     float *acc = slots > 0 ? malloc(sizeof(float) * slots * heads * d) : NULL;
     float *ml = slots > 0 ? malloc(sizeof(float) * slots * heads * 2) : NULL;
-    float *xf = malloc(sizeof(float) * KEY_CHUNK * d * threads);  /* each thread's widened chunk */
+    /* the fp32 tiles on zmm registers where the GEMM tiles run with AVX-512 (the same bits) */
+    const int zmm = !bf16 && qgemm_isa() == 1;
+    const int64_t widened = (int64_t)KEY_CHUNK * d * (zmm ? 2 : 1);  /* a chunk, and its keys' pairs */
+    float *xf = aligned_alloc(64, sizeof(float) * widened * threads);  /* each thread's widened chunk: whole cache lines */
     uint16_t *bfs = bf16 ? malloc(sizeof(uint16_t) * bf16_per * threads) : NULL;
     if (!work || !xf || (slots > 0 && (!acc || !ml)) || (bf16 && !bfs)) {
         free(acc), free(ml), free(xf), free(bfs), free(work), free(rows);
@@ -902,20 +920,20 @@ int paged_attention(const float *q, float *out, int64_t num_tokens, int heads, i
         const struct row_plan *r = &rows[w->t0];
         const int32_t *blocks = block_table + (int64_t)r->seq * max_blocks;
         const int th = omp_get_thread_num();
-        float *x = xf + (int64_t)th * KEY_CHUNK * d;
+        float *x = xf + th * widened, *kp = zmm ? x + KEY_CHUNK * d : NULL;
         uint16_t *mine = bfs + th * bf16_per;
         struct bf16_scratch scratch = {(uint32_t *)mine, (uint32_t *)(mine + (MAX_TILE_VECS + KEY_CHUNK) * dp),
                                        mine + MAX_TILE_VECS * dp, mine + (MAX_TILE_VECS + 2 * KEY_CHUNK) * dp};
         const struct bf16_scratch *b = bf16 ? &scratch : NULL;
         if (kv->kind == KV_F16)
             attend_item(q, out, acc, ml, rows, w, heads, group, d, kv, KV_F16, blocks, block_size, row_stride, scale,
-                        softcap, x, b);
+                        softcap, x, kp, b);
         else if (kv->kind == KV_I8)
             attend_item(q, out, acc, ml, rows, w, heads, group, d, kv, KV_I8, blocks, block_size, row_stride, scale,
-                        softcap, x, b);
+                        softcap, x, kp, b);
         else
             attend_item(q, out, acc, ml, rows, w, heads, group, d, kv, KV_F32, blocks, block_size, row_stride, scale,
-                        softcap, x, b);
+                        softcap, x, kp, b);
     }
     if (slots > 0) {
 #pragma omp parallel for schedule(static) num_threads(threads)

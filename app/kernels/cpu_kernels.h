@@ -24,6 +24,7 @@ typedef struct qweight {
 
 /* cpu_qgemm.c */
 int qgemm(const qweight *w, const float *x, int64_t M, float *y, int nthreads);
+int qgemm_isa(void); /* 1: the tiles run with AVX-512 (VNNI), 0: AVX2 */
 
 /* A KV pool's element type (cpu_attention.py's KV_KINDS). */
 enum { KV_F32, KV_F16, KV_I8 };

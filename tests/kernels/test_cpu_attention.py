@@ -13,7 +13,7 @@ import torch
 from app import kernels
 from app.engine.runtime.decoder import DecoderLayer, RotaryEmbedding
 from app.engine.runtime.kernel_plan import Attention, KernelPlan, RowOps
-from app.kernels import KVCacheLayer, cpu_attention, registry
+from app.kernels import KVCacheLayer, cpu_attention, cpu_qgemm, registry
 from app.kernels.registry import AttentionRequest
 from app.kernels.settings import KernelSettings
 from tests.kernels.test_kernels import (
@@ -188,6 +188,32 @@ def test_a_tile_of_rows_is_each_row_alone(shape: str, cache_dtype: str, threads:
     assert torch.equal(batched, torch.cat(alone))
     err, _ = attention_error(case, inputs, c_attention)
     assert err < 1e-5, f"{shape}: relative error {err:.2e}"
+
+
+@pytest.fixture
+def avx512_then_avx2():
+    """The tiles' zmm loops (where the GEMM tiles run with AVX-512), then the ymm ones (AVX2 chosen);
+    the machine's own choice restored after. Skipped where this CPU lacks AVX-512 VNNI."""
+    chosen = cpu_qgemm.isa()
+    if not cpu_qgemm.set_isa("AVX-512 VNNI"):
+        pytest.skip("this CPU lacks AVX-512 VNNI (cpuid or the OS's registers): the zmm tiles cannot run")
+    yield lambda: cpu_qgemm.set_isa("AVX2")
+    cpu_qgemm.set_isa(chosen)
+
+
+@pytest.mark.parametrize("cache_dtype", ["float16", "int8"])
+@pytest.mark.parametrize("shape", list(TILES))
+def test_the_avx512_tiles_give_the_avx2_bits(shape: str, cache_dtype: str, avx512_then_avx2) -> None:
+    """A 40-row chunk over 600 keys and a 13-row one over 77: every output bit the same with the
+    tiles on zmm registers as on ymm ones (each lane the same fmas, each score the same sum tree)."""
+    spec = dict(TILES[shape])
+    window, softcap = spec.pop("window", None), spec.pop("softcap", None)
+    case = AttnCase(q_lens=(40, 13), seq_lens=(600, 77), dtype="float32", cache_dtype=cache_dtype, window=window,
+                    softcap=softcap, **spec)
+    inputs = make_attention_inputs(case)
+    zmm = _batched(inputs, 2, window, softcap)
+    avx512_then_avx2()
+    assert torch.equal(zmm, _batched(inputs, 2, window, softcap))
 
 
 @pytest.mark.parametrize("cache_dtype", ["float32", "float16", "int8"])
