@@ -636,12 +636,14 @@ static inline int tile_rows_seeing(const int64_t *lasts, int nr, int64_t c0, int
     return r_f;
 }
 
+#include "cpu_attention_avx512.h"
+
 /* The online softmax of a tile's vectors r_c * per .. over one chunk (their scores in ss, `per` vectors a
  * row): an int8 pool's key scales and the softcap applied, exp, the sums; the weights come out times an
  * int8 pool's value scales, 0 past each row's last key. */
 static ALWAYS_INLINE void tile_softmax(float *const *ys, float *const *ss, float *m, float *l, const int64_t *lasts,
                                        int nr, int per, int r_c, int r_f, int64_t c0, int n, const float *ksc,
-                                       const float *vsc, int kind, int d, float scale, float softcap) {
+                                       const float *vsc, int kind, int d, float scale, float softcap, int wide) {
     for (int v = r_c * per; v < nr * per; v++) {
         const int nv = keys_seen(lasts, v / per, r_f, c0, n);
         float *sv = ss[v];
@@ -651,7 +653,10 @@ static ALWAYS_INLINE void tile_softmax(float *const *ys, float *const *ss, float
         if (softcap > 0.0f)
             for (int j = 0; j < nv; j++)
                 sv[j] = softcap * tanhf(sv[j] / softcap);
-        chunk_exp(sv, nv, &m[v], &l[v], ys[v], d);
+        if (wide)
+            chunk_exp_avx512(sv, nv, &m[v], &l[v], ys[v], d);
+        else
+            chunk_exp(sv, nv, &m[v], &l[v], ys[v], d);
         for (int j = nv; j < n; j++)  /* a diagonal row's keys it does not see: adding 0 keeps its sum's bits */
             sv[j] = 0.0f;
     }
@@ -662,8 +667,6 @@ static ALWAYS_INLINE void tile_softmax(float *const *ys, float *const *ss, float
             ss[v][j] *= vsc[j];
     }
 }
-
-#include "cpu_attention_avx512.h"
 
 /* One tile's query vectors (`per` a row) against one chunk (c0, n keys): scores, online softmax, values.
  * Rows r_c.. see the chunk; of them rows r_f.. see all of it, the others (the diagonal) their first keys.
@@ -687,7 +690,7 @@ static inline __attribute__((always_inline)) void tile_chunk(const float *const 
         else
             tile_scores(qs + r * per, ss + r * per, nv, xf, soff, k, d, sc);
     }
-    tile_softmax(ys, ss, m, l, lasts, nr, per, r_c, r_f, c0, n, ksc, vsc, kind, d, scale, softcap);
+    tile_softmax(ys, ss, m, l, lasts, nr, per, r_c, r_f, c0, n, ksc, vsc, kind, d, scale, softcap, kp != NULL);
     widen_chunk(xf, kv->v, off, kvo, n, d, kind);
     for (int r = r_c; r <= r_f && r < nr; r++) {
         const int k = r < r_f ? keys_seen(lasts, r, r_f, c0, n) : n, nv = (r < r_f ? 1 : nr - r_f) * per;

@@ -129,4 +129,51 @@ static __attribute__((noinline)) void tile_values_avx512(float *const *ys, float
         values_avx512(ys + v, ps + v, 1, vf, soff, n, d);
 }
 
+/* e^x on 16 lanes: exp_ps's operations, lane by lane (the same bits). */
+static inline __m512 exp16(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.3f);
+    const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.3f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps((__mmask16)~under, p, _mm512_castsi512_ps(e));
+}
+
+/* The lanes of elements e..e+15 below n. */
+static inline __mmask16 below16(int e, int n) {
+    return e + 16 <= n ? (__mmask16)0xFFFF : e < n ? (__mmask16)((1u << (n - e)) - 1) : (__mmask16)0;
+}
+
+/* chunk_exp on 16 lanes (n <= KEY_CHUNK): the same max, rescaling and exps, so the same bits. */
+static __attribute__((noinline)) void chunk_exp_avx512(float *srow, int n, float *m, float *l, float *y, int d) {
+    const int n8 = (n + 7) / 8 * 8;
+    const __m512 none = _mm512_set1_ps(-INFINITY);
+    __m512 vm = _mm512_set1_ps(*m);
+    for (int j = 0; j < n8; j += 16)
+        vm = _mm512_max_ps(vm, _mm512_mask_loadu_ps(none, below16(j, n), srow + j));
+    const float mx = _mm512_reduce_max_ps(vm);
+    if (*m != mx) { /* rescale what earlier chunks summed (nothing for the first) */
+        const float alpha = expf(*m - mx);
+        const __m512 va = _mm512_set1_ps(alpha);
+        *l *= alpha;
+        for (int e = 0; e < d; e += 16)
+            _mm512_mask_storeu_ps(y + e, below16(e, d), _mm512_mul_ps(va, _mm512_maskz_loadu_ps(below16(e, d), y + e)));
+        *m = mx;
+    }
+    const __m512 vmx = _mm512_set1_ps(mx);
+    for (int j = 0; j < n8; j += 16)  /* the lanes from n up to n8 (-inf) come out 0, as chunk_exp's */
+        _mm512_mask_storeu_ps(srow + j, below16(j, n8),
+                              exp16(_mm512_sub_ps(_mm512_mask_loadu_ps(none, below16(j, n), srow + j), vmx)));
+}
+
 #pragma GCC pop_options

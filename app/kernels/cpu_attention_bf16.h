@@ -207,7 +207,7 @@ static ALWAYS_INLINE void tile_chunk_bf16_kind(const uint32_t *qt, float *const 
     transpose_keys(b->kt, b->k, n, dp);
     /* every vector over all n keys: a diagonal row's later lanes are dropped (tile_softmax) */
     tile_scores_bf16(qt + r_c * per, nr * per, ss + r_c * per, (nr - r_c) * per, b->kt, n, dp, sc);
-    tile_softmax(ys, ss, m, l, lasts, nr, per, r_c, r_f, c0, n, ksc, vsc, kind, d, scale, softcap);
+    tile_softmax(ys, ss, m, l, lasts, nr, per, r_c, r_f, c0, n, ksc, vsc, kind, d, scale, softcap, 1);
     bf16_pairs(b->v, kv->v, off, kvo, n, d, dv, kind);
     for (int r = r_c; r < r_f; r++)
         tile_values_bf16(ys + r * per, ss + r * per, per, b->v, keys_seen(lasts, r, r_f, c0, n), d, dv);
