@@ -153,9 +153,9 @@ def test_a_long_row_is_the_same_alone_batched_and_chunked(threads: int, cache_dt
     assert torch.equal(batched[1:4], chunk) and torch.equal(chunk, split)
 
 
-# A sequence's rows, 8 or more (a prompt chunk), go through the kernel as tiles: 8 rows x one KV head's
-# query heads. Shapes of the catalog's models and the tiles' remainders: 1, 2 or 3
-# vectors past the last whole triple, a head size that is not a multiple of 32, a tile of fewer rows
+# A sequence's rows, 16 or more (a prompt chunk), go through the kernel as tiles: 16 rows x one KV head's
+# query heads. Shapes of the catalog's models and the tiles' remainders: 1 to 5 vectors past the
+# last whole six, 1 or 2 past the last triple, a head size that is not a multiple of 32, a tile of fewer rows
 # (MQA: 32 heads a KV head), rows that cross the 512-key partition, a softcap, a window none reaches.
 TILES = {
     "gqa6-d128": dict(heads=12, kv_heads=2, head_dim=128),  # Qwen2.5-Coder-1.5B
@@ -171,11 +171,11 @@ TILES = {
 @pytest.mark.parametrize("cache_dtype", ["float32", "float16", "int8"])
 @pytest.mark.parametrize("shape", list(TILES))
 def test_a_tile_of_rows_is_each_row_alone(shape: str, cache_dtype: str, threads: int) -> None:
-    """A 21-row prompt chunk ending at 530 keys (tiles of 8, 8 and 5 rows) and a 9-row one ending at 40
-    (8 and 1), in one batch: each row equals the same row computed alone (the one-row path), bit for bit."""
+    """A 37-row prompt chunk ending at 530 keys (tiles of 16, 16 and 5 rows) and a 17-row one ending at 40
+    (16 and 1), in one batch: each row equals the same row computed alone (the one-row path), bit for bit."""
     spec = dict(TILES[shape])
     window, softcap = spec.pop("window", None), spec.pop("softcap", None)
-    case = AttnCase(q_lens=(21, 9), seq_lens=(530, 40), dtype="float32", cache_dtype=cache_dtype, window=window,
+    case = AttnCase(q_lens=(37, 17), seq_lens=(530, 40), dtype="float32", cache_dtype=cache_dtype, window=window,
                     softcap=softcap, **spec)
     inputs = make_attention_inputs(case)
     batched = _batched(inputs, threads, window, softcap)
@@ -204,11 +204,12 @@ def avx512_then_avx2():
 @pytest.mark.parametrize("cache_dtype", ["float16", "int8"])
 @pytest.mark.parametrize("shape", list(TILES))
 def test_the_avx512_tiles_give_the_avx2_bits(shape: str, cache_dtype: str, avx512_then_avx2) -> None:
-    """A 40-row chunk over 600 keys and a 13-row one over 77: every output bit the same with the
-    tiles on zmm registers as on ymm ones (each lane the same fmas, each score the same sum tree)."""
+    """A 40-row chunk over 600 keys and a 19-row one over 77 (tiles of 16, 16, 8; 16, 3): every output bit
+    the same with the tiles on zmm registers as on ymm ones (each lane the same fmas, each score the
+    same sum tree)."""
     spec = dict(TILES[shape])
     window, softcap = spec.pop("window", None), spec.pop("softcap", None)
-    case = AttnCase(q_lens=(40, 13), seq_lens=(600, 77), dtype="float32", cache_dtype=cache_dtype, window=window,
+    case = AttnCase(q_lens=(40, 19), seq_lens=(600, 77), dtype="float32", cache_dtype=cache_dtype, window=window,
                     softcap=softcap, **spec)
     inputs = make_attention_inputs(case)
     zmm = _batched(inputs, 2, window, softcap)

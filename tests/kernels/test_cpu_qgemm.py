@@ -371,5 +371,6 @@ def test_only_the_vnni_tiles_hold_avx512_instructions():
     # AVX-512; GCC names its clones `name.isra.0`, `name.constprop.1`.
     names = {fn.split(".")[0] for fn in holders}
     assert names <= {"tile_rows_vnni", "pair_rows_vnni", "panel_rows_vnni", "int8_peak_vnni", "fp32_peak_vnni",
-                     "tile_chunk_bf16", "bf16_queries", "tile_scores_avx512", "tile_values_avx512"}, holders
+                     "tile_chunk_bf16", "bf16_queries", "tile_scores_avx512", "tile_values_avx512",
+                     "chunk_exp_avx512"}, holders
     assert "tile_rows_vnni" in holders
