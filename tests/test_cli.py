@@ -115,7 +115,7 @@ def test_bench_json_has_sweep(tiny_gguf_factory):
     for key in ("duration_s", "output_tok_s", "total_tok_s", "ttft_ms", "tpot_ms"):
         assert key in report
     assert [s["concurrency"] for s in report["sweep"]] == [1, 2]
-    assert all(s["decode_tok_s"] > 0 and s["output_tok_s"] > 0 for s in report["sweep"])
+    assert all(s["decode_tok_s"] > 0 and s["output_tok_s"] > 0 and s["full_batch_tok_s"] > 0 for s in report["sweep"])
 
 
 def test_bench_subcommands_parse_their_own_options():

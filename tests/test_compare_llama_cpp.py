@@ -39,6 +39,21 @@ def test_prefill_figures_from_both_engines(monkeypatch):
     assert compare.prefill_localbatch("m.gguf", 512, []) == (128.0, 25.0)
 
 
+def test_decode_counts_the_steps_of_the_whole_batch(monkeypatch):
+    """S_TG times sequences decoding together after every prompt is read: localbatch's side reads
+    its full-batch rate, with the prefill budget off so that the batch forms (unless `extra` says)."""
+    import json
+    import subprocess
+
+    seen = []
+    sweep = json.dumps({"sweep": [{"concurrency": 1, "decode_tok_s": 9.0, "full_batch_tok_s": 10.0},
+                                  {"concurrency": 16, "decode_tok_s": 50.0, "full_batch_tok_s": 110.0}]})
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: seen.append(cmd) or subprocess.CompletedProcess(cmd, 0, sweep, ""))
+    assert compare.run_localbatch("m.gguf", [1, 16], ["--itl-target-ms", "60"]) == {1: 10.0, 16: 110.0}
+    cmd = seen[0]
+    assert cmd[cmd.index("--itl-target-ms") + 1] == "0" and cmd[-2:] == ["--itl-target-ms", "60"]  # the last one counts
+
+
 def test_a_prompt_length_row_takes_medians_and_per_round_ratios():
     row = compare.prefill_row(2048, [((100.0, 20.0), (150.0, 30.0)), ((80.0, 20.0), (160.0, 25.0)),
                                      ((90.0, 10.0), (99.0, 30.0))])

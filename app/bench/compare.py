@@ -3,7 +3,8 @@ machine.
 
 Decode: llama.cpp's `llama-batched-bench` (128-token prompts, 64 generated, all cores) and
 `localbatch bench throughput --concurrency` with the same workload, in fresh processes; decode
-tok/s of both and their ratio per concurrency, the scaling curve in the terminal, and (`--svg`) as
+tok/s of both (the steps where all of a level's sequences decode together: S_TG's count) and
+their ratio per concurrency, the scaling curve in the terminal, and (`--svg`) as
 an SVG for the README. Prefill (`--prefill-len`): one prompt of each length to its first token on
 both (llama.cpp's S_PP; localbatch's prompt over its median TTFT), then 32 tokens decoded after it
 (the decode rate at that context). `--rounds N` repeats each pair N times, alternating which engine
@@ -50,9 +51,13 @@ def _localbatch(model: str, extra: list[str], *args: str) -> dict:
 
 
 def run_localbatch(model: str, batches: list[int], extra: list[str]) -> dict[int, float]:
-    report = _localbatch(model, extra, "--input-len", str(PROMPT_LEN), "--output-len", str(GEN_LEN),
-                         "--num-prompts", "2", "--concurrency", ",".join(map(str, batches)))
-    return {s["concurrency"]: float(s["decode_tok_s"]) for s in report["sweep"]}
+    """localbatch's decode tok/s per batch size, as S_TG counts it: steps where all the level's
+    sequences decode together. batched-bench reads every prompt before decoding; the default
+    prefill budget reads them beside the first replies' decodes, so some replies can end before
+    the batch is ever whole: the budget is off here (`extra` may turn it back on)."""
+    report = _localbatch(model, ["--itl-target-ms", "0", *extra], "--input-len", str(PROMPT_LEN), "--output-len",
+                         str(GEN_LEN), "--num-prompts", "2", "--concurrency", ",".join(map(str, batches)))
+    return {s["concurrency"]: float(s["full_batch_tok_s"]) for s in report["sweep"]}
 
 
 def prefill_llama_cpp(model: str, prompt_len: int, binary: str = "llama-batched-bench") -> tuple[float, float]:

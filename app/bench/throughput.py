@@ -124,12 +124,15 @@ def warm_up(engine: LLMEngine, shape: Shape, seed: int) -> None:
 
 
 def concurrency_sweep(engine: LLMEngine, shape: Shape, levels: list[int], seed: int) -> list[dict]:
-    """Per level c: c requests at concurrency c; decode tok/s, output tok/s, TTFT/TPOT p50, step split."""
+    """Per level c: c requests at concurrency c; decode tok/s (all decode-only steps, and those of all c
+    streams), output tok/s, TTFT/TPOT p50, step split."""
     vocab, rows = engine.plan.model_config.vocab_size, []
     for c in levels:
         before = engine.stats()
-        s = run_requests(engine, make_requests(shape, c, vocab, seed + c), c).summary()
+        run = run_requests(engine, make_requests(shape, c, vocab, seed + c), c)
+        s = run.summary()
         rows.append({"concurrency": c, "decode_tok_s": s["decode_tok_s"], "output_tok_s": s["output_tok_s"],
+                     "full_batch_tok_s": round(run.full_batch_tok_s, 2),
                      "ttft_ms_p50": s["ttft_ms"]["p50"], "tpot_ms_p50": s["tpot_ms"]["p50"],
                      **step_split(before, engine.stats())})
     return rows
@@ -219,7 +222,8 @@ def format_throughput(r: dict) -> str:
     ]
     lines += _dist_lines(r)
     for s in r.get("sweep", []):
-        lines.append(f"concurrency {s['concurrency']:>4}    decode {s['decode_tok_s']:8.1f} tok/s   "
+        lines.append(f"concurrency {s['concurrency']:>4}    decode {s['decode_tok_s']:8.1f} tok/s "
+                     f"({s.get('full_batch_tok_s', 0.0):.1f} all {s['concurrency']})   "
                      f"output {s['output_tok_s']:8.1f} tok/s   TTFT p50 {s['ttft_ms_p50']:.0f} ms   TPOT p50 {s['tpot_ms_p50']:.1f} ms"
                      f"   step {s['step_ms']:.2f} ms + {s['step_gap_us']:.0f} us between")
     for s in r.get("structured", []):

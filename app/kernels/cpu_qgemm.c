@@ -157,7 +157,7 @@ static inline __m256i fifth_bits(__m256i h, const int k) {
 #undef QG_VNNI
 #undef QG
 
-#define PANEL_GROUP_BYTES 832 /* a panel's group: 8 unpacked zmm vectors, d, m, q6's three sub-scale vectors */
+#define PANEL_GROUP_BYTES 768 /* a panel's group: 8 unpacked zmm vectors, d, m, q6's two sub-scale vectors */
 
 /* Only the functions below may use AVX-512 instructions; nothing runs them on a CPU without them. */
 #pragma GCC push_options

@@ -400,30 +400,39 @@ ALWAYS_INLINE void QG(pair_unpack)(const int fmt, const char *w, const int64_t w
     }
 }
 
-/* One activation row's exact integer dot with both tiles' unpacked group (`xb`: its halves' level
- * sums, `sc`: q6's sub-scales as unpack leaves them: lane (sc_lo, sc_hi) int16, and as int32). */
-ALWAYS_INLINE __m512i QG(pair_dot)(const int fmt, const __m512i v[8], const int8_t *x, const int32_t xb,
-                                   const __m512i scp, const __m512i sclo, const __m512i schi) {
+/* One activation row's exact integer dot with both tiles' unpacked group, as fp32 (`xb`: its
+ * halves' level sums; `sclo`, `schi`: q6's sub-scales of each half, as fp32). q6's halves start
+ * at -32 x their level sums, and their scaled sum is one fma of exact products: panel_group's
+ * reasoning, the float the integer sum converts to. */
+ALWAYS_INLINE __m512 QG(pair_dot)(const int fmt, const __m512i v[8], const int8_t *x, const int32_t xb,
+                                  const __m512 sclo, const __m512 schi) {
     if (fmt == QG_Q8) {
         __m512i dot = _mm512_set1_epi32(-128 * ((int32_t)(int16_t)xb + (xb >> 16)));
         for (int s = 0; s < 8; s++) dot = _mm512_dpbusd_epi32(dot, v[s], _mm512_set1_epi32(*(const int32_t *)(x + 4 * s)));
-        return dot;
+        return _mm512_cvtepi32_ps(dot);
     }
     if (fmt != QG_Q6) { /* one chain: the rows' chains overlap, and no add joins two */
         __m512i dot = _mm512_setzero_si512();
 #pragma GCC unroll 8
         for (int s = 0; s < 8; s++)
             dot = _mm512_dpbusd_epi32(dot, v[s], _mm512_set1_epi32(*(const int32_t *)(x + 16 * (s / 4) + 4 * (s % 4))));
-        return dot;
+        return _mm512_cvtepi32_ps(dot);
     }
-    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+    __m512i lo = _mm512_set1_epi32(-32 * (int32_t)(int16_t)xb), hi = _mm512_set1_epi32(-32 * (xb >> 16));
     for (int s = 0; s < 4; s++) {
         lo = _mm512_dpbusd_epi32(lo, v[s], _mm512_set1_epi32(*(const int32_t *)(x + 4 * s)));
         hi = _mm512_dpbusd_epi32(hi, v[4 + s], _mm512_set1_epi32(*(const int32_t *)(x + 16 + 4 * s)));
     }
-    const __m512i offset = _mm512_madd_epi16(scp, _mm512_set1_epi32(xb));
-    return _mm512_sub_epi32(_mm512_add_epi32(_mm512_mullo_epi32(lo, sclo), _mm512_mullo_epi32(hi, schi)),
-                            _mm512_slli_epi32(offset, 5));
+    return _mm512_fmadd_ps(sclo, _mm512_cvtepi32_ps(lo), _mm512_mul_ps(schi, _mm512_cvtepi32_ps(hi)));
+}
+
+/* q6's sub-scales of group g of tiles t (at sc) and t+1 (at sc + snext), each half's as fp32. */
+ALWAYS_INLINE void QG(pair_subscales)(const int8_t *sc, const int64_t snext, const int64_t g, __m512 *sclo, __m512 *schi) {
+    const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(sc + g * 16))),
+                                                 _mm_loadu_si128((const __m128i *)(sc + snext + g * 16)), 1);
+    const __m512i scp = _mm512_cvtepi8_epi16(both); /* lane j: (sc_lo, sc_hi) int16 */
+    *sclo = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(scp, 16), 16));
+    *schi = _mm512_cvtepi32_ps(_mm512_srai_epi32(scp, 16));
 }
 
 /* A group's d (and m) for both tiles, as group_scales makes them for each. */
@@ -464,21 +473,18 @@ ALWAYS_INLINE void QG(pair_in)(const gemm_args *a, int64_t t, int64_t r, const i
 #pragma GCC unroll 16
     for (int i = 0; i < R; i++) acc[i] = mac[i] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
-        __m512i v[8], scp = _mm512_setzero_si512(), sclo = scp, schi = scp;
+        __m512i v[8];
+        __m512 sclo = _mm512_setzero_ps(), schi = sclo;
         QG(pair_unpack)(fmt, w + g * wbytes, wnext, qh ? qh + g * 32 : NULL, G * 32, v);
-        if (fmt == QG_Q6) {
-            const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(sc + g * 16))),
-                                                         _mm_loadu_si128((const __m128i *)(sc + G * 16 + g * 16)), 1);
-            scp = _mm512_cvtepi8_epi16(both);
-            sclo = _mm512_srai_epi32(_mm512_slli_epi32(scp, 16), 16), schi = _mm512_srai_epi32(scp, 16);
-        }
+        if (fmt == QG_Q6)
+            QG(pair_subscales)(sc, G * 16, g, &sclo, &schi);
         __m512 dv, mv;
         QG(pair_scales)(fmt, dt, mt, dnext, sc, G * 16, g, &dv, &mv);
 #pragma GCC unroll 16
         for (int i = 0; i < R; i++) {
             const int64_t xo = i / TILE * xblock + g * 32 * TILE + 32 * (i % TILE), to = i / TILE * tblock + g * TILE + i % TILE;
-            const __m512i dot = QG(pair_dot)(fmt, v, xg + xo, xb[to], scp, sclo, schi);
-            acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(xd[to])), _mm512_cvtepi32_ps(dot), acc[i]);
+            const __m512 dot = QG(pair_dot)(fmt, v, xg + xo, xb[to], sclo, schi);
+            acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(xd[to])), dot, acc[i]);
         }
     }
     for (int64_t g = 0; has_m && g < G; g++) {
@@ -508,9 +514,8 @@ ALWAYS_INLINE void QG(pair_fmt)(const gemm_args *a, int64_t t, int64_t *r, int64
 #define PANEL_V 0        /* 8 unpacked vectors */
 #define PANEL_D 512      /* dv */
 #define PANEL_M 576      /* mv */
-#define PANEL_SCP 640    /* q6: (sc_lo, sc_hi) int16 pairs, then each as int32 */
-#define PANEL_SCLO 704
-#define PANEL_SCHI 768
+#define PANEL_SCLO 640   /* q6: each half's sub-scale, as fp32 */
+#define PANEL_SCHI 704
 
 ALWAYS_INLINE void QG(panel_unpack_in)(const gemm_args *a, int64_t t, char *panel, const int fmt) {
     const int64_t G = a->G;
@@ -533,12 +538,10 @@ ALWAYS_INLINE void QG(panel_unpack_in)(const gemm_args *a, int64_t t, char *pane
         _mm512_store_ps((float *)(p + PANEL_D), dv);
         _mm512_store_ps((float *)(p + PANEL_M), mv);
         if (fmt == QG_Q6) {
-            const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(sc + g * 16))),
-                                                         _mm_loadu_si128((const __m128i *)(sc + G * 16 + g * 16)), 1);
-            const __m512i scp = _mm512_cvtepi8_epi16(both);
-            _mm512_store_si512((__m512i *)(p + PANEL_SCP), scp);
-            _mm512_store_si512((__m512i *)(p + PANEL_SCLO), _mm512_srai_epi32(_mm512_slli_epi32(scp, 16), 16));
-            _mm512_store_si512((__m512i *)(p + PANEL_SCHI), _mm512_srai_epi32(scp, 16));
+            __m512 sclo, schi;
+            QG(pair_subscales)(sc, G * 16, g, &sclo, &schi);
+            _mm512_store_ps((float *)(p + PANEL_SCLO), sclo);
+            _mm512_store_ps((float *)(p + PANEL_SCHI), schi);
         }
     }
 }
@@ -547,18 +550,25 @@ ALWAYS_INLINE void QG(panel_unpack_in)(const gemm_args *a, int64_t t, char *pane
  * block of 8: row i's levels at x + 32 i, its table entries at [i]): a register tile of W x R int32
  * dots a group, each broadcast of four activation levels feeding W vpdpbusd, W x R independent
  * chains in program order (vpdpbusd's latency hidden), then pair_in's float sums per (pair, row).
- * `acc` [W * R]. */
+ * `acc` [W * R].
+ * q6 takes its -32 into each half's chain from the start (-32 x the half's level sum), so a half's
+ * dot is of levels - 32: |dot| <= 16 x 32 x 127, and times its int8 sub-scale below 2^24. Both
+ * products are then exact in fp32 and one fma rounds their sum once: the float that pair_in's
+ * integer sum (two vpmulld, 2 uops each here) converts to, for fewer vector uops. */
 ALWAYS_INLINE void QG(panel_group)(const int fmt, const char *p0, const char *p1, const int W, const int8_t *x,
                                    const int32_t *xb, const float *xd, const int R, __m512 acc[]) {
     const char *p[2] = {p0, p1};
     __m512i dot[2][4], hi[2][4];
 #pragma GCC unroll 8
-    for (int w = 0; w < W; w++)
+    for (int i = 0; i < R; i++) {
+        const int32_t lo = (int32_t)(int16_t)xb[i], up = xb[i] >> 16;
+        const __m512i start = fmt == QG_Q8 ? _mm512_set1_epi32(-128 * (lo + up))
+                              : fmt == QG_Q6 ? _mm512_set1_epi32(-32 * lo)
+                                             : _mm512_setzero_si512();
+        const __m512i start_hi = fmt == QG_Q6 ? _mm512_set1_epi32(-32 * up) : _mm512_setzero_si512();
 #pragma GCC unroll 8
-        for (int i = 0; i < R; i++) {
-            dot[w][i] = fmt == QG_Q8 ? _mm512_set1_epi32(-128 * ((int32_t)(int16_t)xb[i] + (xb[i] >> 16))) : _mm512_setzero_si512();
-            hi[w][i] = _mm512_setzero_si512();
-        }
+        for (int w = 0; w < W; w++) dot[w][i] = start, hi[w][i] = start_hi;
+    }
 #pragma GCC unroll 8
     for (int s = 0; s < 8; s++) {
         __m512i v[2];
@@ -580,20 +590,15 @@ ALWAYS_INLINE void QG(panel_group)(const int fmt, const char *p0, const char *p1
 #pragma GCC unroll 8
     for (int w = 0; w < W; w++) {
         const __m512 dv = _mm512_load_ps((const float *)(p[w] + PANEL_D));
-        __m512i scp = _mm512_setzero_si512(), sclo = scp, schi = scp;
-        if (fmt == QG_Q6) {
-            scp = _mm512_load_si512((const __m512i *)(p[w] + PANEL_SCP));
-            sclo = _mm512_load_si512((const __m512i *)(p[w] + PANEL_SCLO)), schi = _mm512_load_si512((const __m512i *)(p[w] + PANEL_SCHI));
-        }
+        __m512 sclo = _mm512_setzero_ps(), schi = sclo;
+        if (fmt == QG_Q6)
+            sclo = _mm512_load_ps((const float *)(p[w] + PANEL_SCLO)), schi = _mm512_load_ps((const float *)(p[w] + PANEL_SCHI));
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
-            __m512i d = dot[w][i];
-            if (fmt == QG_Q6) {
-                const __m512i offset = _mm512_madd_epi16(scp, _mm512_set1_epi32(xb[i]));
-                d = _mm512_sub_epi32(_mm512_add_epi32(_mm512_mullo_epi32(d, sclo), _mm512_mullo_epi32(hi[w][i], schi)),
-                                     _mm512_slli_epi32(offset, 5));
-            }
-            acc[w * R + i] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(xd[i])), _mm512_cvtepi32_ps(d), acc[w * R + i]);
+            const __m512 d = fmt == QG_Q6 ? _mm512_fmadd_ps(sclo, _mm512_cvtepi32_ps(dot[w][i]),
+                                                            _mm512_mul_ps(schi, _mm512_cvtepi32_ps(hi[w][i])))
+                                          : _mm512_cvtepi32_ps(dot[w][i]);
+            acc[w * R + i] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(xd[i])), d, acc[w * R + i]);
         }
     }
 }
