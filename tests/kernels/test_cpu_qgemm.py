@@ -293,6 +293,29 @@ def test_the_vnni_panels_give_the_avx2_bits_across_blocks(make, each_isa):
     assert torch.equal(w(x[:33]), want[:33])
 
 
+def test_q6_at_its_extremes_gives_the_avx2_bits_on_every_vnni_path(each_isa):
+    """The VNNI pairs and panels sum a Q6_K group as two fp32 products of a sub-scale and a half's
+    dot of levels - 32 (exact while |dot x sc| < 2^24), the AVX2 tiles as integers: at the largest
+    magnitudes (levels 0 and 63, sub-scales -128 and 127, activations at +-127 after quantizing)
+    both give one float, at 1 (tiles), 16 (pairs) and 40 rows (panels)."""
+    n, k = 32, 512
+    col = torch.arange(k)
+    levels = torch.where((col // 16) % 2 == 0, 0, 63).repeat(n, 1).to(torch.uint8)
+    levels[1::2] = 63 - levels[1::2]
+    scales = torch.where(torch.arange(k // 16) % 3 == 0, -128, 127).repeat(n, 1).to(torch.int8)
+    w = Q6Weight(levels, scales, torch.full((n, k // 32), 1e-3))
+    x = torch.where((col // 16) % 2 == 0, -1.0, 1.0).repeat(40, 1)
+    x[1::2] *= -1
+    x[:, ::7] *= 0.5
+    cpu_qgemm.set_isa("AVX2")
+    want = [w(x[:rows]) for rows in (1, 16, 40)]
+    each_isa(_VNNI)
+    for rows, expected in zip((1, 16, 40), want):
+        assert torch.equal(w(x[:rows]), expected), rows
+    ref = (fake_quantize(x).double() @ w.dequantize_ref().double().T).float()
+    assert (want[2] - ref).abs().max() <= 1e-6 * ref.abs().max()
+
+
 @pytest.mark.parametrize("isa", ["AVX2", _VNNI])
 @pytest.mark.parametrize("make", [_q4k, _q5_0, _q6, _q8], ids=["q4k", "q5_0", "q6", "q8"])
 def test_a_narrow_matrix_at_two_threads_gives_the_one_thread_bits(make, isa, each_isa):
