@@ -613,6 +613,11 @@ ALWAYS_INLINE void QG(panel_in)(const gemm_args *a, const char *panel, const int
     const int8_t *xg = a->xq + x_at(r, K);
     const float *xd = a->xd + tab_at(r, G), *xs = a->xs + tab_at(r, G);
     const int32_t *xb = a->xb + tab_at(r, G);
+    /* the next pass's output lines, asked for now: written once, they come from memory */
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 2
+        for (int w = 0; w < W; w++) __builtin_prefetch(a->y + (r + R + i) * a->ldy + (t + 2 * w) * TILE, 1, 3);
     __m512 acc[8];
 #pragma GCC unroll 8
     for (int i = 0; i < W * R; i++) acc[i] = _mm512_setzero_ps();
