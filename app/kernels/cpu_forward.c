@@ -72,7 +72,7 @@ int forward_layers(const layer_desc *layers, int64_t n, const step_desc *s) {
         rms_norm_f32(s->x, s->h, s->x, L->ffn_norm, s->normed, M, D, 1, s->eps);
         if (qgemm(L->gate_up, s->normed, M, s->gate_up, (int)s->threads))
             return -1;
-        glu_f32(s->gate_up, s->act_out, M, s->ffn, (int)s->act);
+        glu_f32(s->gate_up, s->act_out, M, s->ffn, (int)s->act, (int)s->threads);
         if (qgemm(L->down, s->act_out, M, s->h, (int)s->threads))
             return -1;
         if (L->post_ffw_norm)

@@ -50,6 +50,6 @@ void rope_store_kv(const float *qkv, int64_t num_tokens, int heads, int kv_heads
 /* cpu_ops.c */
 void rms_norm_f32(const float *x, const float *residual, float *total, const float *w, float *out, int64_t rows,
                   int64_t dim, int64_t w_rows, float eps);
-void glu_f32(const float *x, float *out, int64_t rows, int64_t f, int act);
+void glu_f32(const float *x, float *out, int64_t rows, int64_t f, int act, int threads);
 
 #endif

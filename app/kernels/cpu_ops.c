@@ -35,8 +35,13 @@ void rms_norm_f32(const float *x, const float *residual, float *total, const flo
  * (rows of 2f floats, f a multiple of 8). act 0: SiLU, gate * sigmoid(gate); 1: GELU's tanh form,
  * written as gate * sigmoid(2u) with u = sqrt(2 / pi) * (gate + 0.044715 gate^3) (the same
  * function: 0.5 (1 + tanh u) = sigmoid(2u), without tanh's cancellation for negative u). */
-void glu_f32(const float *x, float *out, int64_t rows, int64_t f, int act) {
+/* A prompt chunk's rows (512 x 8,960 on the 1.5B) are split over `threads`; a decode step's few
+ * rows are not worth a team's start. */
+#define GLU_PARALLEL_MIN (1 << 16)
+
+void glu_f32(const float *x, float *out, int64_t rows, int64_t f, int act, int threads) {
     const __m256 one = _mm256_set1_ps(1.0f);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows > 1 && rows * f >= GLU_PARALLEL_MIN)
     for (int64_t r = 0; r < rows; r++)
         for (int64_t i = 0; i < f; i += 8) {
             __m256 g = _mm256_loadu_ps(x + r * 2 * f + i), z = g;

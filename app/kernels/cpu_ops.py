@@ -19,7 +19,7 @@ def _library() -> ctypes.CDLL | None:
     i64, ptr, f32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
     return cpu_build.load({
         "rms_norm_f32": [ptr, ptr, ptr, ptr, ptr, i64, i64, i64, f32],
-        "glu_f32": [ptr, ptr, i64, i64, ctypes.c_int],
+        "glu_f32": [ptr, ptr, i64, i64, ctypes.c_int, ctypes.c_int],
         "argmax_rows": [ptr, i64, i64, ptr],
     })
 
@@ -65,7 +65,7 @@ def glu(x: torch.Tensor, act: str) -> torch.Tensor:
     x = x.contiguous()
     f = x.shape[1] // 2
     out = torch.empty((x.shape[0], f), dtype=torch.float32)
-    _library().glu_f32(x.data_ptr(), out.data_ptr(), x.shape[0], f, GLU_ACTIVATIONS[act])
+    _library().glu_f32(x.data_ptr(), out.data_ptr(), x.shape[0], f, GLU_ACTIVATIONS[act], torch.get_num_threads())
     return out
 
 

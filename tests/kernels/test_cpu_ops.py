@@ -61,6 +61,20 @@ def test_glu_matches_float64_and_rows_are_batch_invariant(act: str) -> None:
     assert torch.equal(decoder.glu(x, act, RowOps.C), out)
 
 
+def test_a_prompt_chunks_glu_split_over_threads_gives_one_threads_bits() -> None:
+    """From 2^16 elements the rows are split over the threads: each row alone, the same bits."""
+    x = torch.randn(48, 2 * 1536, generator=torch.Generator().manual_seed(1)) * 4
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cpu_ops.glu(x, "silu")
+        torch.set_num_threads(2)
+        assert torch.equal(cpu_ops.glu(x, "silu"), one)
+        assert torch.equal(cpu_ops.glu(x[:1], "silu"), one[:1])
+    finally:
+        torch.set_num_threads(saved)
+
+
 CPU = torch.device("cpu")
 
 
