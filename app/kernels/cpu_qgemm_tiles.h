@@ -504,6 +504,12 @@ ALWAYS_INLINE void QG(pair_in)(const gemm_args *a, int64_t t, int64_t r, const i
 ALWAYS_INLINE void QG(pair_fmt)(const gemm_args *a, int64_t t, int64_t *r, int64_t end, const int fmt) {
     for (; *r + 2 * QG_PAIR_ROWS <= end; *r += 2 * QG_PAIR_ROWS) QG(pair_in)(a, t, *r, 2 * QG_PAIR_ROWS, fmt);
     for (; *r + QG_PAIR_ROWS <= end; *r += QG_PAIR_ROWS) QG(pair_in)(a, t, *r, QG_PAIR_ROWS, fmt);
+    switch (end - *r) { /* a decode step of 4-7 sequences: compute, not the weights' read, bounds it */
+    case 7: QG(pair_in)(a, t, *r, 7, fmt), *r = end; break;
+    case 6: QG(pair_in)(a, t, *r, 6, fmt), *r = end; break;
+    case 5: QG(pair_in)(a, t, *r, 5, fmt), *r = end; break;
+    case 4: QG(pair_in)(a, t, *r, 4, fmt), *r = end; break;
+    }
 }
 
 /* Prefill on many rows: a pair's weights unpacked once into a panel (`panel_unpack`: each group's 8
