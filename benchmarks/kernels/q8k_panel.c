@@ -1,11 +1,12 @@
 /* The inner loop of the AVX-512 VNNI panels (app/kernels/cpu_qgemm_tiles.h, panel_group) for Q4_K and
  * Q6_K, with the app's arithmetic (int8 activations with a scale per 32: a float convert, multiply
- * and FMA per group and row) against llama.cpp's Q8_K form (a scale per 256, the group scales
- * applied to the int32 group dots as integers, the minimums / Q6_K's -32 through per-block level
- * sums, one float convert per 256). Same register tile as the app's (2 pairs x 4 rows), one
- * thread, the panels and 512 rows of levels in cache: what each form's instructions allow, apart
- * from unpacking, quantizing and memory. Run by benchmarks/kernels/q8k_panel.py; prints one
- * "name GMAC/s" line per form and repeat. Synthetic numbers: the outputs are not checked. */
+ * and FMA per group and row; Q6_K's halves as two fp32 products) against llama.cpp's Q8_K form (a
+ * scale per 256, the group scales applied to the int32 group dots as integers, the minimums /
+ * Q6_K's -32 through per-block level sums, one float convert per 256). Same register tile as the
+ * app's (2 pairs x 4 rows), one thread, the panels and 512 rows of levels in cache: what each
+ * form's instructions allow, apart from unpacking, quantizing and memory. Run by
+ * benchmarks/kernels/q8k_panel.py; prints one "name GMAC/s" line per form and repeat. Synthetic
+ * numbers: the outputs are not checked. */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -136,11 +137,14 @@ static int32_t XB16[M / 8][G / 8][8][8];     /* per-16 sums as int16 pairs, q8k 
 
 /* A Q6_K group's two 16-level dots per weight vector and row: `dot` over its first four steps,
  * `hi` over the last four (their sub-scales differ); both kernels below share it. */
-AI void q6_group_dots(int b, int o, int g, __m512i dot[W][R], __m512i hi[W][R]) {
+AI void q6_group_dots(int b, int o, int g, __m512i dot[W][R], __m512i hi[W][R], int offset) {
 #pragma GCC unroll 8
-    for (int w = 0; w < W; w++)
+    for (int i = 0; i < R; i++) { /* the app starts each half at -32 x its level sum; Q8_K's form at 0 */
+        const int32_t xh = XH[b][g][o + i];
+        const __m512i lo = _mm512_set1_epi32(offset ? -32 * (int32_t)(int16_t)xh : 0), up = _mm512_set1_epi32(offset ? -32 * (xh >> 16) : 0);
 #pragma GCC unroll 8
-        for (int i = 0; i < R; i++) dot[w][i] = hi[w][i] = _mm512_setzero_si512();
+        for (int w = 0; w < W; w++) dot[w][i] = lo, hi[w][i] = up;
+    }
 #pragma GCC unroll 8
     for (int s = 0; s < 8; s++) {
         __m512i v0 = _mm512_load_si512(&Q6P[0][g].v[s]), v1 = _mm512_load_si512(&Q6P[1][g].v[s]);
@@ -161,15 +165,14 @@ __attribute__((noinline)) static void q6cur(void) {
         for (int i = 0; i < W * R; i++) acc[i] = _mm512_setzero_ps();
         for (int g = 0; g < G; g++) {
             __m512i dot[W][R], hi[W][R];
-            q6_group_dots(b, o, g, dot, hi);
+            q6_group_dots(b, o, g, dot, hi, 1);
 #pragma GCC unroll 8
             for (int w = 0; w < W; w++) {
-                const __m512i scp = _mm512_load_si512(&Q6P[w][g].scp), sclo = _mm512_load_si512(&Q6P[w][g].sclo), schi = _mm512_load_si512(&Q6P[w][g].schi);
+                const __m512 sclo = _mm512_cvtepi32_ps(_mm512_load_si512(&Q6P[w][g].sclo)), schi = _mm512_cvtepi32_ps(_mm512_load_si512(&Q6P[w][g].schi));
 #pragma GCC unroll 8
                 for (int i = 0; i < R; i++) {
-                    const __m512i offset = _mm512_madd_epi16(scp, _mm512_set1_epi32(XH[b][g][o + i]));
-                    __m512i d = _mm512_sub_epi32(_mm512_add_epi32(_mm512_mullo_epi32(dot[w][i], sclo), _mm512_mullo_epi32(hi[w][i], schi)), _mm512_slli_epi32(offset, 5));
-                    acc[w * R + i] = _mm512_fmadd_ps(_mm512_mul_ps(Q6P[w][g].dv, _mm512_set1_ps(XD[b][g][o + i])), _mm512_cvtepi32_ps(d), acc[w * R + i]);
+                    const __m512 d = _mm512_fmadd_ps(sclo, _mm512_cvtepi32_ps(dot[w][i]), _mm512_mul_ps(schi, _mm512_cvtepi32_ps(hi[w][i])));
+                    acc[w * R + i] = _mm512_fmadd_ps(_mm512_mul_ps(Q6P[w][g].dv, _mm512_set1_ps(XD[b][g][o + i])), d, acc[w * R + i]);
                 }
             }
         }
@@ -191,7 +194,7 @@ __attribute__((noinline)) static void q6q8k(void) {
                 for (int i = 0; i < R; i++) isum[w][i] = _mm512_setzero_si512();
             for (int g = kb * 8; g < kb * 8 + 8; g++) {
                 __m512i dot[W][R], hi[W][R];
-                q6_group_dots(b, o, g, dot, hi);
+                q6_group_dots(b, o, g, dot, hi, 0);
 #pragma GCC unroll 8
                 for (int w = 0; w < W; w++) {
                     const __m512i sclo = _mm512_load_si512(&Q6P[w][g].sclo), schi = _mm512_load_si512(&Q6P[w][g].schi);
