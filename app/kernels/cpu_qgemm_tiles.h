@@ -402,8 +402,7 @@ ALWAYS_INLINE void QG(pair_unpack)(const int fmt, const char *w, const int64_t w
 
 /* One activation row's exact integer dot with both tiles' unpacked group, as fp32 (`xb`: its
  * halves' level sums; `sclo`, `schi`: q6's sub-scales of each half, as fp32). q6's halves start
- * at -32 x their level sums, and their scaled sum is one fma of exact products: panel_group's
- * reasoning, the float the integer sum converts to. */
+ * at -32 x their level sums and their scaled sum is one fma of exact products (see panel_group). */
 ALWAYS_INLINE __m512 QG(pair_dot)(const int fmt, const __m512i v[8], const int8_t *x, const int32_t xb,
                                   const __m512 sclo, const __m512 schi) {
     if (fmt == QG_Q8) {
@@ -559,8 +558,8 @@ ALWAYS_INLINE void QG(panel_unpack_in)(const gemm_args *a, int64_t t, char *pane
  * `acc` [W * R].
  * q6 takes its -32 into each half's chain from the start (-32 x the half's level sum), so a half's
  * dot is of levels - 32: |dot| <= 16 x 32 x 127, and times its int8 sub-scale below 2^24. Both
- * products are then exact in fp32 and one fma rounds their sum once: the float that pair_in's
- * integer sum (two vpmulld, 2 uops each here) converts to, for fewer vector uops. */
+ * products are then exact in fp32 and one fma rounds their sum once: the float that the tiles'
+ * integer sum converts to, without two vpmulld (2 uops each here). pair_dot does the same. */
 ALWAYS_INLINE void QG(panel_group)(const int fmt, const char *p0, const char *p1, const int W, const int8_t *x,
                                    const int32_t *xb, const float *xd, const int R, __m512 acc[]) {
     const char *p[2] = {p0, p1};
