@@ -172,7 +172,6 @@ static inline __m256i fifth_bits(__m256i h, const int k) {
 typedef void (*tile_rows_fn)(const gemm_args *, int64_t, int64_t, int64_t);
 typedef void (*panel_rows_fn)(const gemm_args *, char *, int64_t, int, int64_t, int64_t);
 
-#define PAIR_MIN_ROWS 4    /* below this the tile kernels above, one tile at a time */
 #define PAIR_BLOCK_ROWS 32 /* the least rows a block of x holds on the pairs' path */
 #define PANEL_MIN_ROWS 32  /* prefill: from this many rows the pairs go through panels */
 #define PANEL_BLOCK_BYTES (1024 * 1024) /* x levels per block of rows on the panels' path (L2) */
@@ -207,7 +206,7 @@ static inline void run_gemm(const gemm_args *parts, int nparts, const float *x, 
                     for (; t + 3 < t1; t += 4) panel_rows(&parts[p], mine, t, 4, b, end);
                     if (t + 1 < t1) panel_rows(&parts[p], mine, t, 2, b, end), t += 2;
                 }
-                if (pair_rows && M >= PAIR_MIN_ROWS)
+                if (pair_rows)
                     for (; t + 1 < t1; t += 2) pair_rows(&parts[p], t, b, end);
                 for (; t < t1; t++) tile_rows(&parts[p], t, b, end);
             }

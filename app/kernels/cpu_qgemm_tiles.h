@@ -334,8 +334,8 @@ static void QG(tile_rows)(const gemm_args *a, int64_t t, int64_t r, int64_t end)
 }
 
 #if QG_VNNI
-/* Prefill on AVX-512 VNNI: two tiles side by side in one zmm register (lanes 0-7 tile t's rows,
- * 8-15 tile t+1's) against 8 activation rows, vpdpbusd on 16 weight rows at once. Each lane runs
+/* Every row count on AVX-512 VNNI: two tiles side by side in one zmm register (lanes 0-7 tile t's
+ * rows, 8-15 tile t+1's) against up to 16 activation rows, vpdpbusd on 16 weight rows at once. Each lane runs
  * the float operations a tile's lane runs above, in the same order (the integer dots are exact),
  * so the outputs are the same bits; only the instruction count per product halves. */
 #define QG_PAIR_ROWS 8
@@ -498,16 +498,18 @@ ALWAYS_INLINE void QG(pair_in)(const gemm_args *a, int64_t t, int64_t r, const i
                               has_m ? _mm512_add_ps(acc[i], mac[i]) : acc[i]);
 }
 
-/* Tiles t and t+1 against rows r .. end-1: blocks of 16 rows, then of 8, in pairs; the rest tile
- * by tile. */
+/* Tiles t and t+1 against rows r .. end-1: blocks of 16 rows, then of 8, then the rest in one pass. */
 ALWAYS_INLINE void QG(pair_fmt)(const gemm_args *a, int64_t t, int64_t *r, int64_t end, const int fmt) {
     for (; *r + 2 * QG_PAIR_ROWS <= end; *r += 2 * QG_PAIR_ROWS) QG(pair_in)(a, t, *r, 2 * QG_PAIR_ROWS, fmt);
     for (; *r + QG_PAIR_ROWS <= end; *r += QG_PAIR_ROWS) QG(pair_in)(a, t, *r, QG_PAIR_ROWS, fmt);
-    switch (end - *r) { /* a decode step of 4-7 sequences: compute, not the weights' read, bounds it */
+    switch (end - *r) { /* a decode step's 1-7 rows: two tiles a pass keep up with the weights' read */
     case 7: QG(pair_in)(a, t, *r, 7, fmt), *r = end; break;
     case 6: QG(pair_in)(a, t, *r, 6, fmt), *r = end; break;
     case 5: QG(pair_in)(a, t, *r, 5, fmt), *r = end; break;
     case 4: QG(pair_in)(a, t, *r, 4, fmt), *r = end; break;
+    case 3: QG(pair_in)(a, t, *r, 3, fmt), *r = end; break;
+    case 2: QG(pair_in)(a, t, *r, 2, fmt), *r = end; break;
+    case 1: QG(pair_in)(a, t, *r, 1, fmt), *r = end; break;
     }
 }
 
@@ -697,10 +699,6 @@ static void QG(pair_rows)(const gemm_args *a, int64_t t, int64_t r, int64_t end)
     case QG_Q4_0: QG(pair_fmt)(a, t, &r, end, QG_Q4_0); break;
     case QG_Q5_0: QG(pair_fmt)(a, t, &r, end, QG_Q5_0); break;
     default: QG(pair_fmt)(a, t, &r, end, QG_Q8);
-    }
-    if (r < end) {
-        QG(tile_rows)(a, t, r, end);
-        QG(tile_rows)(a, t + 1, r, end);
     }
 }
 #endif
