@@ -450,7 +450,7 @@ ALWAYS_INLINE void QG(pair_scales)(const int fmt, const uint16_t *dt, const uint
         *mv = mt ? QG(pair_ph)(mt + g * TILE, dnext) : _mm512_setzero_ps();
 }
 
-/* Tiles t and t+1 against rows r .. r+R-1 (R: 8 or 16; at 16 the unpacking is paid once for twice
+/* Tiles t and t+1 against rows r .. r+R-1 (R: 1-8 or 16; at 16 the unpacking is paid once for twice
  * the rows, the accumulators and the unpacked group still in registers). */
 ALWAYS_INLINE void QG(pair_in)(const gemm_args *a, int64_t t, int64_t r, const int R, const int fmt) {
     const int64_t G = a->G, K = a->K;

@@ -15,10 +15,6 @@ static inline float hsum_ps(__m256 v) {
     return _mm_cvtss_f32(lo);
 }
 
-/* e^x, about 1 ulp: Cephes' expf, the exponent split as n * ln2 + r with ln2 in two parts and a
- * degree-5 polynomial for e^r, 2^n built in the exponent bits. Lanes below -87.3 give 0, lanes
- * above 88.3 give e^88.3 (2^n must fit the exponent bits; a sigmoid then comes out below 1e-38
- * instead of 0). */
 /* exp_ps's constants, which exp16 (cpu_attention_avx512.h) shares lane for lane: the same bits. */
 #define EXP_LO -87.3f
 #define EXP_HI 88.3f
@@ -28,6 +24,10 @@ static inline float hsum_ps(__m256 v) {
 static const float EXP_POLY[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
                                   4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
 
+/* e^x, about 1 ulp: Cephes' expf, the exponent split as n * ln2 + r with ln2 in two parts and a
+ * degree-5 polynomial for e^r, 2^n built in the exponent bits. Lanes below -87.3 give 0, lanes
+ * above 88.3 give e^88.3 (2^n must fit the exponent bits; a sigmoid then comes out below 1e-38
+ * instead of 0). */
 static inline __m256 exp_ps(__m256 x) {
     const __m256 lo = _mm256_set1_ps(EXP_LO);
     __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);

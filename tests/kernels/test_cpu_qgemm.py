@@ -297,7 +297,7 @@ def test_q6_at_its_extremes_gives_the_avx2_bits_on_every_vnni_path(each_isa):
     """The VNNI pairs and panels sum a Q6_K group as two fp32 products of a sub-scale and a half's
     dot of levels - 32 (exact while |dot x sc| < 2^24), the AVX2 tiles as integers: at the largest
     magnitudes (levels 0 and 63, sub-scales -128 and 127, activations at +-127 after quantizing)
-    both give one float, at 1 (tiles), 16 (pairs) and 40 rows (panels)."""
+    both give one float, at 1 and 16 rows (pairs) and 40 (panels)."""
     n, k = 32, 512
     col = torch.arange(k)
     levels = torch.where((col // 16) % 2 == 0, 0, 63).repeat(n, 1).to(torch.uint8)
