@@ -523,6 +523,9 @@ ALWAYS_INLINE void QG(pair_fmt)(const gemm_args *a, int64_t t, int64_t *r, int64
 #define PANEL_M 576      /* mv */
 #define PANEL_SCLO 640   /* q6: each half's sub-scale, as fp32 */
 #define PANEL_SCHI 704
+/* panel_in asks for the pass's activation levels this many groups ahead: a pass reads each of its
+ * lines once, 128 of every 256 bytes, from L2, and each group's first vpdpbusd waited for them */
+#define PANEL_X_AHEAD 4
 
 ALWAYS_INLINE void QG(panel_unpack_in)(const gemm_args *a, int64_t t, char *panel, const int fmt) {
     const int64_t G = a->G;
@@ -628,9 +631,14 @@ ALWAYS_INLINE void QG(panel_in)(const gemm_args *a, const char *panel, const int
     __m512 acc[8];
 #pragma GCC unroll 8
     for (int i = 0; i < W * R; i++) acc[i] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < G; g++)
+    for (int64_t g = 0; g < G; g++) {
+        const int8_t *xa = xg + (g + PANEL_X_AHEAD) * 32 * TILE; /* past the end: a prefetch never faults */
+        __builtin_prefetch(xa, 0, 3);
+        if (R > 2)
+            __builtin_prefetch(xa + 64, 0, 3);
         QG(panel_group)(fmt, p0 + g * PANEL_GROUP_BYTES, p1 + g * PANEL_GROUP_BYTES, W, xg + g * 32 * TILE, xb + g * TILE,
                         xd + g * TILE, R, acc);
+    }
     if (has_m) {
         __m512 mac[8];
 #pragma GCC unroll 8
