@@ -339,6 +339,7 @@ static void QG(tile_rows)(const gemm_args *a, int64_t t, int64_t r, int64_t end)
  * the float operations a tile's lane runs above, in the same order (the integer dots are exact),
  * so the outputs are the same bits; only the instruction count per product halves. */
 #define QG_PAIR_ROWS 8
+#define PAIR_NEXT_BYTES 2048 /* of the next pair's second tile, asked for as a pair starts */
 
 /* Vector s of a group for tiles t (at p) and t+1 (at p + next). */
 ALWAYS_INLINE __m512i QG(pair_load)(const void *p, const int64_t next) {
@@ -471,6 +472,8 @@ ALWAYS_INLINE void QG(pair_in)(const gemm_args *a, int64_t t, int64_t r, const i
     __m512 acc[R], mac[R];
 #pragma GCC unroll 16
     for (int i = 0; i < R; i++) acc[i] = mac[i] = _mm512_setzero_ps();
+    /* the next pair's second tile: its stream would start cold (the first follows this pair's) */
+    for (int64_t off = 0; off < PAIR_NEXT_BYTES; off += 64) __builtin_prefetch(w + 3 * wnext + off, 0, 3);
     for (int64_t g = 0; g < G; g++) {
         __m512i v[8];
         __m512 sclo = _mm512_setzero_ps(), schi = sclo;
