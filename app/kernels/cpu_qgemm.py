@@ -126,6 +126,8 @@ class _GroupWeight(abc.ABC):
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # A decode step makes ~120 of these calls: one ctypes call with five arguments (the C side
         # keeps the quantized activations' scratch), a small share of a small matrix's time.
+        if x.dim() != 2 or x.shape[1] != self.in_features:  # the kernel would read past x
+            raise ValueError(f"expected rows of {self.in_features} inputs, got a tensor of shape {tuple(x.shape)}")
         if x.dtype != torch.float32 or not x.is_contiguous():
             x = x.to(torch.float32).contiguous()
         y = torch.empty((x.shape[0], self.out_features), dtype=torch.float32)

@@ -293,6 +293,15 @@ def test_the_vnni_panels_give_the_avx2_bits_across_blocks(make, each_isa):
     assert torch.equal(w(x[:33]), want[:33])
 
 
+def test_rows_of_the_wrong_width_are_refused():
+    """The kernel reads x as rows of in_features: a narrower tensor would be read past its end."""
+    w = _q4k(32, 32)
+    with pytest.raises(ValueError, match="expected rows of 256 inputs, got a tensor of shape \\(2, 255\\)"):
+        w(torch.randn(2, 255))
+    with pytest.raises(ValueError, match="shape \\(256,\\)"):
+        w(torch.randn(256))
+
+
 def test_q6_at_its_extremes_gives_the_avx2_bits_on_every_vnni_path(each_isa):
     """The VNNI pairs and panels sum a Q6_K group as two fp32 products of a sub-scale and a half's
     dot of levels - 32 (exact while |dot x sc| < 2^24), the AVX2 tiles as integers: at the largest
