@@ -43,14 +43,12 @@ ACTIVE_CHAT_KEY = "active_chat"
 
 
 class ChatTabs(TabbedContent):
-    """TabbedContent that activates a tab on focus only while the focus is still inside it:
-    switching tabs faster than focus events arrive would otherwise bounce back to a tab left."""
+    """TabbedContent whose tab changes only when asked (a key, a click, a command). Textual's also
+    follows focus into a tab, and a focus event that arrives after a switch then switches back."""
 
     def _on_tab_pane_focused(self, event: TabPane.Focused) -> None:
-        focused = self.screen.focused
-        if focused is None or event.tab_pane not in focused.ancestors_with_self:
-            event.stop()
-            event.prevent_default()  # skips TabbedContent's handler
+        event.stop()
+        event.prevent_default()  # skips TabbedContent's handler
 
 
 class ChatScreen(Screen):

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from textual.widgets import Input, Markdown, Static, TabbedContent
+from textual.widgets import Input, Markdown, Static, TabbedContent, TabPane
 
 from app.clients.prometheus_text import parse_metrics
 from app.clients.remote import RemoteEngine, RemoteError
@@ -262,6 +262,25 @@ async def test_tabs_open_switch_close_and_delete_with_confirm(tmp_path: Path) ->
         await until(pilot, lambda: len(screen.panes()) == 1)
         assert first.session.chat.id not in [c.id for c in app.store.chats()]
         assert app.store.count_messages(first.session.chat.id) == 0
+
+
+async def test_a_focus_event_arriving_after_a_tab_switch_does_not_switch_back(tmp_path: Path) -> None:
+    """Textual's tabs follow focus: the focus event of a tab just left, handled after the switch
+    (a slow UI thread), switched back to it, and a reply meant to wait for a hidden tab rendered."""
+    app, _ = make_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await chat_screen(pilot)
+        await screen.new_tab()
+        first, second = screen.panes()
+        tabs = screen.query_one(TabbedContent)
+        tabs.active = first.id
+        await pilot.pause()
+        assert app.focused is first.prompt
+        tabs.active = second.id
+        first.post_message(TabPane.Focused(first))  # the first tab's focus, arriving late
+        for _ in range(3):
+            await pilot.pause()
+        assert tabs.active == second.id and not first.display and app.focused is second.prompt
 
 
 async def test_broadcast_decodes_in_every_tab_at_once(tmp_path: Path) -> None:
