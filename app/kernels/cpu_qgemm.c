@@ -170,6 +170,7 @@ static inline __m256i fifth_bits(__m256i h, const int k) {
 #pragma GCC pop_options
 
 typedef void (*tile_rows_fn)(const gemm_args *, int64_t, int64_t, int64_t);
+typedef void (*pair_rows_fn)(const gemm_args *, int64_t, int64_t, int64_t, int64_t);
 typedef void (*panel_rows_fn)(const gemm_args *, char *, int64_t, int, int64_t, int64_t);
 
 #define PAIR_BLOCK_ROWS 32 /* the least rows a block of x holds on the pairs' path */
@@ -180,7 +181,7 @@ typedef void (*panel_rows_fn)(const gemm_args *, char *, int64_t, int, int64_t, 
  * part's weight tiles; x is walked in blocks of rows whose levels fit in L2 while the thread's
  * weights pass over each block, each tile staying in L1 for the block's rows. */
 static inline void run_gemm(const gemm_args *parts, int nparts, const float *x, int nthreads, tile_rows_fn tile_rows,
-                            tile_rows_fn pair_rows, panel_rows_fn panel_rows, char *panels) {
+                            pair_rows_fn pair_rows, panel_rows_fn panel_rows, char *panels) {
     const gemm_args *a = parts;
     const int64_t M = a->M, G = a->G;
     const int panel = panel_rows && M >= PANEL_MIN_ROWS;
@@ -206,8 +207,11 @@ static inline void run_gemm(const gemm_args *parts, int nparts, const float *x, 
                     for (; t + 3 < t1; t += 4) panel_rows(&parts[p], mine, t, 4, b, end);
                     if (t + 1 < t1) panel_rows(&parts[p], mine, t, 2, b, end), t += 2;
                 }
-                if (pair_rows)
-                    for (; t + 1 < t1; t += 2) pair_rows(&parts[p], t, b, end);
+                if (pair_rows) { /* tile i of the first half with tile i of the second: two long streams */
+                    const int64_t span = (t1 - t) / 2;
+                    for (int64_t i = 0; i < span; i++) pair_rows(&parts[p], t + i, span, b, end);
+                    t += 2 * span;
+                }
                 for (; t < t1; t++) tile_rows(&parts[p], t, b, end);
             }
         }

@@ -335,13 +335,14 @@ static void QG(tile_rows)(const gemm_args *a, int64_t t, int64_t r, int64_t end)
 
 #if QG_VNNI
 /* Every row count on AVX-512 VNNI: two tiles side by side in one zmm register (lanes 0-7 tile t's
- * rows, 8-15 tile t+1's) against up to 16 activation rows, vpdpbusd on 16 weight rows at once. Each lane runs
- * the float operations a tile's lane runs above, in the same order (the integer dots are exact),
- * so the outputs are the same bits; only the instruction count per product halves. */
+ * rows, 8-15 tile t+span's: t+1 in a panel, half a thread's tiles on in run_gemm's pairs, so that
+ * each of the two weight streams runs on from one pair to the next) against up to 16 activation
+ * rows, vpdpbusd on 16 weight rows at once. Each lane runs the float operations a tile's lane
+ * runs above, in the same order (the integer dots are exact), so the outputs are the same bits;
+ * only the instruction count per product halves. */
 #define QG_PAIR_ROWS 8
-#define PAIR_NEXT_BYTES 2048 /* of the next pair's second tile, asked for as a pair starts */
 
-/* Vector s of a group for tiles t (at p) and t+1 (at p + next). */
+/* Vector s of a group for tiles t (at p) and t+span (at p + next). */
 ALWAYS_INLINE __m512i QG(pair_load)(const void *p, const int64_t next) {
     const char *c = (const char *)p;
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)c)),
@@ -426,7 +427,7 @@ ALWAYS_INLINE __m512 QG(pair_dot)(const int fmt, const __m512i v[8], const int8_
     return _mm512_fmadd_ps(sclo, _mm512_cvtepi32_ps(lo), _mm512_mul_ps(schi, _mm512_cvtepi32_ps(hi)));
 }
 
-/* q6's sub-scales of group g of tiles t (at sc) and t+1 (at sc + snext), each half's as fp32. */
+/* q6's sub-scales of group g of tiles t (at sc) and t+span (at sc + snext), each half's as fp32. */
 ALWAYS_INLINE void QG(pair_subscales)(const int8_t *sc, const int64_t snext, const int64_t g, __m512 *sclo, __m512 *schi) {
     const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(sc + g * 16))),
                                                  _mm_loadu_si128((const __m128i *)(sc + snext + g * 16)), 1);
@@ -451,18 +452,18 @@ ALWAYS_INLINE void QG(pair_scales)(const int fmt, const uint16_t *dt, const uint
         *mv = mt ? QG(pair_ph)(mt + g * TILE, dnext) : _mm512_setzero_ps();
 }
 
-/* Tiles t and t+1 against rows r .. r+R-1 (R: 1-8 or 16; at 16 the unpacking is paid once for twice
- * the rows, the accumulators and the unpacked group still in registers). */
-ALWAYS_INLINE void QG(pair_in)(const gemm_args *a, int64_t t, int64_t r, const int R, const int fmt) {
+/* Tiles t and t+span against rows r .. r+R-1 (R: 1-8 or 16; at 16 the unpacking is paid once for
+ * twice the rows, the accumulators and the unpacked group still in registers). */
+ALWAYS_INLINE void QG(pair_in)(const gemm_args *a, int64_t t, const int64_t span, int64_t r, const int R, const int fmt) {
     const int64_t G = a->G, K = a->K;
     const int64_t wbytes = fmt == QG_Q8 ? TILE * 32 : fmt == QG_Q6 ? TILE * 24 : TILE * 16;
-    const int64_t wnext = G * wbytes;
-    const char *w = (const char *)a->qs + t * wnext;
+    const int64_t wtile = G * wbytes, wnext = span * wtile;
+    const char *w = (const char *)a->qs + t * wtile;
     const uint8_t *qh = fmt == QG_Q5 || fmt == QG_Q5_0 ? a->qh + t * G * 32 : NULL;
     const int blocked = fmt == QG_Q6 || fmt == QG_Q4K, has_m = fmt != QG_Q8 && fmt != QG_Q6;
-    const int64_t GS = blocked ? G >> 3 : G, dnext = GS * TILE;
+    const int64_t GS = blocked ? G >> 3 : G, dnext = span * GS * TILE;
     const int stored_m = fmt == QG_Q4 || fmt == QG_Q5 || fmt == QG_Q4K;
-    const uint16_t *dt = a->d + t * dnext, *mt = stored_m ? a->m + t * dnext : NULL;
+    const uint16_t *dt = a->d + t * GS * TILE, *mt = stored_m ? a->m + t * GS * TILE : NULL;
     const int8_t *sc = blocked ? a->sc + t * G * 16 : NULL;
     /* rows come in blocks of 8 (x_at): row i of the 16 is block i / 8's row i % 8 */
     const int8_t *xg = a->xq + x_at(r, K);
@@ -472,16 +473,14 @@ ALWAYS_INLINE void QG(pair_in)(const gemm_args *a, int64_t t, int64_t r, const i
     __m512 acc[R], mac[R];
 #pragma GCC unroll 16
     for (int i = 0; i < R; i++) acc[i] = mac[i] = _mm512_setzero_ps();
-    /* the next pair's second tile: its stream would start cold (the first follows this pair's) */
-    for (int64_t off = 0; off < PAIR_NEXT_BYTES; off += 64) __builtin_prefetch(w + 3 * wnext + off, 0, 3);
     for (int64_t g = 0; g < G; g++) {
         __m512i v[8];
         __m512 sclo = _mm512_setzero_ps(), schi = sclo;
-        QG(pair_unpack)(fmt, w + g * wbytes, wnext, qh ? qh + g * 32 : NULL, G * 32, v);
+        QG(pair_unpack)(fmt, w + g * wbytes, wnext, qh ? qh + g * 32 : NULL, span * G * 32, v);
         if (fmt == QG_Q6)
-            QG(pair_subscales)(sc, G * 16, g, &sclo, &schi);
+            QG(pair_subscales)(sc, span * G * 16, g, &sclo, &schi);
         __m512 dv, mv;
-        QG(pair_scales)(fmt, dt, mt, dnext, sc, G * 16, g, &dv, &mv);
+        QG(pair_scales)(fmt, dt, mt, dnext, sc, span * G * 16, g, &dv, &mv);
 #pragma GCC unroll 16
         for (int i = 0; i < R; i++) {
             const int64_t xo = i / TILE * xblock + g * 32 * TILE + 32 * (i % TILE), to = i / TILE * tblock + g * TILE + i % TILE;
@@ -491,28 +490,32 @@ ALWAYS_INLINE void QG(pair_in)(const gemm_args *a, int64_t t, int64_t r, const i
     }
     for (int64_t g = 0; has_m && g < G; g++) {
         __m512 dv, mv;
-        QG(pair_scales)(fmt, dt, mt, dnext, sc, G * 16, g, &dv, &mv);
+        QG(pair_scales)(fmt, dt, mt, dnext, sc, span * G * 16, g, &dv, &mv);
 #pragma GCC unroll 16
         for (int i = 0; i < R; i++) mac[i] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[i / TILE * tblock + g * TILE + i % TILE]), mac[i]);
     }
-    const int64_t cols = a->N - t * TILE < 2 * TILE ? a->N - t * TILE : 2 * TILE;
-    for (int i = 0; i < R; i++)
-        _mm512_mask_storeu_ps(a->y + (r + i) * a->ldy + t * TILE, (__mmask16)((1u << cols) - 1),
-                              has_m ? _mm512_add_ps(acc[i], mac[i]) : acc[i]);
+    /* tile t is whole (a tile follows it); t+span may be the matrix's last, partial one */
+    const int64_t u = (t + span) * TILE, cols = a->N - u < TILE ? a->N - u : TILE;
+    for (int i = 0; i < R; i++) {
+        const __m512 out = has_m ? _mm512_add_ps(acc[i], mac[i]) : acc[i];
+        float *yr = a->y + (r + i) * a->ldy;
+        _mm256_storeu_ps(yr + t * TILE, _mm512_castps512_ps256(out));
+        _mm256_mask_storeu_ps(yr + u, (__mmask8)((1u << cols) - 1), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(out), 1)));
+    }
 }
 
-/* Tiles t and t+1 against rows r .. end-1: blocks of 16 rows, then of 8, then the rest in one pass. */
-ALWAYS_INLINE void QG(pair_fmt)(const gemm_args *a, int64_t t, int64_t *r, int64_t end, const int fmt) {
-    for (; *r + 2 * QG_PAIR_ROWS <= end; *r += 2 * QG_PAIR_ROWS) QG(pair_in)(a, t, *r, 2 * QG_PAIR_ROWS, fmt);
-    for (; *r + QG_PAIR_ROWS <= end; *r += QG_PAIR_ROWS) QG(pair_in)(a, t, *r, QG_PAIR_ROWS, fmt);
+/* Tiles t and t+span against rows r .. end-1: blocks of 16 rows, then of 8, then the rest in one pass. */
+ALWAYS_INLINE void QG(pair_fmt)(const gemm_args *a, int64_t t, const int64_t span, int64_t *r, int64_t end, const int fmt) {
+    for (; *r + 2 * QG_PAIR_ROWS <= end; *r += 2 * QG_PAIR_ROWS) QG(pair_in)(a, t, span, *r, 2 * QG_PAIR_ROWS, fmt);
+    for (; *r + QG_PAIR_ROWS <= end; *r += QG_PAIR_ROWS) QG(pair_in)(a, t, span, *r, QG_PAIR_ROWS, fmt);
     switch (end - *r) { /* a decode step's 1-7 rows: two tiles a pass keep up with the weights' read */
-    case 7: QG(pair_in)(a, t, *r, 7, fmt), *r = end; break;
-    case 6: QG(pair_in)(a, t, *r, 6, fmt), *r = end; break;
-    case 5: QG(pair_in)(a, t, *r, 5, fmt), *r = end; break;
-    case 4: QG(pair_in)(a, t, *r, 4, fmt), *r = end; break;
-    case 3: QG(pair_in)(a, t, *r, 3, fmt), *r = end; break;
-    case 2: QG(pair_in)(a, t, *r, 2, fmt), *r = end; break;
-    case 1: QG(pair_in)(a, t, *r, 1, fmt), *r = end; break;
+    case 7: QG(pair_in)(a, t, span, *r, 7, fmt), *r = end; break;
+    case 6: QG(pair_in)(a, t, span, *r, 6, fmt), *r = end; break;
+    case 5: QG(pair_in)(a, t, span, *r, 5, fmt), *r = end; break;
+    case 4: QG(pair_in)(a, t, span, *r, 4, fmt), *r = end; break;
+    case 3: QG(pair_in)(a, t, span, *r, 3, fmt), *r = end; break;
+    case 2: QG(pair_in)(a, t, span, *r, 2, fmt), *r = end; break;
+    case 1: QG(pair_in)(a, t, span, *r, 1, fmt), *r = end; break;
     }
 }
 
@@ -701,15 +704,15 @@ static void QG(panel_rows)(const gemm_args *a, char *panel, int64_t t, int tiles
     }
 }
 
-static void QG(pair_rows)(const gemm_args *a, int64_t t, int64_t r, int64_t end) {
+static void QG(pair_rows)(const gemm_args *a, int64_t t, int64_t span, int64_t r, int64_t end) {
     switch (a->fmt) {
-    case QG_Q6: QG(pair_fmt)(a, t, &r, end, QG_Q6); break;
-    case QG_Q5: QG(pair_fmt)(a, t, &r, end, QG_Q5); break;
-    case QG_Q4: QG(pair_fmt)(a, t, &r, end, QG_Q4); break;
-    case QG_Q4K: QG(pair_fmt)(a, t, &r, end, QG_Q4K); break;
-    case QG_Q4_0: QG(pair_fmt)(a, t, &r, end, QG_Q4_0); break;
-    case QG_Q5_0: QG(pair_fmt)(a, t, &r, end, QG_Q5_0); break;
-    default: QG(pair_fmt)(a, t, &r, end, QG_Q8);
+    case QG_Q6: QG(pair_fmt)(a, t, span, &r, end, QG_Q6); break;
+    case QG_Q5: QG(pair_fmt)(a, t, span, &r, end, QG_Q5); break;
+    case QG_Q4: QG(pair_fmt)(a, t, span, &r, end, QG_Q4); break;
+    case QG_Q4K: QG(pair_fmt)(a, t, span, &r, end, QG_Q4K); break;
+    case QG_Q4_0: QG(pair_fmt)(a, t, span, &r, end, QG_Q4_0); break;
+    case QG_Q5_0: QG(pair_fmt)(a, t, span, &r, end, QG_Q5_0); break;
+    default: QG(pair_fmt)(a, t, span, &r, end, QG_Q8);
     }
 }
 #endif
