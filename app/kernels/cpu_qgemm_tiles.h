@@ -452,6 +452,17 @@ ALWAYS_INLINE void QG(pair_scales)(const int fmt, const uint16_t *dt, const uint
         *mv = mt ? QG(pair_ph)(mt + g * TILE, dnext) : _mm512_setzero_ps();
 }
 
+/* pair_scales' q4k and q6 numbers from their blocks' d (and m) as fp32 (`dblk`, `mblk`). */
+ALWAYS_INLINE void QG(pair_block_scales)(const int fmt, const __m512 dblk, const __m512 mblk, const int8_t *sct,
+                                         const int64_t snext, const int64_t g, __m512 *dv, __m512 *mv) {
+    *dv = dblk, *mv = _mm512_setzero_ps();
+    if (fmt == QG_Q4K) {
+        const __m128i a = _mm_loadu_si128((const __m128i *)(sct + g * 16)), b = _mm_loadu_si128((const __m128i *)(sct + snext + g * 16));
+        *dv = _mm512_mul_ps(dblk, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(a, b))));
+        *mv = _mm512_mul_ps(mblk, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi64(a, b))));
+    }
+}
+
 /* Tiles t and t+span against rows r .. r+R-1 (R: 1-8 or 16; at 16 the unpacking is paid once for
  * twice the rows, the accumulators and the unpacked group still in registers). */
 ALWAYS_INLINE void QG(pair_in)(const gemm_args *a, int64_t t, const int64_t span, int64_t r, const int R, const int fmt) {
@@ -473,6 +484,10 @@ ALWAYS_INLINE void QG(pair_in)(const gemm_args *a, int64_t t, const int64_t span
     __m512 acc[R], mac[R];
 #pragma GCC unroll 16
     for (int i = 0; i < R; i++) acc[i] = mac[i] = _mm512_setzero_ps();
+    /* up to 8 rows the minimums' sums run in the same loop (their scales made once); 16 rows' acc
+     * and mac would not all stay in registers */
+    const int fused_m = has_m && R <= QG_PAIR_ROWS;
+    __m512 dblk = _mm512_setzero_ps(), mblk = dblk;
     for (int64_t g = 0; g < G; g++) {
         __m512i v[8];
         __m512 sclo = _mm512_setzero_ps(), schi = sclo;
@@ -480,15 +495,25 @@ ALWAYS_INLINE void QG(pair_in)(const gemm_args *a, int64_t t, const int64_t span
         if (fmt == QG_Q6)
             QG(pair_subscales)(sc, span * G * 16, g, &sclo, &schi);
         __m512 dv, mv;
-        QG(pair_scales)(fmt, dt, mt, dnext, sc, span * G * 16, g, &dv, &mv);
+        if (blocked) { /* d (and q4k's m) per block of 8 groups: converted once a block */
+            if ((g & 7) == 0) {
+                dblk = QG(pair_ph)(dt + (g >> 3) * TILE, dnext);
+                if (fmt == QG_Q4K)
+                    mblk = QG(pair_ph)(mt + (g >> 3) * TILE, dnext);
+            }
+            QG(pair_block_scales)(fmt, dblk, mblk, sc, span * G * 16, g, &dv, &mv);
+        } else
+            QG(pair_scales)(fmt, dt, mt, dnext, sc, span * G * 16, g, &dv, &mv);
 #pragma GCC unroll 16
         for (int i = 0; i < R; i++) {
             const int64_t xo = i / TILE * xblock + g * 32 * TILE + 32 * (i % TILE), to = i / TILE * tblock + g * TILE + i % TILE;
             const __m512 dot = QG(pair_dot)(fmt, v, xg + xo, xb[to], sclo, schi);
             acc[i] = _mm512_fmadd_ps(_mm512_mul_ps(dv, _mm512_set1_ps(xd[to])), dot, acc[i]);
+            if (fused_m)
+                mac[i] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[to]), mac[i]);
         }
     }
-    for (int64_t g = 0; has_m && g < G; g++) {
+    for (int64_t g = 0; has_m && !fused_m && g < G; g++) {
         __m512 dv, mv;
         QG(pair_scales)(fmt, dt, mt, dnext, sc, span * G * 16, g, &dv, &mv);
 #pragma GCC unroll 16
