@@ -46,7 +46,7 @@ class ChatTabs(TabbedContent):
     """TabbedContent whose tab changes only when asked (a key, a click, a command). Textual's also
     follows focus into a tab, and a focus event that arrives after a switch then switches back."""
 
-    def _on_tab_pane_focused(self, event: TabPane.Focused) -> None:
+    def on_tab_pane_focused(self, event: TabPane.Focused) -> None:
         event.stop()
         event.prevent_default()  # skips TabbedContent's handler
 
