@@ -79,11 +79,15 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     """A zero-filled pool. Attention kernels may read (and mask) slots past a sequence's end, so they
     must hold finite values (scales included). On the CPU the zeros come from an anonymous mmap: the
     OS maps zero pages on first touch, so a pool of several GB costs no start-up time and no RSS
-    until used."""
+    until used. Private and advised for transparent huge pages, as the weights are: a long
+    context's decode reads every key and value of it a step (docs/tuning.md)."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * dtype.itemsize
-    return torch.frombuffer(mmap.mmap(-1, max(nbytes, 1)), dtype=dtype, count=math.prod(shape)).view(shape)
+    region = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        region.madvise(mmap.MADV_HUGEPAGE)
+    return torch.frombuffer(region, dtype=dtype, count=math.prod(shape)).view(shape)
 
 
 # ---- one token block's bytes, for the KV disk tier ------------------------------------------------
