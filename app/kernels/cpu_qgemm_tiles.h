@@ -436,23 +436,14 @@ ALWAYS_INLINE void QG(pair_subscales)(const int8_t *sc, const int64_t snext, con
     *schi = _mm512_cvtepi32_ps(_mm512_srai_epi32(scp, 16));
 }
 
-/* A group's d (and m) for both tiles, as group_scales makes them for each. */
-ALWAYS_INLINE void QG(pair_scales)(const int fmt, const uint16_t *dt, const uint16_t *mt, const int64_t dnext,
-                                   const int8_t *sct, const int64_t snext, const int64_t g, __m512 *dv, __m512 *mv) {
-    if (fmt == QG_Q4K) {
-        const __m128i a = _mm_loadu_si128((const __m128i *)(sct + g * 16)), b = _mm_loadu_si128((const __m128i *)(sct + snext + g * 16));
-        *dv = _mm512_mul_ps(QG(pair_ph)(dt + (g >> 3) * TILE, dnext), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(a, b))));
-        *mv = _mm512_mul_ps(QG(pair_ph)(mt + (g >> 3) * TILE, dnext), _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi64(a, b))));
-        return;
-    }
-    *dv = QG(pair_ph)(dt + (fmt == QG_Q6 ? g >> 3 : g) * TILE, dnext);
-    if (fmt == QG_Q4_0 || fmt == QG_Q5_0)
-        *mv = _mm512_mul_ps(*dv, _mm512_set1_ps(fmt == QG_Q4_0 ? -8.0f : -16.0f));
-    else
-        *mv = mt ? QG(pair_ph)(mt + g * TILE, dnext) : _mm512_setzero_ps();
+/* q4k's and q6's d (and q4k's m) of the block of 8 groups that holds group g, both tiles, as fp32. */
+ALWAYS_INLINE void QG(pair_block_d)(const int fmt, const uint16_t *dt, const uint16_t *mt, const int64_t dnext,
+                                    const int64_t g, __m512 *dblk, __m512 *mblk) {
+    *dblk = QG(pair_ph)(dt + (g >> 3) * TILE, dnext);
+    *mblk = fmt == QG_Q4K ? QG(pair_ph)(mt + (g >> 3) * TILE, dnext) : _mm512_setzero_ps();
 }
 
-/* pair_scales' q4k and q6 numbers from their blocks' d (and m) as fp32 (`dblk`, `mblk`). */
+/* pair_scales' q4k and q6 numbers from their block's d and m (pair_block_d). */
 ALWAYS_INLINE void QG(pair_block_scales)(const int fmt, const __m512 dblk, const __m512 mblk, const int8_t *sct,
                                          const int64_t snext, const int64_t g, __m512 *dv, __m512 *mv) {
     *dv = dblk, *mv = _mm512_setzero_ps();
@@ -461,6 +452,22 @@ ALWAYS_INLINE void QG(pair_block_scales)(const int fmt, const __m512 dblk, const
         *dv = _mm512_mul_ps(dblk, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpacklo_epi64(a, b))));
         *mv = _mm512_mul_ps(mblk, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_unpackhi_epi64(a, b))));
     }
+}
+
+/* A group's d (and m) for both tiles, as group_scales makes them for each. */
+ALWAYS_INLINE void QG(pair_scales)(const int fmt, const uint16_t *dt, const uint16_t *mt, const int64_t dnext,
+                                   const int8_t *sct, const int64_t snext, const int64_t g, __m512 *dv, __m512 *mv) {
+    if (fmt == QG_Q4K || fmt == QG_Q6) {
+        __m512 dblk, mblk;
+        QG(pair_block_d)(fmt, dt, mt, dnext, g, &dblk, &mblk);
+        QG(pair_block_scales)(fmt, dblk, mblk, sct, snext, g, dv, mv);
+        return;
+    }
+    *dv = QG(pair_ph)(dt + g * TILE, dnext);
+    if (fmt == QG_Q4_0 || fmt == QG_Q5_0)
+        *mv = _mm512_mul_ps(*dv, _mm512_set1_ps(fmt == QG_Q4_0 ? -8.0f : -16.0f));
+    else
+        *mv = mt ? QG(pair_ph)(mt + g * TILE, dnext) : _mm512_setzero_ps();
 }
 
 /* Tiles t and t+span against rows r .. r+R-1 (R: 1-8 or 16; at 16 the unpacking is paid once for
@@ -496,11 +503,8 @@ ALWAYS_INLINE void QG(pair_in)(const gemm_args *a, int64_t t, const int64_t span
             QG(pair_subscales)(sc, span * G * 16, g, &sclo, &schi);
         __m512 dv, mv;
         if (blocked) { /* d (and q4k's m) per block of 8 groups: converted once a block */
-            if ((g & 7) == 0) {
-                dblk = QG(pair_ph)(dt + (g >> 3) * TILE, dnext);
-                if (fmt == QG_Q4K)
-                    mblk = QG(pair_ph)(mt + (g >> 3) * TILE, dnext);
-            }
+            if ((g & 7) == 0)
+                QG(pair_block_d)(fmt, dt, mt, dnext, g, &dblk, &mblk);
             QG(pair_block_scales)(fmt, dblk, mblk, sc, span * G * 16, g, &dv, &mv);
         } else
             QG(pair_scales)(fmt, dt, mt, dnext, sc, span * G * 16, g, &dv, &mv);
