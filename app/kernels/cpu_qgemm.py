@@ -33,13 +33,13 @@ from __future__ import annotations
 import abc
 import ctypes
 import functools
-import mmap
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from app.kernels import cpu_build
+from app.kernels.cpu_memory import HUGE_PAGE, huge_page_region
 from app.kernels.settings import QUANT_KERNELS_ENV, KernelSettings
 
 GROUP = 32
@@ -481,8 +481,6 @@ class SplitWeight(_GroupWeight):
 C_FORMS = (Q4Weight, Q5Weight, Q6Weight, Q8Weight, SplitWeight)  # every form `qgemm` takes (Q4KWeight is a Q4Weight)
 
 
-HUGE_PAGE = 2 << 20
-
 
 def consolidate(weights: list[_GroupWeight]) -> None:
     """Move the weights' tensors into one anonymous mapping, in the order given (the order a
@@ -498,11 +496,7 @@ def consolidate(weights: list[_GroupWeight]) -> None:
     if not tensors:
         return
     total = sum(-(-t.nbytes // 64) * 64 for t in tensors)  # each tensor 64-byte aligned
-    # Private: a shared anonymous mapping is shmem, whose huge pages are a separate switch.
-    region = mmap.mmap(-1, total + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        region.madvise(mmap.MADV_HUGEPAGE)
-    arena = torch.frombuffer(region, dtype=torch.uint8)  # keeps the mapping alive
+    arena = torch.frombuffer(huge_page_region(total + HUGE_PAGE), dtype=torch.uint8)  # keeps the mapping alive
     offset = -arena.data_ptr() % HUGE_PAGE
     for w in weights:
         for name in w._TENSORS:

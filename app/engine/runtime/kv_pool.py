@@ -4,7 +4,6 @@ it, and allocating it once at start."""
 from __future__ import annotations
 
 import math
-import mmap
 
 import torch
 
@@ -12,6 +11,7 @@ from app.engine.gguf.model_config import ModelConfig
 from app.engine.runtime.kv_cache_spec import KVCacheSpec
 from app.engine.types.errors import LocalbatchError
 from app.kernels import KVCacheLayer, cpu_attention
+from app.kernels.cpu_memory import huge_page_region
 from app.kernels.kv_quant import SCALE_DTYPE, is_quantized_kv, scale_bytes
 
 _STORAGE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int8": torch.int8,
@@ -77,17 +77,14 @@ def allocate_kv_caches(
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A zero-filled pool. Attention kernels may read (and mask) slots past a sequence's end, so they
-    must hold finite values (scales included). On the CPU the zeros come from an anonymous mmap: the
-    OS maps zero pages on first touch, so a pool of several GB costs no start-up time and no RSS
-    until used. Private and advised for transparent huge pages, as the weights are: a long
-    context's decode reads every key and value of it a step (docs/tuning.md)."""
+    must hold finite values (scales included). On the CPU the zeros come from `huge_page_region`,
+    as the weights' memory does: a pool of several GB costs no start-up time and no RSS until
+    used, and a long context's decode, which reads every key and value of it a step, reads them
+    from huge pages (docs/tuning.md)."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * dtype.itemsize
-    region = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        region.madvise(mmap.MADV_HUGEPAGE)
-    return torch.frombuffer(region, dtype=dtype, count=math.prod(shape)).view(shape)
+    return torch.frombuffer(huge_page_region(nbytes), dtype=dtype, count=math.prod(shape)).view(shape)
 
 
 # ---- one token block's bytes, for the KV disk tier ------------------------------------------------
