@@ -454,13 +454,15 @@ ALWAYS_INLINE void QG(pair_block_scales)(const int fmt, const __m512 dblk, const
     }
 }
 
-/* A group's d (and m) for both tiles, as group_scales makes them for each. */
+/* A group's d (and m) for both tiles, as group_scales makes them for each. The caller walks g from
+ * 0 in order and keeps `blk` (q4k's and q6's block d and m) between calls: converted once a block. */
 ALWAYS_INLINE void QG(pair_scales)(const int fmt, const uint16_t *dt, const uint16_t *mt, const int64_t dnext,
-                                   const int8_t *sct, const int64_t snext, const int64_t g, __m512 *dv, __m512 *mv) {
+                                   const int8_t *sct, const int64_t snext, const int64_t g, __m512 blk[2], __m512 *dv,
+                                   __m512 *mv) {
     if (fmt == QG_Q4K || fmt == QG_Q6) {
-        __m512 dblk, mblk;
-        QG(pair_block_d)(fmt, dt, mt, dnext, g, &dblk, &mblk);
-        QG(pair_block_scales)(fmt, dblk, mblk, sct, snext, g, dv, mv);
+        if ((g & 7) == 0)
+            QG(pair_block_d)(fmt, dt, mt, dnext, g, &blk[0], &blk[1]);
+        QG(pair_block_scales)(fmt, blk[0], blk[1], sct, snext, g, dv, mv);
         return;
     }
     *dv = QG(pair_ph)(dt + g * TILE, dnext);
@@ -494,7 +496,7 @@ ALWAYS_INLINE void QG(pair_in)(const gemm_args *a, int64_t t, const int64_t span
     /* up to 8 rows the minimums' sums run in the same loop (their scales made once); 16 rows' acc
      * and mac would not all stay in registers */
     const int fused_m = has_m && R <= QG_PAIR_ROWS;
-    __m512 dblk = _mm512_setzero_ps(), mblk = dblk;
+    __m512 blk[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}; /* pair_scales' block d and m */
     for (int64_t g = 0; g < G; g++) {
         __m512i v[8];
         __m512 sclo = _mm512_setzero_ps(), schi = sclo;
@@ -502,12 +504,7 @@ ALWAYS_INLINE void QG(pair_in)(const gemm_args *a, int64_t t, const int64_t span
         if (fmt == QG_Q6)
             QG(pair_subscales)(sc, span * G * 16, g, &sclo, &schi);
         __m512 dv, mv;
-        if (blocked) { /* d (and q4k's m) per block of 8 groups: converted once a block */
-            if ((g & 7) == 0)
-                QG(pair_block_d)(fmt, dt, mt, dnext, g, &dblk, &mblk);
-            QG(pair_block_scales)(fmt, dblk, mblk, sc, span * G * 16, g, &dv, &mv);
-        } else
-            QG(pair_scales)(fmt, dt, mt, dnext, sc, span * G * 16, g, &dv, &mv);
+        QG(pair_scales)(fmt, dt, mt, dnext, sc, span * G * 16, g, blk, &dv, &mv);
 #pragma GCC unroll 16
         for (int i = 0; i < R; i++) {
             const int64_t xo = i / TILE * xblock + g * 32 * TILE + 32 * (i % TILE), to = i / TILE * tblock + g * TILE + i % TILE;
@@ -519,7 +516,7 @@ ALWAYS_INLINE void QG(pair_in)(const gemm_args *a, int64_t t, const int64_t span
     }
     for (int64_t g = 0; has_m && !fused_m && g < G; g++) {
         __m512 dv, mv;
-        QG(pair_scales)(fmt, dt, mt, dnext, sc, span * G * 16, g, &dv, &mv);
+        QG(pair_scales)(fmt, dt, mt, dnext, sc, span * G * 16, g, blk, &dv, &mv);
 #pragma GCC unroll 16
         for (int i = 0; i < R; i++) mac[i] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xs[i / TILE * tblock + g * TILE + i % TILE]), mac[i]);
     }
@@ -573,13 +570,14 @@ ALWAYS_INLINE void QG(panel_unpack_in)(const gemm_args *a, int64_t t, char *pane
     const int stored_m = fmt == QG_Q4 || fmt == QG_Q5 || fmt == QG_Q4K;
     const uint16_t *dt = a->d + t * dnext, *mt = stored_m ? a->m + t * dnext : NULL;
     const int8_t *sc = blocked ? a->sc + t * G * 16 : NULL;
+    __m512 blk[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}; /* pair_scales' block d and m */
     for (int64_t g = 0; g < G; g++) {
         char *p = panel + g * PANEL_GROUP_BYTES;
         __m512i v[8];
         QG(pair_unpack)(fmt, w + g * wbytes, wnext, qh ? qh + g * 32 : NULL, G * 32, v);
         for (int s = 0; s < 8; s++) _mm512_store_si512((__m512i *)(p + PANEL_V + 64 * s), v[s]);
         __m512 dv, mv;
-        QG(pair_scales)(fmt, dt, mt, dnext, sc, G * 16, g, &dv, &mv);
+        QG(pair_scales)(fmt, dt, mt, dnext, sc, G * 16, g, blk, &dv, &mv);
         _mm512_store_ps((float *)(p + PANEL_D), dv);
         _mm512_store_ps((float *)(p + PANEL_M), mv);
         if (fmt == QG_Q6) {
