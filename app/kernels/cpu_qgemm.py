@@ -481,7 +481,6 @@ class SplitWeight(_GroupWeight):
 C_FORMS = (Q4Weight, Q5Weight, Q6Weight, Q8Weight, SplitWeight)  # every form `qgemm` takes (Q4KWeight is a Q4Weight)
 
 
-
 def consolidate(weights: list[_GroupWeight]) -> None:
     """Move the weights' tensors into one anonymous mapping, in the order given (the order a
     forward reads them), advised for transparent huge pages where Linux has them.
