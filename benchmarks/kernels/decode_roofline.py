@@ -2,9 +2,11 @@
 
 A decode step must read every weight once and each sequence's KV context once, so it can be no
 faster than (weight bytes + KV bytes) / memory bandwidth. The bandwidth is measured here as a
-device-to-device copy (read + write bytes / time), the best a streaming kernel can do on this
-device. The report is the step time of the real engine (scheduler, runner, sampler, CUDA graphs
-unless --enforce-eager) at each batch size, and the fraction of that roofline it reaches.
+device-to-device copy (read + write bytes / time) and, on a CPU with the C kernels, as their read
+loop (`read_pass`: two prefetched streams a thread, on huge pages, the engine's threads); the faster
+of the two is the best a streaming kernel can do on this device. The report is the step time of the
+real engine (scheduler, runner, sampler, CUDA graphs unless --enforce-eager) at each batch size, and
+the fraction of that roofline it reaches.
 
     localbatch bench research decode_roofline --random-weights llama:8b --batch-sizes 1,8,64 --context 512
     localbatch bench research decode_roofline --random-weights gemma3:270m --device cpu --batch-sizes 1,8
@@ -18,8 +20,10 @@ import time
 
 import torch
 
+from app.bench.kernels import read_gb_s
 from app.engine.core.llm_engine import LLMEngine
 from app.engine.runtime.device import copy_bandwidth, synchronize
+from app.engine.types.errors import LocalbatchError
 from app.engine.types.sampling_params import SamplingParams
 
 
@@ -56,6 +60,14 @@ def decode_step_time(engine: LLMEngine, batch: int, context: int, steps: int, se
     return elapsed / steps
 
 
+def cpu_read_bandwidth() -> float | None:
+    """Bytes/s of the C kernels' read loop on the engine's threads; None where they are off."""
+    try:
+        return read_gb_s(torch.get_num_threads()) * 1e9
+    except LocalbatchError:
+        return None
+
+
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--random-weights", default="llama:8b", help="ARCH:SIZE preset (app/engine/gguf/random_weights.py)")
     p.add_argument("--model", default=None, help="a GGUF file instead of random weights")
@@ -76,7 +88,9 @@ def run(args: argparse.Namespace) -> dict:
     else:
         engine = LLMEngine(random_weights=args.random_weights, **kw)
     device = engine.plan.setup.device
-    bandwidth = copy_bandwidth(device, nbytes=1 << 30, repeats=10)
+    copy = copy_bandwidth(device, nbytes=1 << 30, repeats=10)
+    read = cpu_read_bandwidth() if device.type == "cpu" else None
+    bandwidth = max(copy, read or 0.0)
     wbytes = engine.worker.model.weight_bytes_per_step()
     rows = []
     for b in batches:
@@ -88,7 +102,8 @@ def run(args: argparse.Namespace) -> dict:
                      "roofline_ms": round(roofline * 1e3, 3), "of_roofline": round(roofline / step, 3)})
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     header = {"model": engine.plan.model_name, "device": name, "dtype": str(engine.plan.setup.dtype).removeprefix("torch."),
-              "cuda_graphs": bool(engine.worker.runner.graphs and engine.worker.runner.graphs.graphs), "copy_gb_s": round(bandwidth / 1e9, 1),
+              "cuda_graphs": bool(engine.worker.runner.graphs and engine.worker.runner.graphs.graphs),
+              "copy_gb_s": round(copy / 1e9, 1), **({"read_gb_s": round(read / 1e9, 1)} if read else {}),
               "context": args.context}
     print(" ".join(f"{k}={v}" for k, v in header.items()))
     print(f"{'batch':>5} {'step ms':>9} {'tok/s':>9} {'weights GB':>11} {'KV GB':>8} {'roofline ms':>12} {'of roofline':>12}")
