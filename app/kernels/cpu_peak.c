@@ -90,10 +90,10 @@ int64_t qpeak(int kind, int64_t iters, int nthreads) {
 }
 
 /* The memory's read rate, the floor a decode step's weight stream is held to: each of `nthreads`
- * threads reads its share of `buf` (`bytes`, a multiple of 256 * nthreads) as two streams, each
- * asked for PEAK_PREFETCH bytes ahead, the way the decode kernels walk a pair of tiles; nothing but
- * the loads and an add each. Plain loads without the prefetch read 10-25% slower on the machines
- * measured (docs/benchmarks.md). Returns a sum of the bytes read, so no load can be dropped. */
+ * threads reads its share of `buf` (whole 256-byte steps; what is left over is not read) as two
+ * streams, each asked for PEAK_PREFETCH bytes ahead, the way the decode kernels walk a pair of
+ * tiles, and nothing but an add a load: plain loads can read markedly slower (docs/benchmarks.md).
+ * Returns a checksum of the bytes, so that no load can be dropped. */
 #define PEAK_PREFETCH 1024
 
 int64_t read_pass(const char *buf, int64_t bytes, int nthreads) {
