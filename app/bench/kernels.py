@@ -164,35 +164,6 @@ def peak_gmacs(kind: str, threads: int, seconds: float, repeats: int = 3, clock_
     return best / 1e9
 
 
-def read_gb_s(threads: int, nbytes: int = 1 << 30, repeats: int = 5) -> float:
-    """The best GB/s of `read_pass` (cpu_peak.c) over `nbytes` on huge pages, `threads` threads: the
-    rate a decode step's weights can at best be read at here."""
-    import ctypes
-
-    import torch
-
-    from app.kernels import cpu_build
-    from app.kernels.cpu_memory import HUGE_PAGE, huge_page_region
-
-    lib = cpu_build.load({"read_pass": [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]},
-                         restypes={"read_pass": ctypes.c_int64})
-    if lib is None:
-        from app.engine.types.errors import LocalbatchError
-
-        raise LocalbatchError(f"the C kernels are off here ({cpu_build.library().reason}): nothing to measure")
-    region = huge_page_region(nbytes + HUGE_PAGE)
-    buf = torch.frombuffer(region, dtype=torch.uint8)
-    start = -buf.data_ptr() % HUGE_PAGE
-    buf[start : start + nbytes].fill_(1)  # written once: the reads then meet real pages, not the zero page
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        lib.read_pass(buf.data_ptr() + start, nbytes, threads)
-        best = min(best, time.perf_counter() - t)
-    del buf
-    return nbytes / best / 1e9
-
-
 def gemm_seconds(weight, rows: int, repeats: int, now: Callable[[], float] = time.perf_counter) -> float:  # noqa: ANN001
     """The best of `repeats` timed calls of `weight` (a cpu_qgemm weight) on `rows` random rows,
     after one untimed."""

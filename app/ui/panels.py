@@ -249,8 +249,8 @@ def render_traffic(stats: EngineStats) -> str:
     if stats.num_steps and stats.last_num_tokens and stats.last_step_time_s > 0:
         per_token = fmt_bytes(step_bytes / stats.last_num_tokens)
         achieved = f"{step_bytes / stats.last_step_time_s / 1e9:.1f}"
-    if stats.copy_bandwidth:
-        achieved += f" of {stats.copy_bandwidth / 1e9:.0f}"  # the measured copy bandwidth
+    if stats.memory_bandwidth:
+        achieved += f" of {stats.memory_bandwidth / 1e9:.0f}"  # the measured memory bandwidth
     return lines + f"\n{per_token}/token · {achieved} GB/s"
 
 

@@ -20,11 +20,10 @@ import time
 
 import torch
 
-from app.bench.kernels import read_gb_s
 from app.engine.core.llm_engine import LLMEngine
 from app.engine.runtime.device import copy_bandwidth, synchronize
-from app.engine.types.errors import LocalbatchError
 from app.engine.types.sampling_params import SamplingParams
+from app.kernels.cpu_memory import read_bandwidth
 
 
 # Decode steps an early sequence may take while the batch's later prompts prefill (chunked prefill).
@@ -60,14 +59,6 @@ def decode_step_time(engine: LLMEngine, batch: int, context: int, steps: int, se
     return elapsed / steps
 
 
-def cpu_read_bandwidth() -> float | None:
-    """Bytes/s of the C kernels' read loop on the engine's threads; None where they are off."""
-    try:
-        return read_gb_s(torch.get_num_threads()) * 1e9
-    except LocalbatchError:
-        return None
-
-
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--random-weights", default="llama:8b", help="ARCH:SIZE preset (app/engine/gguf/random_weights.py)")
     p.add_argument("--model", default=None, help="a GGUF file instead of random weights")
@@ -89,7 +80,7 @@ def run(args: argparse.Namespace) -> dict:
         engine = LLMEngine(random_weights=args.random_weights, **kw)
     device = engine.plan.setup.device
     copy = copy_bandwidth(device, nbytes=1 << 30, repeats=10)
-    read = cpu_read_bandwidth() if device.type == "cpu" else None
+    read = read_bandwidth(torch.get_num_threads(), nbytes=1 << 30) if device.type == "cpu" else None
     bandwidth = max(copy, read or 0.0)
     wbytes = engine.worker.model.weight_bytes_per_step()
     rows = []

@@ -54,11 +54,3 @@ def test_one_tiny_case_runs_and_writes_the_record(tmp_path, monkeypatch, capsys)
 def test_an_unknown_type_is_one_line(capsys):
     assert main(["bench", "kernels", "--types", "Q3_K"]) != 0
     assert "unknown type Q3_K" in capsys.readouterr().err
-
-
-@pytest.mark.skipif(cpu_qgemm._library() is None, reason="no C compiler or no AVX2/FMA/F16C here")
-@pytest.mark.parametrize("threads", [1, 3])
-def test_the_read_floor_is_a_rate(threads):
-    """decode_roofline's CPU floor: the read loop runs over a small buffer on any thread count (a
-    share that is not whole 256-byte steps is left out) and gives a rate; its size is not checked."""
-    assert kernels.read_gb_s(threads, nbytes=(8 << 20) + 192, repeats=1) > 0

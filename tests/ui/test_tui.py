@@ -563,7 +563,7 @@ def test_main_screen_snapshot(tmp_path: Path, snap_compare: Any) -> None:
         num_blocks_cached_free=40,
         block_size=16, kv_bytes_per_token=18432, prefix_cache_hit_rate=0.25, prefill_tokens_per_s=812.0,
         decode_tokens_per_s=57.4, last_batch_size=2, last_num_tokens=2, last_step_time_s=0.035, num_steps=1234,
-        weight_bytes_per_step=369_115_648, last_kv_bytes_read=3_760_128, copy_bandwidth=29.4e9,
+        weight_bytes_per_step=369_115_648, last_kv_bytes_read=3_760_128, memory_bandwidth=29.4e9,
         requests=(decoding("chatcmpl-a", prompt=40, output=80, blocks=60, ttft=0.2, itl=0.03, rate=30.1),
                   decoding("chatcmpl-b", prompt=20, output=30, blocks=36, ttft=0.3, itl=0.03, rate=27.3)),
     )
@@ -850,7 +850,7 @@ def test_throughput_panel_explains_batching() -> None:
 
     def stats(batch: int, step_s: float) -> EngineStats:
         return EngineStats(num_steps=9, last_batch_size=batch, last_num_tokens=batch, last_step_time_s=step_s,
-                           weight_bytes_per_step=360 * 2**20, last_kv_bytes_read=batch * 2**20, copy_bandwidth=30e9)
+                           weight_bytes_per_step=360 * 2**20, last_kv_bytes_read=batch * 2**20, memory_bandwidth=30e9)
 
     one, four = render_traffic(stats(1, 0.040)), render_traffic(stats(4, 0.064))
     assert "read/step 360.0 MiB + KV 1.0 MiB" in one
@@ -858,7 +858,7 @@ def test_throughput_panel_explains_batching() -> None:
     assert "9.5 of 30 GB/s" in one
     assert render_traffic(EngineStats()) == ""
     # Before the first step: the same lines, with dashes (a line appearing is a layout).
-    before = render_traffic(EngineStats(weight_bytes_per_step=360 * 2**20, copy_bandwidth=30e9))
+    before = render_traffic(EngineStats(weight_bytes_per_step=360 * 2**20, memory_bandwidth=30e9))
     assert before.count("\n") == one.count("\n") and "–/token · – of 30 GB/s" in before
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from app.engine.core.block_manager import BlockManager
 from app.engine.core.scheduler import Scheduler
 from app.engine.core.sequence import Sequence, SequenceStatus
-from app.engine.runtime.device import copy_bandwidth
+from app.engine.runtime.device import memory_bandwidth
 from app.engine.runtime.kv_pool import kv_sizes
 from app.engine.runtime.worker import Worker
 from app.engine.types.batch import ScheduledBatch
@@ -42,7 +42,7 @@ class MemoryTraffic:
     """What a step reads from memory: the weights once, and each sequence's K/V."""
 
     weight_bytes_per_step: Callable[[int], int]  # tokens in the step -> weight bytes read (int8 or bf16 by rows)
-    copy_bandwidth: float  # bytes/s, measured on the engine's device
+    memory_bandwidth: float  # bytes/s, measured on the engine's device (runtime.device.memory_bandwidth)
     kv_bytes_read: Callable[[list[int]], int]  # context lengths -> K/V bytes read
 
 
@@ -66,7 +66,7 @@ class EngineMetrics:
         kv = KVCacheInfo(str(plan.kv_dtype).removeprefix("torch."), per_token, past_window)
         return cls(kv, MemoryTraffic(
             weight_bytes_per_step=worker.model.weight_bytes_per_step,
-            copy_bandwidth=copy_bandwidth(plan.setup.device),
+            memory_bandwidth=memory_bandwidth(plan.setup.device),
             kv_bytes_read=functools.partial(cfg.kv_bytes_read, **kv_sizes(plan.kv_dtype)),
         ))
 
@@ -150,7 +150,7 @@ class EngineMetrics:
             total_output_tokens=self.total_output_tokens,
             weight_bytes_per_step=self.traffic.weight_bytes_per_step(max(self.last.prefill_tokens + self.last.decode_tokens, 1)),
             last_kv_bytes_read=self.last.kv_bytes_read,
-            copy_bandwidth=self.traffic.copy_bandwidth,
+            memory_bandwidth=self.traffic.memory_bandwidth,
             num_blocks_shared=len({b for s in seqs for b in bm.held_blocks(s) if bm.blocks[b].ref_count > 1}),
             kv_cache_dtype=self.kv.dtype,
             kv_bytes_per_token_past_window=self.kv.bytes_per_token_past_window,

@@ -157,3 +157,17 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 28, repeats: int = 5
         synchronize(device)
         best = min(best, time.perf_counter() - t)
     return 2 * src.numel() * src.element_size() / best
+
+
+@functools.lru_cache(maxsize=None)
+def memory_bandwidth(device: torch.device) -> float:
+    """Bytes/s a decode step's stream of weights can at best reach on `device`: the copy's rate,
+    or on a CPU whose GEMMs run the C kernels their read loop's (two prefetched streams a thread,
+    the step's threads) where that is faster, as it is wherever plain loads leave bandwidth unused."""
+    from app.kernels import cpu_qgemm  # where the GEMMs are off the library is not built for this
+    from app.kernels.cpu_memory import read_bandwidth
+
+    copy = copy_bandwidth(device)
+    if device.type != "cpu" or not cpu_qgemm.enabled():
+        return copy
+    return max(copy, read_bandwidth(torch.get_num_threads()) or 0.0)

@@ -135,7 +135,7 @@ class EngineStats:
     # Why N streams cost little more than one: a step reads every weight once, whatever its batch.
     weight_bytes_per_step: int = 0  # 0: unknown (a remote backend)
     last_kv_bytes_read: int = 0  # K/V bytes the last step's attention read
-    copy_bandwidth: float = 0.0  # bytes/s of a plain copy on the engine's device, measured at start
+    memory_bandwidth: float = 0.0  # bytes/s the engine's device can stream at best, measured at start
     num_blocks_shared: int = 0  # distinct blocks held by two or more live requests (counted once in num_blocks_used)
     # KV memory with a hybrid cache (sliding-window layers keep only their window): a token costs
     # kv_bytes_per_token while it is inside the windows, then only the full-attention layers' bytes.
