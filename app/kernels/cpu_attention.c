@@ -320,16 +320,24 @@ static inline void key_offsets(const int32_t *blocks, int block_size, int64_t ro
     }
 }
 
+#include "cpu_attention_avx512.h"
+
 /* The scores s[i][0..n) (times `scale`, softcapped) of query heads h0+i .. h0+i+k-1, which read one
  * KV head, against the chunk's keys; an int8 pool's dot products times the keys' scales `ksc` first. */
 static inline void chunk_scores(const float *q, int h0, int i, int k, int group, int d, const void *k_pool, int kind,
                                 const int64_t *off, int n, const float *ksc, float scale, float softcap,
-                                float (*s)[KEY_CHUNK], struct prefetch *pf) {
+                                float (*s)[KEY_CHUNK], struct prefetch *pf, int zmm) {
     const float sc = kind == KV_I8 ? 1.0f : scale;  /* int8: the scale after the key's own */
     const int h = h0 + i;
     const float *qh = q + (int64_t)h * d;
     const int64_t kv = (int64_t)(h / group) * d;
     int j = 0;
+    if (zmm) {  /* the whole eights on zmm registers, the same bits */
+        const float *qs[3] = {qh, k > 1 ? qh + d : NULL, k > 2 ? qh + 2 * d : NULL};
+        float *ss[3] = {s[i], k > 1 ? s[i + 1] : NULL, k > 2 ? s[i + 2] : NULL};
+        j = n / 8 * 8;
+        row_scores_avx512(qs, k, k_pool, off, kv, d, kind, sc, ss, j, pf);
+    }
     for (; k > 1 && j + 8 <= n; j += 8)  /* eights, as the lone head's path: the tail's bits are dot_pool's */
         for (int j4 = j; j4 < j + 8; j4 += 4) {
             prefetch_step(pf);
@@ -417,12 +425,13 @@ static inline void chunk_sums(float *const *rows, int nv, int n, float *l) {
  * query head h reads KV head h / group. All the row's heads walk the keys together: each key row
  * of the pool (every KV head side by side) is read from memory once, not once per KV head. Heads of
  * one KV head go up to three at a time (GQA): each key and value vector is widened once for them.
- * Always inlined into paged_attention's calls, one per pool type, so `kind` is a constant in its loops. */
+ * Always inlined into paged_attention's calls, one per pool type, so `kind` is a constant in its loops.
+ * `zmm`: the scores, exps and value sums on zmm registers (row_scores_avx512 ..), the same bits. */
 static inline __attribute__((always_inline)) void attend(const float *q, float *out, int h0, int h1, int group,
                                                          int d, const kv_pools *kv, int kind,
                                                          const int32_t *blocks, int block_size, int64_t row_stride,
                                                          int64_t first, int64_t last, float scale, float softcap,
-                                                         float *ml) {
+                                                         float *ml, int zmm) {
     const void *k_pool = kv->k, *v_pool = kv->v;
     const int64_t esize = kind == KV_F32 ? 4 : kind == KV_F16 ? 2 : 1;
     float m[MAX_HEADS], l[MAX_HEADS], s[MAX_HEADS][KEY_CHUNK], ksc[KEY_CHUNK], vsc[KEY_CHUNK];
@@ -466,11 +475,14 @@ static inline __attribute__((always_inline)) void attend(const float *q, float *
             k = heads_sharing(h0 + i, h1, group);
             if (kind == KV_I8)
                 chunk_scales(kv->k_scale, slot, n, kv_heads, (h0 + i) / group, ksc);
-            chunk_scores(q, h0, i, k, group, d, k_pool, kind, off, n, ksc, scale, softcap, s, &pf);
+            chunk_scores(q, h0, i, k, group, d, k_pool, kind, off, n, ksc, scale, softcap, s, &pf, zmm);
         }
         float *rows[MAX_HEADS];
         for (int i = 0; i < nh; i++) {
-            chunk_exp(s[i], n, &m[i], &l[i], out + (int64_t)(h0 + i) * d, d);
+            if (zmm)
+                chunk_exp_avx512(s[i], n, &m[i], &l[i], out + (int64_t)(h0 + i) * d, d);
+            else
+                chunk_exp(s[i], n, &m[i], &l[i], out + (int64_t)(h0 + i) * d, d);
             rows[i] = s[i];
         }
         chunk_sums(rows, nh, n, l);
@@ -485,7 +497,11 @@ static inline __attribute__((always_inline)) void attend(const float *q, float *
                     for (int j = 0; j < n; j++)
                         s[t][j] *= vsc[j];
             }
-            if (k == 3)
+            if (zmm) {
+                float *ys[3] = {y, k > 1 ? y + d : NULL, k > 2 ? y + 2 * d : NULL};
+                const float *ps[3] = {s[i], k > 1 ? s[i + 1] : NULL, k > 2 ? s[i + 2] : NULL};
+                row_values_avx512(ys, ps, k, v_pool, off, e, n, d, kind, &pf);
+            } else if (k == 3)
                 weigh_values_triple(y, y + d, y + 2 * d, s[i], s[i + 1], s[i + 2], v_pool, off, e, n, d, kind, &pf);
             else if (k == 2)
                 weigh_values_pair(y, y + d, s[i], s[i + 1], v_pool, off, e, n, d, kind, &pf);
@@ -635,8 +651,6 @@ static inline int tile_rows_seeing(const int64_t *lasts, int nr, int64_t c0, int
         ;
     return r_f;
 }
-
-#include "cpu_attention_avx512.h"
 
 /* The online softmax of a tile's vectors r_c * per .. over one chunk (their scores in ss, `per` vectors a
  * row): an int8 pool's key scales and the softcap applied, exp, the sums; the weights come out times an
@@ -818,7 +832,7 @@ static int64_t plan_tiles(const struct row_plan *rows, int64_t t0, int64_t t1, i
  * tile (the bf16 arithmetic is the tiles'), of one row where a window starts rows at their own
  * positions, each KV head's query heads split as the rows' heads would be (head_splits). */
 static int64_t plan_work(const struct row_plan *rows, int64_t num_tokens, const int32_t *cu_seqlens_q, int num_seqs,
-                         int heads, int kv_heads, int splits, int bf16, struct work *items) {
+                         int heads, int kv_heads, int splits, int bf16, int threads, struct work *items) {
     const int group = heads / kv_heads, per = (heads + splits - 1) / splits;
     const int tile_rows = MAX_TILE_VECS / group < TILE_ROWS ? MAX_TILE_VECS / group : TILE_ROWS;
     const int group_splits = (splits + kv_heads - 1) / kv_heads < group ? (splits + kv_heads - 1) / kv_heads : group;
@@ -837,10 +851,15 @@ static int64_t plan_work(const struct row_plan *rows, int64_t num_tokens, const 
             continue;
         }
         for (int64_t t = t0; t < t1; t++)
-            for (int p = 0; p < rows[t].parts; p++)
-                for (int h0 = 0; h0 < heads; h0 += per, n++)
+            for (int p = 0; p < rows[t].parts; p++) {
+                /* partitions that do not divide among the threads (a lone decode row): the last one by
+                 * KV head, so that no thread waits a whole partition for the last */
+                const int by_kv = per == heads && num_tokens < threads && rows[t].parts % threads && p == rows[t].parts - 1;
+                const int step = by_kv ? group : per;
+                for (int h0 = 0; h0 < heads; h0 += step, n++)
                     if (items)
-                        items[n] = (struct work){t, t + 1, p, -1, h0, h0 + per < heads ? h0 + per : heads};
+                        items[n] = (struct work){t, t + 1, p, -1, h0, h0 + step < heads ? h0 + step : heads};
+            }
     }
     return n;
 }
@@ -850,13 +869,14 @@ static inline __attribute__((always_inline)) void attend_row(const float *q, flo
                                                              const struct row_plan *r, int64_t t, int p, int h0,
                                                              int h1, int heads, int group, int d, const kv_pools *kv,
                                                              int kind, const int32_t *blocks, int block_size,
-                                                             int64_t row_stride, float scale, float softcap) {
+                                                             int64_t row_stride, float scale, float softcap,
+                                                             int zmm) {
     int64_t first = r->first + (int64_t)p * KEY_PARTITION;
     int64_t last = r->parts > 1 && first + KEY_PARTITION - 1 < r->last ? first + KEY_PARTITION - 1 : r->last;
     float *y = r->parts > 1 ? acc + (r->slot + p) * heads * d : out + t * heads * d;
     float *m_l = r->parts > 1 ? ml + (r->slot + p) * heads * 2 : NULL;
     attend(q + t * heads * d, y, h0, h1, group, d, kv, kind, blocks, block_size, row_stride, first, last, scale,
-           softcap, m_l);
+           softcap, m_l, zmm);
 }
 
 /* One work item: a tile's or a row's, over a pool of `kind` (a constant in each call's loops). */
@@ -869,7 +889,7 @@ static ALWAYS_INLINE void attend_item(const float *q, float *out, float *acc, fl
                     block_size, row_stride, scale, softcap, xf, kp, b);
     else
         attend_row(q, out, acc, ml, &rows[w->t0], w->t0, w->p, w->h0, w->h1, heads, group, d, kv, kind, blocks,
-                   block_size, row_stride, scale, softcap);
+                   block_size, row_stride, scale, softcap, kp != NULL);
 }
 
 /* Whether paged_attention's `bf16` can run here: 1 where the CPU has AVX512_BF16, else 0. */
@@ -900,14 +920,14 @@ int paged_attention(const float *q, float *out, int64_t num_tokens, int heads, i
         return -1;
     int64_t parts, slots = plan_rows(rows, num_tokens, cu_seqlens_q, seq_lens, num_seqs, window, &parts);
     const int splits = head_splits(num_tokens, parts, heads, threads);
-    const int64_t items = plan_work(rows, num_tokens, cu_seqlens_q, num_seqs, heads, kv_heads, splits, bf16, NULL);
+    const int64_t items = plan_work(rows, num_tokens, cu_seqlens_q, num_seqs, heads, kv_heads, splits, bf16, threads, NULL);
     /* a thread's bf16 scratch: a tile's queries, a chunk's keys, its value pairs (bf16_scratch) */
     const int64_t dp = (d + 31) / 32 * 32, dv = (d + 15) / 16 * 16;
     const int64_t bf16_per = bf16 ? (MAX_TILE_VECS + 2 * KEY_CHUNK) * dp + KEY_CHUNK * dv : 0;
     struct work *work = malloc(sizeof(struct work) * items);
     float *acc = slots > 0 ? malloc(sizeof(float) * slots * heads * d) : NULL;
     float *ml = slots > 0 ? malloc(sizeof(float) * slots * heads * 2) : NULL;
-    /* the fp32 tiles on zmm registers where the GEMM tiles run with AVX-512 (the same bits) */
+    /* the fp32 tiles and lone rows on zmm registers where the GEMM tiles run with AVX-512 (the same bits) */
     const int zmm = !bf16 && qgemm_isa() == 1;
     const int64_t widened = (int64_t)KEY_CHUNK * d * (zmm ? 2 : 1);  /* a chunk, and its keys' pairs */
     float *xf = aligned_alloc(64, sizeof(float) * widened * threads);  /* each thread's widened chunk: whole cache lines */
@@ -916,7 +936,7 @@ int paged_attention(const float *q, float *out, int64_t num_tokens, int heads, i
         free(acc), free(ml), free(xf), free(bfs), free(work), free(rows);
         return -1;
     }
-    plan_work(rows, num_tokens, cu_seqlens_q, num_seqs, heads, kv_heads, splits, bf16, work);
+    plan_work(rows, num_tokens, cu_seqlens_q, num_seqs, heads, kv_heads, splits, bf16, threads, work);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t it = 0; it < items; it++) {
         const struct work *w = &work[it];

@@ -1,11 +1,13 @@
-/* The fp32 tiles' dot products and value sums on zmm registers, for CPUs whose GEMM tiles run with
- * AVX-512 (qgemm_isa), included by cpu_attention.c. Twice the lanes an instruction of the ymm loops
- * (tile_scores, tile_values), and the same bits: each lane runs the same fma sequence as a lane of
- * those loops, and each score's eight lanes are summed in hsum4_ps's tree ((0+1)+(2+3)) + ((4+5)+(6+7)).
+/* The fp32 tiles' and lone rows' dot products and value sums on zmm registers, for CPUs whose GEMM
+ * tiles run with AVX-512 (qgemm_isa), included by cpu_attention.c. Twice the lanes an instruction of
+ * the ymm loops (tile_scores, tile_values; chunk_scores, weigh_values), and the same bits: each lane
+ * runs the same fma sequence as a lane of those loops, and each score's eight lanes are summed in
+ * hsum4_ps's tree ((0+1)+(2+3)) + ((4+5)+(6+7)).
  *
- * A score's lanes: the chunk's keys are widened a second time into pairs (widen_pairs): of each group
- * of 8 keys, pair p holds keys p and p+4, element block e (8 floats) of one beside the other's, so a
- * zmm load gives two keys' blocks and a broadcast query block meets both. */
+ * A score's lanes: of each group of 8 keys, pair p holds keys p and p+4, element block e (8 floats)
+ * of one beside the other's, so a zmm register holds two keys' blocks and a broadcast query block
+ * meets both. The tiles widen their chunk's keys into such pairs once (widen_pairs); a lone row
+ * loads each pair straight from the pool (load_pair_avx512). */
 
 /* Keys 0..n8-1 (whole eights) of the row-major widened chunk kf, as pairs at kp: group j0 (8 keys),
  * pair p, block e at kp + j0 d + 2 p d + 2 e, key j0+p's first, then key j0+p+4's. */
@@ -171,6 +173,137 @@ static __attribute__((noinline)) void chunk_exp_avx512(float *srow, int n, float
     for (int j = 0; j < n8; j += 16)  /* the lanes from n up to n8 (-inf) come out 0, as chunk_exp's */
         _mm512_mask_storeu_ps(srow + j, below16(j, n8),
                               exp16(_mm512_sub_ps(_mm512_mask_loadu_ps(none, below16(j, n), srow + j), vmx)));
+}
+
+/* Sixteen pool elements from element i on, as fp32: load8's widening on 16 lanes (exact). */
+static ALWAYS_INLINE __m512 load16_avx512(const void *pool, int64_t i, const int kind) {
+    if (kind == KV_F16)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)pool + i)));
+    if (kind == KV_I8)
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)((const int8_t *)pool + i))));
+    return _mm512_loadu_ps((const float *)pool + i);
+}
+
+/* Pool elements a .. a+7 in lanes 0-7 and b .. b+7 in lanes 8-15, as fp32: two keys' blocks as a pair. */
+static ALWAYS_INLINE __m512 load_pair_avx512(const void *pool, int64_t a, int64_t b, const int kind) {
+    if (kind == KV_F16) {
+        const uint16_t *p = (const uint16_t *)pool;
+        return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p + a))),
+                                                       _mm_loadu_si128((const __m128i *)(p + b)), 1));
+    }
+    if (kind == KV_I8) {
+        const int8_t *p = (const int8_t *)pool;
+        const __m128i x = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(p + a)), _mm_loadl_epi64((const __m128i *)(p + b)));
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x));
+    }
+    const float *p = (const float *)pool;
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(p + a))),
+                                               _mm256_castps_pd(_mm256_loadu_ps(p + b)), 1));
+}
+
+/* One row's scores (chunk_scores' whole eights) straight from the pool: Q query vectors (Q <= 3) of
+ * one KV head (at kv in each key row) against keys j .. j+7, pairs (p, p+4) as widen_pairs lays them
+ * out, so each score is summed in scores8_avx512's tree, the ymm loops' bits. */
+static ALWAYS_INLINE void pool_scores8_avx512(const float *const *qs, const int Q, const void *pool, const int64_t *off,
+                                              int64_t kv, int d, const int kind, float sc, float *const *ss, int j) {
+    __m512 a[3][4];
+    for (int i = 0; i < Q; i++)
+        for (int p = 0; p < 4; p++)
+            a[i][p] = _mm512_setzero_ps();
+    for (int e = 0; e < d; e += 8) {
+        __m512 k[4];
+        for (int p = 0; p < 4; p++)
+            k[p] = load_pair_avx512(pool, off[j + p] + kv + e, off[j + p + 4] + kv + e, kind);
+        for (int i = 0; i < Q; i++) {
+            const __m512 q = bcast8_avx512(qs[i] + e);
+            for (int p = 0; p < 4; p++)
+                a[i][p] = _mm512_fmadd_ps(q, k[p], a[i][p]);
+        }
+    }
+    for (int i = 0; i < Q; i++)
+        _mm256_storeu_ps(ss[i] + j, _mm256_mul_ps(hsum8_pairs(a[i]), _mm256_set1_ps(sc)));
+}
+
+static ALWAYS_INLINE void row_scores_body(const float *const *qs, const int Q, const void *pool, const int64_t *off,
+                                          int64_t kv, int d, const int kind, float sc, float *const *ss, int n8,
+                                          struct prefetch *pf) {
+    for (int j = 0; j < n8; j += 8) {
+        prefetch_step(pf);  /* twice an eight, as the ymm loops */
+        prefetch_step(pf);
+        pool_scores8_avx512(qs, Q, pool, off, kv, d, kind, sc, ss, j);
+    }
+}
+
+/* The one-row path's scores of Q query vectors (Q <= 3, one KV head) against a chunk's first n8 keys
+ * (whole eights) on zmm registers: the same bits as chunk_scores' ymm loops. */
+static __attribute__((noinline)) void row_scores_avx512(const float *const *qs, int Q, const void *pool,
+                                                        const int64_t *off, int64_t kv, int d, int kind, float sc,
+                                                        float *const *ss, int n8, struct prefetch *pf) {
+#define ROW_SCORES(KIND)                                                                      \
+    do {                                                                                      \
+        if (Q == 3) row_scores_body(qs, 3, pool, off, kv, d, KIND, sc, ss, n8, pf);           \
+        else if (Q == 2) row_scores_body(qs, 2, pool, off, kv, d, KIND, sc, ss, n8, pf);      \
+        else row_scores_body(qs, 1, pool, off, kv, d, KIND, sc, ss, n8, pf);                  \
+    } while (0)
+    if (kind == KV_F16) ROW_SCORES(KV_F16);
+    else if (kind == KV_I8) ROW_SCORES(KV_I8);
+    else ROW_SCORES(KV_F32);
+#undef ROW_SCORES
+}
+
+/* ys[i][e0 .. e0+63] += ps[i][0..n) times the chunk's values straight from the pool, keys in order,
+ * for Q vectors (Q <= 3): each element's fmas as weigh_values runs them. */
+static ALWAYS_INLINE void pool_values64_avx512(float *const *ys, const float *const *ps, const int Q, const void *pool,
+                                               const int64_t *off, int64_t kv, int n, int e0, const int kind,
+                                               struct prefetch *pf) {
+    __m512 a[3][4];
+    for (int i = 0; i < Q; i++)
+        for (int u = 0; u < 4; u++)
+            a[i][u] = _mm512_loadu_ps(ys[i] + e0 + 16 * u);
+    for (int j = 0; j < n; j++) {
+        if ((j & 3) == 3)
+            prefetch_step(pf);  /* a step every four keys: a burst of them fills the fill buffers */
+        const int64_t o = off[j] + kv + e0;
+        __m512 x[4];
+        for (int u = 0; u < 4; u++)
+            x[u] = load16_avx512(pool, o + 16 * u, kind);
+        for (int i = 0; i < Q; i++) {
+            const __m512 w = _mm512_set1_ps(ps[i][j]);
+            for (int u = 0; u < 4; u++)
+                a[i][u] = _mm512_fmadd_ps(w, x[u], a[i][u]);
+        }
+    }
+    for (int i = 0; i < Q; i++)
+        for (int u = 0; u < 4; u++)
+            _mm512_storeu_ps(ys[i] + e0 + 16 * u, a[i][u]);
+}
+
+static ALWAYS_INLINE void row_values_body(float *const *ys, const float *const *ps, const int Q, const void *pool,
+                                          const int64_t *off, int64_t kv, int n, int d, const int kind,
+                                          struct prefetch *pf) {
+    int e0 = 0;
+    for (; e0 + 64 <= d; e0 += 64)
+        pool_values64_avx512(ys, ps, Q, pool, off, kv, n, e0, kind, pf);
+    if (e0 == 0)
+        prefetch_share(pf, n, 1);
+    weigh_values_tail((float **)ys, (const float **)ps, Q, e0, pool, off, kv, n, d, kind);
+}
+
+/* The one-row path's values (weigh_values and its pair and triple) for Q vectors of one KV head on
+ * zmm registers: the same bits. */
+static __attribute__((noinline)) void row_values_avx512(float *const *ys, const float *const *ps, int Q,
+                                                        const void *pool, const int64_t *off, int64_t kv, int n,
+                                                        int d, int kind, struct prefetch *pf) {
+#define ROW_VALUES(KIND)                                                                 \
+    do {                                                                                 \
+        if (Q == 3) row_values_body(ys, ps, 3, pool, off, kv, n, d, KIND, pf);           \
+        else if (Q == 2) row_values_body(ys, ps, 2, pool, off, kv, n, d, KIND, pf);      \
+        else row_values_body(ys, ps, 1, pool, off, kv, n, d, KIND, pf);                  \
+    } while (0)
+    if (kind == KV_F16) ROW_VALUES(KV_F16);
+    else if (kind == KV_I8) ROW_VALUES(KV_I8);
+    else ROW_VALUES(KV_F32);
+#undef ROW_VALUES
 }
 
 #pragma GCC pop_options

@@ -218,6 +218,36 @@ def test_the_avx512_tiles_give_the_avx2_bits(shape: str, cache_dtype: str, avx51
 
 
 @pytest.mark.parametrize("cache_dtype", ["float32", "float16", "int8"])
+@pytest.mark.parametrize("shape", list(TILES))
+def test_the_avx512_lone_rows_give_the_avx2_bits(shape: str, cache_dtype: str, avx512_then_avx2) -> None:
+    """Decode rows (too few for a tile: each row alone) over 1,100, 77 and 600 keys, with chunk tails of
+    1 to 7 keys past the last eight: every output bit the same with the lone rows' loops on zmm
+    registers, straight from the pool, as on ymm ones."""
+    spec = dict(TILES[shape])
+    window, softcap = spec.pop("window", None), spec.pop("softcap", None)
+    case = AttnCase(q_lens=(1, 1, 3), seq_lens=(1100, 77, 603), dtype="float32", cache_dtype=cache_dtype,
+                    window=window, softcap=softcap, **spec)
+    inputs = make_attention_inputs(case)
+    zmm = [_batched(inputs, threads, window, softcap) for threads in (1, 2)]
+    avx512_then_avx2()
+    assert torch.equal(zmm[0], zmm[1]) and torch.equal(zmm[0], _batched(inputs, 2, window, softcap))
+
+
+@pytest.mark.parametrize("cache_dtype", ["float32", "float16", "int8"])
+def test_a_lone_row_over_an_odd_number_of_partitions_is_the_same_on_any_thread_count(cache_dtype: str) -> None:
+    """A lone decode row over 2,100 keys (five 512-key partitions): on 2 and 4 threads its last partition
+    is split by KV head between them; every output bit the same as on 1 and 3 threads, and as the
+    reference."""
+    case = AttnCase(q_lens=(1,), seq_lens=(2100,), dtype="float32", cache_dtype=cache_dtype, heads=9, kv_heads=3,
+                    head_dim=64)
+    inputs = make_attention_inputs(case)
+    outs = [_batched(inputs, threads) for threads in (1, 2, 3, 4)]
+    assert all(torch.equal(outs[0], out) for out in outs[1:])
+    err, _ = attention_error(case, inputs, c_attention)
+    assert err < 1e-5, f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("cache_dtype", ["float32", "float16", "int8"])
 def test_store_matches_reference(cache_dtype: str) -> None:
     """fp16: rounded to nearest even, as torch's cast; int8: quantize_kv_ref's codes and scales, a
     zero row included: the same bits."""
