@@ -31,9 +31,9 @@ PREFILL_SLACK = 1024
 
 
 def kv_bytes(engine: LLMEngine, batch: int, context: int) -> int:
-    """Bytes of K and V that one decode step's attention reads: each layer sees its window."""
-    dtype_size = torch.finfo(engine.plan.setup.dtype).bits // 8
-    return engine.plan.model_config.kv_bytes_read([context] * batch, dtype_size)
+    """Bytes of K and V that one decode step's attention reads from the pool (its storage dtype):
+    each layer sees its window."""
+    return engine.metrics.traffic.kv_bytes_read([context] * batch)
 
 
 def decode_step_time(engine: LLMEngine, batch: int, context: int, steps: int, seed: int) -> float:

@@ -84,3 +84,15 @@ def test_the_engine_worker_does_not_import_the_command_line():
                 assert node.module != "app.cli", path
             elif isinstance(node, ast.Import):
                 assert all(a.name != "app.cli" for a in node.names), path
+
+
+def test_long_contexts_floor_is_the_steps_bytes_over_the_rate_they_are_read_at(tiny_gguf_factory):
+    from app.engine.core.llm_engine import LLMEngine
+
+    module = research.load("long_context")
+    engine = LLMEngine(str(tiny_gguf_factory("llama")), device="cpu", dtype="float32")
+    traffic = engine.metrics.traffic
+    short, long = module.step_floor(engine, 8), module.step_floor(engine, 200)
+    assert short[0] == traffic.weight_bytes_per_step(1) + traffic.kv_bytes_read([8])
+    assert long[0] - short[0] == traffic.kv_bytes_read([200]) - traffic.kv_bytes_read([8]) > 0
+    assert short[1] > 0 and long[1] > 0
