@@ -3,8 +3,9 @@
 A decode step must read every weight once and each sequence's KV context once, so it can be no
 faster than (weight bytes + KV bytes) / memory bandwidth. The bandwidth is measured here as a
 device-to-device copy (read + write bytes / time) and, on a CPU with the C kernels, as their read
-loop (`read_pass`: two prefetched streams a thread, on huge pages, the engine's threads); the faster
-of the two is the best a streaming kernel can do on this device. The report is the step time of the
+loop (`read_pass`: two prefetched streams a thread, on huge pages, the engine's threads) over as many
+bytes as the first batch size's step reads, again and again (a small model may sit in a large last
+level cache between steps); the faster of the two is the best a streaming kernel can do here. The report is the step time of the
 real engine (scheduler, runner, sampler, CUDA graphs unless --enforce-eager) at each batch size, and
 the fraction of that roofline it reaches.
 
@@ -80,9 +81,10 @@ def run(args: argparse.Namespace) -> dict:
         engine = LLMEngine(random_weights=args.random_weights, **kw)
     device = engine.plan.setup.device
     copy = copy_bandwidth(device, nbytes=1 << 30, repeats=10)
-    read = read_bandwidth(torch.get_num_threads(), nbytes=1 << 30) if device.type == "cpu" else None
-    bandwidth = max(copy, read or 0.0)
     wbytes = engine.worker.model.weight_bytes_per_step()
+    step_bytes = wbytes + kv_bytes(engine, batches[0], args.context)
+    read = read_bandwidth(torch.get_num_threads(), nbytes=step_bytes) if device.type == "cpu" else None
+    bandwidth = max(copy, read or 0.0)
     rows = []
     for b in batches:
         step = decode_step_time(engine, b, args.context, args.steps, seed=b)
