@@ -399,10 +399,10 @@ def test_only_the_vnni_tiles_hold_avx512_instructions():
         elif avx512.search(line):
             holders.add(fn)
     # The bf16 attention's entry points (cpu_attention_bf16.h), run where paged_attention confirmed
-    # AVX512_BF16, and the fp32 tiles' (cpu_attention_avx512.h), run where the GEMM tiles run with
-    # AVX-512; GCC names its clones `name.isra.0`, `name.constprop.1`.
+    # AVX512_BF16, and the fp32 tiles' and lone rows' (cpu_attention_avx512.h), run where the GEMM
+    # tiles run with AVX-512; GCC names its clones `name.isra.0`, `name.constprop.1`.
     names = {fn.split(".")[0] for fn in holders}
     assert names <= {"tile_rows_vnni", "pair_rows_vnni", "panel_rows_vnni", "int8_peak_vnni", "fp32_peak_vnni",
                      "tile_chunk_bf16", "bf16_queries", "tile_scores_avx512", "tile_values_avx512",
-                     "chunk_exp_avx512"}, holders
+                     "chunk_exp_avx512", "row_scores_avx512", "row_values_avx512"}, holders
     assert "tile_rows_vnni" in holders
