@@ -5,9 +5,9 @@ faster than (weight bytes + KV bytes) / memory bandwidth. The bandwidth is measu
 device-to-device copy (read + write bytes / time) and, on a CPU with the C kernels, as their read
 loop (`read_pass`: two prefetched streams a thread, on huge pages, the engine's threads) over as many
 bytes as the first batch size's step reads, again and again (a small model may sit in a large last
-level cache between steps); the faster of the two is the best a streaming kernel can do here. The report is the step time of the
-real engine (scheduler, runner, sampler, CUDA graphs unless --enforce-eager) at each batch size, and
-the fraction of that roofline it reaches.
+level cache between steps); the faster of the two is the best a streaming kernel can do here. The
+report is the step time of the real engine (scheduler, runner, sampler, CUDA graphs unless
+--enforce-eager) at each batch size, and the fraction of that roofline it reaches.
 
     localbatch bench research decode_roofline --random-weights llama:8b --batch-sizes 1,8,64 --context 512
     localbatch bench research decode_roofline --random-weights gemma3:270m --device cpu --batch-sizes 1,8
